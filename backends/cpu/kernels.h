@@ -1,0 +1,40 @@
+// CPU op kernels: one entry point that computes one graph node with nth threads.
+//
+// The CPU backend runs a graph node by node; for each node every worker thread ith in [0, nth) calls
+// compute_forward(params, node) with the same node and a shared work buffer of work_size(node, nth) bytes.
+// A kernel splits its work by ith/nth (usually by rows) and may call params.sync() to wait for all threads
+// (e.g. after converting the activations into the work buffer once, before the dot products).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "runtime/tensor.h"
+
+namespace troupe::cpu {
+
+struct compute_params {
+  int ith = 0;  // this thread
+  int nth = 1;  // threads on this node
+  uint8_t* wdata = nullptr;  // shared work buffer, work_size(node, nth) bytes, 64-byte aligned
+  size_t wsize = 0;
+  bool reference = false;    // scalar reference paths only: no BLAS, no shortcuts
+  std::function<void()> barrier;  // waits for all nth threads; null when nth == 1
+
+  void sync() const {
+    if (barrier) barrier();
+  }
+};
+
+// Whether the CPU can compute this node with the types and layouts of its sources.
+bool supports_op(const tensor& node);
+
+// Work buffer bytes the node needs when computed by nth threads (0 for most ops).
+size_t work_size(const tensor& node, int nth, bool reference);
+
+// Computes node (all its sources have data) on thread params.ith of params.nth. Views, reshapes, permutes,
+// transposes and op::none are no-ops. Throws backend_error for a node supports_op would reject.
+void compute_forward(const compute_params& params, tensor& node);
+
+}  // namespace troupe::cpu

@@ -1,0 +1,61 @@
+# Shared compile settings, toolchain detection and the helper every troupe target uses.
+
+find_package(Threads REQUIRED)
+
+# ---- sanitizers: applied to everything we build, so that tests and libraries agree ----
+if(TROUPE_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+
+# ---- OpenBLAS ----
+set(TROUPE_HAVE_BLAS OFF)
+if(TROUPE_BLAS)
+  set(BLA_VENDOR OpenBLAS)
+  find_package(BLAS)
+  find_path(TROUPE_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas-pthread openblas)
+  if(BLAS_FOUND AND TROUPE_CBLAS_INCLUDE_DIR)
+    set(TROUPE_HAVE_BLAS ON)
+  else()
+    message(WARNING "troupe: OpenBLAS not found; f32 matrix products use troupe's own kernels only")
+  endif()
+endif()
+
+# ---- CUDA and Vulkan toolkits (auto-detected) ----
+set(TROUPE_HAVE_CUDA OFF)
+if(NOT TROUPE_CUDA STREQUAL "OFF")
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND)
+    set(TROUPE_HAVE_CUDA ON)
+  elseif(TROUPE_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "troupe: TROUPE_CUDA=ON but the CUDA toolkit was not found")
+  endif()
+endif()
+
+set(TROUPE_HAVE_VULKAN OFF)
+if(NOT TROUPE_VULKAN STREQUAL "OFF")
+  find_package(Vulkan QUIET COMPONENTS glslc)
+  if(Vulkan_FOUND AND TARGET Vulkan::glslc)
+    set(TROUPE_HAVE_VULKAN ON)
+  elseif(TROUPE_VULKAN STREQUAL "ON")
+    message(FATAL_ERROR "troupe: TROUPE_VULKAN=ON but the Vulkan SDK or glslc was not found")
+  endif()
+endif()
+
+# troupe_target(<target>): warnings (as errors when TROUPE_WERROR) and include paths for our own code.
+function(troupe_target target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wshadow=local -Wnon-virtual-dtor)
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
+    # GCC 12 reports -Wrestrict false positives inside std::string concatenation (GCC bug 105329).
+    target_compile_options(${target} PRIVATE -Wno-restrict)
+  endif()
+  if(TROUPE_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+  get_target_property(kind ${target} TYPE)
+  if(NOT kind STREQUAL "EXECUTABLE")
+    target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
+  else()
+    target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR})
+  endif()
+endfunction()

@@ -1,0 +1,44 @@
+// Error types of the runtime core.
+//
+// Library code never aborts or exits on bad input: it throws one of these, and the layer that owns the
+// request (an actor, a tool's main) catches it and reports it. Messages name what was wrong: the op, the
+// tensor, the key, the offset.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace troupe {
+
+// Base of every error troupe throws on purpose.
+class error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// An op was built with sources whose shapes or types it cannot take.
+class op_error : public error {
+ public:
+  using error::error;
+};
+
+// A context ran out of tensor slots or data memory, or a graph out of node slots.
+class capacity_error : public error {
+ public:
+  using error::error;
+};
+
+// A tensor type that exists in GGUF but that troupe does not implement (iq*, tq*, mxfp4...), or an
+// unknown type id.
+class type_error : public error {
+ public:
+  using error::error;
+};
+
+// A backend could not do what was asked (allocation failed, op unsupported, device lost).
+class backend_error : public error {
+ public:
+  using error::error;
+};
+
+}  // namespace troupe
