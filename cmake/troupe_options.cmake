@@ -44,7 +44,14 @@ endif()
 
 # troupe_target(<target>): warnings (as errors when TROUPE_WERROR) and include paths for our own code.
 function(troupe_target target)
-  target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wshadow=local -Wnon-virtual-dtor)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wnon-virtual-dtor)
+  # GCC's -Wshadow=local; clang has no such level, its -Wshadow is the closest (needed for clang builds,
+  # e.g. the libFuzzer targets).
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    target_compile_options(${target} PRIVATE -Wshadow=local)
+  else()
+    target_compile_options(${target} PRIVATE -Wshadow)
+  endif()
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
     # GCC 12 reports -Wrestrict false positives inside std::string concatenation (GCC bug 105329).
     target_compile_options(${target} PRIVATE -Wno-restrict)

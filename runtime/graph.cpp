@@ -17,6 +17,15 @@ void graph::clear() {
   visited_.clear();
 }
 
+void graph::append(tensor* t) {
+  if (t == nullptr || visited_.count(t)) return;
+  if (nodes_.size() + leafs_.size() >= capacity_) {
+    throw capacity_error("graph: more than " + std::to_string(capacity_) + " tensors; while appending " + describe(*t));
+  }
+  visited_.insert(t);
+  (t->op == op::none ? leafs_ : nodes_).push_back(t);
+}
+
 void graph::build_forward_expand(tensor* root) {
   if (root == nullptr || visited_.count(root)) return;
   // Iterative post-order depth-first walk: deep graphs (hundreds of layers) must not overflow the stack.

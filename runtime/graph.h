@@ -24,6 +24,10 @@ class graph {
   // would hold more than capacity() nodes + leafs; the graph is then left as it was.
   void build_forward_expand(tensor* t);
 
+  // Appends t as the next node (or leaf, for op::none) without visiting its sources: for graphs whose order
+  // is already known (the scheduler's splits). Throws capacity_error when full.
+  void append(tensor* t);
+
   std::span<tensor* const> nodes() const { return nodes_; }
   std::span<tensor* const> leafs() const { return leafs_; }
   size_t n_nodes() const { return nodes_.size(); }

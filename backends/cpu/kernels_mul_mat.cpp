@@ -83,7 +83,7 @@ mm_plan plan_mul_mat(const tensor& node, int nth, bool reference) {
   if (p.convert_b) {
     p.b_row_bytes = row_size(vdt, k);
     p.b_bytes = align_up(p.b_row_bytes * static_cast<size_t>(nrows(b)));
-    if (!is_float_type(vdt) && b.nb[0] != 4) p.scratch = align_up(static_cast<size_t>(k) * sizeof(float));
+    if (!is_float_type(vdt) && !dense_rows(b, 4)) p.scratch = align_up(static_cast<size_t>(k) * sizeof(float));
   }
   p.total = p.b_bytes + p.scratch * static_cast<size_t>(nth);
   return p;

@@ -3,12 +3,16 @@
 // -inf, type conversions, row gathers / scatters, and mul_mat for every weight type on 1 and 3 threads.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <array>
 #include <barrier>
 #include <cmath>
 #include <cstring>
 #include <exception>
 #include <functional>
 #include <limits>
+#include <numbers>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -80,6 +84,11 @@ double get(const tensor& t, int64_t i0, int64_t i1 = 0, int64_t i2 = 0, int64_t 
     int32_t v;
     std::memcpy(&v, p, 4);
     return v;
+  }
+  if (t.type == type::i64) {
+    int64_t v;
+    std::memcpy(&v, p, 8);
+    return static_cast<double>(v);
   }
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -294,7 +303,7 @@ TEST_CASE("kernels: silu, gelu and the glu forms (split, swapped, with b)", "[cp
   context ctx(arena());
   auto silu_d = [](double x) { return x / (1.0 + std::exp(-x)); };
   auto gelu_d = [](double x) {
-    return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * x * (1.0 + 0.044715 * x * x)));
+    return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * x * (1.0 + 0.044715 * x * x)));
   };
   tensor* base = ctx.new_tensor_3d(type::f32, 5, 8, 2);
   fill_random(*base, 8, -6.0, 6.0);
@@ -343,7 +352,8 @@ std::vector<double> rope_ref(const tensor& a, const std::vector<int32_t>& pos, c
                              const rope_params& p) {
   const int64_t nd = p.n_dims;
   auto corr = [&](double n_rot) {
-    return static_cast<double>(nd) * std::log(p.n_ctx_orig / (n_rot * 2 * M_PI)) / (2 * std::log(p.freq_base));
+    return static_cast<double>(nd) * std::log(p.n_ctx_orig / (n_rot * 2 * std::numbers::pi)) /
+           (2 * std::log(p.freq_base));
   };
   const double low = std::max(0.0, std::floor(corr(p.beta_fast)));
   const double high = std::min(static_cast<double>(nd - 1), std::ceil(corr(p.beta_slow)));
@@ -565,11 +575,7 @@ TEST_CASE("kernels: set_rows with i64 indices broadcast over dim 2 into f32, f16
     for (int64_t k = 0; k < 4; ++k) {
       for (int64_t r = 0; r < 5; ++r) {
         int64_t from = -1;
-        for (int64_t i = 0; i < 2; ++i) {
-          int64_t v;
-          std::memcpy(&v, at(*idx, i, k % 2, 0, 0), 8);
-          if (v == r) from = i;
-        }
+        for (int64_t i = 0; i < 2; ++i) from = get(*idx, i, k % 2) == static_cast<double>(r) ? i : from;
         const char* got = at(*dst, 0, r, k, 0);
         if (from < 0) {  // untouched
           CHECK(std::memcmp(got, before.data() + (got - static_cast<char*>(dst->data)), row_bytes) == 0);
@@ -825,7 +831,7 @@ TEST_CASE("kernels: unsupported nodes are rejected by supports_op and throw back
   CHECK_THROWS_WITH(compute(mm), Catch::Contains("mul_mat") && Catch::Contains("w_iq2"));
 
   tensor* q = ctx.new_tensor_2d(type::q4_0, 32, 2);
-  tensor* d = mul_mat(ctx, q, x = ctx.new_tensor_2d(type::f32, 32, 1));
+  tensor* d = mul_mat(ctx, q, ctx.new_tensor_2d(type::f32, 32, 1));
   cpu::compute_params small;  // no work buffer for b's q8_0 rows
   CHECK_THROWS_WITH(cpu::compute_forward(small, *d), Catch::Contains("work buffer"));
 

@@ -8,7 +8,8 @@
 #include "runtime/error.h"
 #include "runtime/graph_allocator.h"
 #include "runtime/ops.h"
-#include "tests/runtime/alloc_test_util.h"
+#include "tests/support/counting_buffer_type.h"
+#include "tests/support/random_graph.h"
 
 using namespace troupe;
 using namespace troupe::testing;
@@ -256,40 +257,7 @@ TEST_CASE("randomized graphs keep every invariant", "[alloc][random]") {
     const size_t m = std::uniform_int_distribution<int>(0, 3)(rng) == 0 ? unbounded : size_t{16} << (rng() % 6);
     counting_buffer_type bt("rand", m, 8);
     context ctx({.max_tensors = 512, .no_alloc = true});
-    std::vector<tensor*> pool;
-    const int n_inputs = 1 + static_cast<int>(rng() % 4);
-    for (int i = 0; i < n_inputs; ++i) {
-      tensor* t = ctx.new_tensor_1d(type::f32, 1 + static_cast<int64_t>(rng() % 16));
-      t->flags |= flag_input;
-      pool.push_back(t);
-    }
-    const int n_ops = 5 + static_cast<int>(rng() % 60);
-    for (int i = 0; i < n_ops; ++i) {
-      tensor* a = pool[rng() % pool.size()];
-      tensor* r = nullptr;
-      switch (rng() % 6) {
-        case 0: r = scale(ctx, a, 0.5f); break;
-        case 1: r = silu(ctx, a); break;
-        case 2: r = pad(ctx, a, static_cast<int>(rng() % 5), 0); break;
-        case 3: r = mean(ctx, a); break;
-        case 4: {
-          tensor* b = pool[rng() % pool.size()];
-          r = a->ne[0] == b->ne[0] ? add(ctx, a, b) : concat(ctx, a, b, 0);
-          break;
-        }
-        default:
-          r = a->ne[0] >= 2 ? view_1d(ctx, a, a->ne[0] / 2, static_cast<size_t>(a->ne[0] / 2) * 4) : scale(ctx, a, 2.0f);
-          break;
-      }
-      pool.push_back(r);
-    }
-    // Combine a few late tensors into the output so that much of the graph is reachable.
-    tensor* out = pool.back();
-    for (int k = 0; k < 3; ++k) {
-      tensor* t = pool[pool.size() / 2 + rng() % (pool.size() / 2)];
-      out = concat(ctx, out, t, 0);
-    }
-    out->flags |= flag_output;
+    tensor* out = random_graph(ctx, rng, 5 + static_cast<int>(rng() % 60));
     graph g;
     g.build_forward_expand(out);
     graph_allocator galloc({&bt});

@@ -1,5 +1,4 @@
-// Test support for allocator tests: a host buffer type that counts the bytes it allocates, and the
-// invariants every planned graph must satisfy.
+// Test support for allocator tests: a host buffer type that counts the bytes it allocates.
 #pragma once
 
 #include <cstdlib>
@@ -11,6 +10,7 @@
 #include "runtime/backend.h"
 #include "runtime/error.h"
 #include "runtime/graph.h"
+#include "runtime/alloc_check.h"
 #include "runtime/graph_allocator.h"
 
 namespace troupe::testing {
@@ -64,15 +64,5 @@ class counting_buffer final : public buffer_i {
 };
 
 inline buffer_ptr counting_buffer_type::alloc_buffer(size_t size) { return std::make_unique<counting_buffer>(*this, size); }
-
-// Checks the planner's invariants for g after galloc.alloc_graph(g); returns "" or what is wrong.
-//  - every node and leaf has memory;
-//  - two tensors planned into overlapping bytes of the same chunk are never alive at once, except a node
-//    computed in place over a parent whose last use it is;
-//  - every tensor lies inside its chunk's first max(max_size, its size) bytes.
-std::string check_plan(const graph& g, const graph_allocator& galloc);
-
-// The peak of simultaneously live bytes per buffer type (a lower bound for any plan), by the same liveness.
-std::vector<size_t> live_peak(const graph& g, const graph_allocator& galloc);
 
 }  // namespace troupe::testing

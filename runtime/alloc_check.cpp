@@ -1,10 +1,11 @@
-#include "tests/runtime/alloc_test_util.h"
+#include "runtime/alloc_check.h"
 
 #include <algorithm>
+#include <map>
 #include <sstream>
 #include <unordered_map>
 
-namespace troupe::testing {
+namespace troupe {
 namespace {
 
 struct interval {
@@ -98,8 +99,10 @@ std::vector<size_t> live_peak(const graph& g, const graph_allocator& galloc) {
     for (const auto& [t, p] : galloc.last_plan()) {
       const interval iv = live.at(t);
       if (iv.start <= step && step <= iv.end) {
+        // Every allocation is rounded up to the buffer type's alignment; so is the bound.
+        const size_t a = galloc.buft(p.buft_id).alignment();
         size_t& s = seen[{p.buft_id, {p.addr.chunk, p.addr.offset}}];
-        s = std::max(s, p.size);
+        s = std::max(s, (p.size + a - 1) / a * a);
       }
     }
     for (const auto& [k, s] : seen) now[static_cast<size_t>(k.first)] += s;
@@ -108,4 +111,4 @@ std::vector<size_t> live_peak(const graph& g, const graph_allocator& galloc) {
   return peak;
 }
 
-}  // namespace troupe::testing
+}  // namespace troupe

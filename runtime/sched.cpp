@@ -1,0 +1,259 @@
+#include "runtime/sched.h"
+
+#include <string>
+
+#include "runtime/error.h"
+#include "runtime/log.h"
+
+namespace troupe {
+
+scheduler::scheduler(std::vector<sched_backend> backends, size_t graph_capacity)
+    : backends_(std::move(backends)), graph_capacity_(graph_capacity) {
+  if (backends_.empty()) throw backend_error("scheduler: no backends");
+  std::vector<buffer_type_i*> bufts;
+  for (auto& b : backends_) {
+    if (b.backend == nullptr) throw backend_error("scheduler: null backend");
+    if (b.buft == nullptr) b.buft = &b.backend->device().buffer_type();
+    bufts.push_back(b.buft);
+  }
+  galloc_ = std::make_unique<graph_allocator>(std::move(bufts));
+  galloc_->set_assignment([this](const tensor& t) {
+    const auto it = assigned_.find(&t);
+    return it == assigned_.end() ? n_backends() - 1 : it->second;
+  });
+}
+
+scheduler::~scheduler() { restore_sources(); }
+
+void scheduler::set_tensor_backend(const tensor* t, int i) {
+  if (i < 0 || i >= n_backends()) {
+    throw backend_error("scheduler: backend index " + std::to_string(i) + " out of range (" +
+                        std::to_string(n_backends()) + " backends)");
+  }
+  pins_[t] = i;
+}
+
+int scheduler::tensor_backend(const tensor* t) const {
+  const auto it = assigned_.find(t);
+  return it == assigned_.end() ? -1 : it->second;
+}
+
+void scheduler::reset() {
+  restore_sources();
+  pins_.clear();
+  assigned_.clear();
+  splits_.clear();
+  current_ = nullptr;
+}
+
+void scheduler::restore_sources() {
+  for (auto& [node, srcs] : original_srcs_) node->src = srcs;
+  original_srcs_.clear();
+}
+
+bool scheduler::supports(int b, const tensor& t) const { return backend(b).supports_op(t); }
+
+bool scheduler::is_external(const tensor& t) const { return t.buffer != nullptr && !galloc_->owns(t); }
+
+int scheduler::backend_of_buffer(const tensor& t) const {
+  const tensor& owner = t.view_src ? *t.view_src : t;
+  if (!is_external(owner)) return -1;
+  // The backend whose own buffer type this is, else the first that can use it.
+  for (int b = 0; b < n_backends(); ++b) {
+    if (&buffer_type(b) == &owner.buffer->type()) return b;
+  }
+  for (int b = 0; b < n_backends(); ++b) {
+    if (backend(b).supports_buft(owner.buffer->type())) return b;
+  }
+  throw backend_error("scheduler: no backend can use buffer type " + std::string(owner.buffer->type().name()) +
+                      " of tensor " + describe(t));
+}
+
+void scheduler::assign(const graph& g) {
+  assigned_.clear();
+  const int host = n_backends() - 1;
+  auto set = [&](const tensor* t, int b) { assigned_[t] = b; };
+
+  // 1. Fixed places: pins, memory that already exists, inputs, weights' users.
+  for (tensor* leaf : g.leafs()) {
+    if (auto it = pins_.find(leaf); it != pins_.end()) {
+      set(leaf, it->second);
+    } else if (int b = backend_of_buffer(*leaf); b >= 0) {
+      set(leaf, b);
+    } else if (leaf->flags & flag_input) {
+      set(leaf, host);
+    }
+  }
+  for (tensor* node : g.nodes()) {
+    if (auto it = pins_.find(node); it != pins_.end()) {
+      set(node, it->second);
+      continue;
+    }
+    if (int b = backend_of_buffer(*node); b >= 0) {  // views of placed tensors, caller-placed nodes
+      set(node, b);
+      continue;
+    }
+    if (node->view_src != nullptr) {
+      if (auto it = assigned_.find(node->view_src); it != assigned_.end()) {
+        set(node, it->second);
+        continue;
+      }
+    }
+    for (tensor* s : node->src) {
+      if (s == nullptr || !is_external(*s) || !(s->flags & flag_weight || s->buffer->usage() == buffer_usage::weights)) continue;
+      const int b = backend_of_buffer(*s);
+      if (b >= 0 && supports(b, *node)) {
+        set(node, b);
+        break;
+      }
+    }
+  }
+
+  // 2. Spread to neighbours: first the non-host backends (down, then up), then any backend.
+  const auto nodes = g.nodes();
+  const int n = static_cast<int>(nodes.size());
+  auto expand = [&](bool down, bool include_host) {
+    int cur = -1;
+    for (int k = 0; k < n; ++k) {
+      tensor* node = nodes[static_cast<size_t>(down ? k : n - 1 - k)];
+      auto it = assigned_.find(node);
+      if (it != assigned_.end()) {
+        cur = (it->second == host && !include_host) ? -1 : it->second;
+        continue;
+      }
+      if (cur >= 0 && supports(cur, *node)) set(node, cur);
+      else cur = -1;
+    }
+  };
+  expand(true, false);
+  expand(false, false);
+  expand(true, true);
+  expand(false, true);
+
+  // 3. The rest: the first backend that supports the op; and check every assignment.
+  for (tensor* node : nodes) {
+    auto it = assigned_.find(node);
+    if (it != assigned_.end() && (node->view_src != nullptr || supports(it->second, *node))) continue;
+    if (it != assigned_.end() && pins_.count(node)) {
+      throw backend_error("scheduler: node " + describe(*node) + " (op " + std::string(op_name(node->op)) +
+                          ") is pinned to " + std::string(backend(it->second).name()) + ", which cannot compute it");
+    }
+    int chosen = -1;
+    for (int b = 0; b < n_backends() && chosen < 0; ++b) {
+      if (supports(b, *node)) chosen = b;
+    }
+    if (chosen < 0) {
+      throw backend_error("scheduler: no backend can compute node " + describe(*node) + " (op " +
+                          std::string(op_name(node->op)) + ")");
+    }
+    set(node, chosen);
+  }
+  // Leafs consumed by a node and not yet placed live with their first consumer.
+  for (tensor* node : nodes) {
+    for (tensor* s : node->src) {
+      if (s != nullptr && !assigned_.count(s)) set(s, assigned_[node]);
+    }
+  }
+}
+
+void scheduler::build_splits(graph& g) {
+  restore_sources();
+  splits_.clear();
+  copies_ctx_ = std::make_unique<context>(context_params{.max_tensors = g.n_nodes() * max_src + 16, .no_alloc = true});
+  for (tensor* node : g.nodes()) {
+    const int b = assigned_.at(node);
+    if (splits_.empty() || splits_.back().backend != b) {
+      splits_.push_back(split{});
+      splits_.back().backend = b;
+    }
+    split& sp = splits_.back();
+    sp.nodes.push_back(node);
+    bool saved = false;
+    for (size_t j = 0; j < max_src; ++j) {
+      tensor* s = node->src[j];
+      if (s == nullptr) continue;
+      // Memory that exists outside the graph: usable in place when this backend can read its buffer type.
+      const tensor& owner = s->view_src ? *s->view_src : *s;
+      bool needs_copy;
+      if (is_external(owner)) {
+        needs_copy = !backend(b).supports_buft(owner.buffer->type());
+      } else {
+        const auto it = assigned_.find(s->view_src ? s->view_src : s);
+        needs_copy = it != assigned_.end() && it->second != b;
+      }
+      if (!needs_copy) continue;
+      tensor* copy = nullptr;
+      for (auto& [src, c] : sp.inputs) {
+        if (src == s) copy = c;
+      }
+      if (copy == nullptr) {
+        copy = copies_ctx_->new_tensor(s->type, max_dims, s->ne.data());
+        copy->nb = s->nb;
+        copy->flags |= flag_input;
+        std::string name = std::string(s->get_name().empty() ? "(unnamed)" : s->get_name()) + "#" +
+                           std::string(backend(b).name());
+        copy->set_name(name);
+        assigned_[copy] = b;
+        sp.inputs.emplace_back(s, copy);
+      }
+      if (!saved) {
+        original_srcs_.emplace_back(node, node->src);
+        saved = true;
+      }
+      node->src[j] = copy;
+    }
+  }
+}
+
+void scheduler::plan(graph& g, bool place) {
+  assign(g);
+  build_splits(g);
+  // One graph for the allocator: each split's copies (as leafs), then its nodes, in order.
+  graph all(graph_capacity_ + copies_ctx_->n_tensors() + g.n_leafs());
+  for (tensor* leaf : g.leafs()) all.append(leaf);
+  for (const split& sp : splits_) {
+    for (auto& [src, copy] : sp.inputs) all.append(copy);
+    for (tensor* node : sp.nodes) all.append(node);
+  }
+  if (place) {
+    galloc_->alloc_graph(all);
+  } else {
+    galloc_->reserve(all);
+  }
+  current_ = &g;
+}
+
+void scheduler::reserve(graph& g) {
+  plan(g, false);
+  // A reserve only measures: the graph's sources go back to what the caller built.
+  restore_sources();
+  current_ = nullptr;
+}
+
+void scheduler::alloc_graph(graph& g) { plan(g, true); }
+
+void scheduler::graph_compute(graph& g) {
+  if (current_ != &g) alloc_graph(g);
+  for (const split& sp : splits_) {
+    backend_i& be = backend(sp.backend);
+    for (auto& [src, copy] : sp.inputs) {
+      const int from = tensor_backend(src->view_src ? src->view_src : src);
+      if (from >= 0 && from != sp.backend) backend(from).synchronize();
+      tensor_copy(*src, *copy);
+    }
+    graph sg(sp.nodes.size() + 1);
+    for (tensor* node : sp.nodes) sg.append(node);
+    be.graph_compute(sg);
+  }
+  for (int b = 0; b < n_backends(); ++b) backend(b).synchronize();
+}
+
+int scheduler::n_copies() const {
+  int n = 0;
+  for (const split& sp : splits_) n += static_cast<int>(sp.inputs.size());
+  return n;
+}
+
+size_t scheduler::compute_buffer_size(int i) const { return galloc_->buffer_size(i); }
+
+}  // namespace troupe

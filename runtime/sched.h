@@ -1,0 +1,101 @@
+// The backend scheduler: runs one graph over several backends.
+//
+//   scheduler sched({{gpu_backend}, {cpu_backend}});   // priority order; the last one is the host (CPU)
+//   sched.reserve(worst_case_graph);                  // splits it and reserves compute memory per backend
+//   for (each batch) {
+//     graph g = build(batch);
+//     sched.alloc_graph(g);                           // assign, split, copy-in planning, allocation
+//     tensor_set(*inp_tokens, ...);                   // inputs can be set once allocated
+//     sched.graph_compute(g);
+//   }
+//
+// Assignment, per node: a user pin wins; else the backend holding a weight the node reads, if it supports
+// the op; else its neighbours' backend (non-host backends spread first, then the host), if it supports the
+// op; else the first backend that supports it. Views go where their source's memory is. Inputs without
+// memory go to the host (last) backend.
+//
+// Contiguous runs of nodes on one backend form splits. A source a split reads from another backend's
+// compute memory, or from a buffer its backend cannot use, is copied into a tensor of the split's backend
+// first (the node's source pointer is redirected to the copy; alloc_graph restores the originals before it
+// re-splits, so a graph may be allocated again). Compute memory of every backend comes from one
+// graph_allocator over their buffer types (chunked, see graph_allocator.h).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/backend.h"
+#include "runtime/context.h"
+#include "runtime/graph.h"
+#include "runtime/graph_allocator.h"
+
+namespace troupe {
+
+struct sched_backend {
+  backend_i* backend = nullptr;
+  buffer_type_i* buft = nullptr;  // compute memory; null: the backend's device's default buffer type
+};
+
+class scheduler {
+ public:
+  struct split {
+    int backend = -1;
+    std::vector<tensor*> nodes;
+    std::vector<std::pair<tensor*, tensor*>> inputs;  // (source elsewhere, copy on this backend)
+  };
+
+  explicit scheduler(std::vector<sched_backend> backends, size_t graph_capacity = 8192);
+  ~scheduler();
+  scheduler(const scheduler&) = delete;
+  scheduler& operator=(const scheduler&) = delete;
+
+  int n_backends() const { return static_cast<int>(backends_.size()); }
+  backend_i& backend(int i) const { return *backends_[static_cast<size_t>(i)].backend; }
+  buffer_type_i& buffer_type(int i) const { return *backends_[static_cast<size_t>(i)].buft; }
+
+  // Pins t to backend i for the next alloc_graph (cleared by reset()).
+  void set_tensor_backend(const tensor* t, int i);
+  // The backend of t after alloc_graph, or -1.
+  int tensor_backend(const tensor* t) const;
+
+  // Splits g and makes every backend's compute memory large enough for it (no tensor placed).
+  void reserve(graph& g);
+  // Assigns, splits and places g (inputs included). Grows compute memory when g needs more than reserved.
+  void alloc_graph(graph& g);
+  // Runs the splits of the last alloc_graph in order, copying split inputs in first. g must be the graph
+  // given to alloc_graph.
+  void graph_compute(graph& g);
+  // Forgets pins and restores the sources of the last graph.
+  void reset();
+
+  const std::vector<split>& splits() const { return splits_; }
+  int n_splits() const { return static_cast<int>(splits_.size()); }
+  int n_copies() const;
+  // Bytes of compute memory reserved for backend i.
+  size_t compute_buffer_size(int i) const;
+  const graph_allocator& allocator() const { return *galloc_; }
+
+ private:
+  void restore_sources();
+  void assign(const graph& g);
+  // Memory that exists outside this scheduler's compute buffers (weights, caches, caller-placed inputs).
+  bool is_external(const tensor& t) const;
+  int backend_of_buffer(const tensor& t) const;
+  bool supports(int b, const tensor& t) const;
+  void build_splits(graph& g);
+  void plan(graph& g, bool place);
+
+  std::vector<sched_backend> backends_;
+  size_t graph_capacity_;
+  std::unique_ptr<graph_allocator> galloc_;
+  std::unordered_map<const tensor*, int> pins_;
+  std::unordered_map<const tensor*, int> assigned_;
+  std::vector<split> splits_;
+  std::unique_ptr<context> copies_ctx_;                       // copy tensors of the current splits
+  std::vector<std::pair<tensor*, std::array<tensor*, max_src>>> original_srcs_;
+  const graph* current_ = nullptr;
+};
+
+}  // namespace troupe

@@ -1,0 +1,205 @@
+// The scheduler over two CPU devices: the host CPU and a second CPU device whose buffer type is separate
+// and small (so its compute memory is chunked) and which cannot compute soft_max. Results must be
+// bit-exact against one backend, with the expected splits and copies.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <random>
+
+#include "backends/cpu/cpu_backend.h"
+#include "runtime/error.h"
+#include "runtime/ops.h"
+#include "runtime/sched.h"
+
+using namespace troupe;
+
+namespace {
+
+// A device backed by the CPU but with its own buffer type (max 1 KiB per buffer) and no soft_max.
+class small_device final : public device_i {
+ public:
+  small_device()
+      : buft_(cpu::make_host_buffer_type("Small", 1024)), weights_buft_(cpu::make_host_buffer_type("Small_weights")) {}
+  std::string_view name() const override { return "Small"; }
+  std::string description() const override { return "test device"; }
+  device_type type() const override { return device_type::accel; }
+  device_memory memory() const override { return {1 << 20, 1 << 20}; }
+  device_caps caps() const override { return {}; }
+  backend_ptr init_backend() override;
+  buffer_type_i& buffer_type() override { return *buft_; }
+  bool supports_op(const tensor& t) const override { return t.op != op::soft_max && cpu::cpu_device().supports_op(t); }
+  bool supports_buft(const buffer_type_i& b) const override { return &b == buft_.get() || &b == weights_buft_.get(); }
+  buffer_type_i& weights_buffer_type() { return *weights_buft_; }
+
+ private:
+  std::unique_ptr<buffer_type_i> buft_;          // compute memory: at most 1 KiB per buffer
+  std::unique_ptr<buffer_type_i> weights_buft_;  // weights: unbounded
+};
+
+class small_backend final : public backend_i {
+ public:
+  explicit small_backend(small_device& dev) : dev_(dev), inner_(cpu::make_cpu_backend({.n_threads = 2})) {}
+  std::string_view name() const override { return "Small"; }
+  device_i& device() const override { return dev_; }
+  void graph_compute(graph& g) override {
+    ++computes;
+    inner_->graph_compute(g);
+  }
+  int computes = 0;
+
+ private:
+  small_device& dev_;
+  std::unique_ptr<cpu::cpu_backend> inner_;
+};
+
+backend_ptr small_device::init_backend() { return std::make_unique<small_backend>(*this); }
+
+struct model {
+  tensor* w1 = nullptr;  // [64, 48] on the small device
+  tensor* w2 = nullptr;  // [48, 32] on the CPU
+  buffer_ptr buf1, buf2;
+};
+
+void fill(tensor* t, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(nelements(*t)));
+  for (auto& x : v) x = d(rng);
+  tensor_set(*t, v.data(), 0, v.size() * 4);
+}
+
+// x -> mul_mat(w1) -> rms_norm -> mul_mat(w2) -> soft_max -> scale
+tensor* build(context& ctx, model& m, tensor** x_out) {
+  tensor* x = ctx.new_tensor_2d(type::f32, 64, 3);
+  x->flags |= flag_input;
+  x->set_name("x");
+  tensor* h = mul_mat(ctx, m.w1, x);  // [48, 3]
+  h->set_name("h");
+  tensor* n = rms_norm(ctx, h, 1e-5f);
+  n->set_name("n");
+  tensor* o = mul_mat(ctx, m.w2, n);  // [32, 3]
+  o->set_name("o");
+  tensor* p = soft_max(ctx, o, nullptr, 0.5f);
+  tensor* y = scale(ctx, p, 3.0f);
+  y->set_name("y");
+  y->flags |= flag_output;
+  *x_out = x;
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("two devices: weights pull nodes, unsupported ops move, inputs are copied, results bit-exact", "[sched]") {
+  small_device dev;
+  backend_ptr small = dev.init_backend();
+  auto cpu_be = cpu::make_cpu_backend({.n_threads = 2});
+
+  context weights(context_params{.max_tensors = 8, .no_alloc = true});
+  model m;
+  m.w1 = weights.new_tensor_2d(type::f32, 64, 48);
+  m.w2 = weights.new_tensor_2d(type::f32, 48, 32);
+  m.w1->flags |= flag_weight;
+  m.w2->flags |= flag_weight;
+  {
+    // w1 in the small device's memory, w2 in host memory.
+    m.buf1 = dev.weights_buffer_type().alloc_buffer(nbytes(*m.w1));
+    tensor_alloc(*m.buf1, *m.w1, m.buf1->base());
+    m.buf1->set_usage(buffer_usage::weights);
+    m.buf2 = cpu::cpu_device().buffer_type().alloc_buffer(nbytes(*m.w2));
+    tensor_alloc(*m.buf2, *m.w2, m.buf2->base());
+    m.buf2->set_usage(buffer_usage::weights);
+  }
+  fill(m.w1, 1);
+  fill(m.w2, 2);
+
+  // Two backends.
+  context ctx({.max_tensors = 32, .no_alloc = true});
+  tensor* x;
+  tensor* y = build(ctx, m, &x);
+  graph g;
+  g.build_forward_expand(y);
+  scheduler sched({{small.get(), nullptr}, {cpu_be.get(), nullptr}});
+  sched.reserve(g);
+  const size_t reserved_small = sched.compute_buffer_size(0);
+  CHECK(reserved_small > 0);
+  sched.alloc_graph(g);
+  CHECK(sched.compute_buffer_size(0) == reserved_small);  // the reservation was enough
+
+  CHECK(sched.n_splits() == 2);
+  REQUIRE(sched.splits().size() == 2);
+  CHECK(sched.splits()[0].backend == 0);  // mul_mat(w1), rms_norm on the small device
+  CHECK(sched.splits()[0].nodes.size() == 2);
+  CHECK(sched.splits()[1].backend == 1);  // mul_mat(w2), soft_max, scale on the CPU
+  CHECK(sched.n_copies() == 2);           // x (an input, on the host) into Small; n back to the CPU
+  CHECK(sched.splits()[0].inputs.at(0).first == x);
+  CHECK(std::string(sched.splits()[1].inputs.at(0).first->get_name()) == "n");
+  CHECK(sched.tensor_backend(ctx.find("h")) == 0);
+  CHECK(sched.tensor_backend(ctx.find("o")) == 1);
+  CHECK(&sched.buffer_type(0) == &dev.buffer_type());
+  // Small's compute memory is chunked: more than one chunk, none larger than 1 KiB.
+  CHECK(sched.allocator().n_chunks(0) >= 2);
+  for (int c = 0; c < sched.allocator().n_chunks(0); ++c) CHECK(sched.allocator().chunk_buffer(0, c)->size() <= 1024);
+
+  fill(x, 3);
+  sched.graph_compute(g);
+  auto* sb = static_cast<small_backend*>(small.get());
+  CHECK(sb->computes == 1);
+  std::vector<float> two(32 * 3);
+  tensor_get(*y, two.data(), 0, two.size() * 4);
+
+  // One backend: the same graph shape, everything on the CPU.
+  context ctx1({.max_tensors = 32, .no_alloc = true});
+  tensor* x1;
+  model m1;
+  m1.w1 = m.w1;  // the CPU can read host memory of the Small buffer type (it is host memory)
+  m1.w2 = m.w2;
+  tensor* y1 = build(ctx1, m1, &x1);
+  graph g1;
+  g1.build_forward_expand(y1);
+  auto cpu_only = cpu::make_cpu_backend({.n_threads = 2});
+  scheduler one({{cpu_only.get(), nullptr}});
+  one.alloc_graph(g1);
+  CHECK(one.n_splits() == 1);
+  CHECK(one.n_copies() == 0);
+  fill(x1, 3);
+  one.graph_compute(g1);
+  std::vector<float> single(32 * 3);
+  tensor_get(*y1, single.data(), 0, single.size() * 4);
+  CHECK(std::memcmp(two.data(), single.data(), two.size() * 4) == 0);
+
+  // Allocating the same graph again restores and redoes the copies, with the same results.
+  sched.alloc_graph(g);
+  CHECK(sched.n_copies() == 2);
+  fill(x, 3);
+  sched.graph_compute(g);
+  std::vector<float> again(32 * 3);
+  tensor_get(*y, again.data(), 0, again.size() * 4);
+  CHECK(again == two);
+  sched.reset();
+  CHECK(g.node(0)->src[1] == x);  // sources restored
+}
+
+TEST_CASE("pins move nodes; a pin to a backend that cannot compute the node is an error", "[sched]") {
+  small_device dev;
+  backend_ptr small = dev.init_backend();
+  auto cpu_be = cpu::make_cpu_backend({.n_threads = 1});
+  context ctx({.max_tensors = 16, .no_alloc = true});
+  tensor* a = ctx.new_tensor_1d(type::f32, 16);
+  a->flags |= flag_input;
+  tensor* b = silu(ctx, a);
+  tensor* c = soft_max(ctx, b, nullptr, 1.0f);
+  c->flags |= flag_output;
+  graph g;
+  g.build_forward_expand(c);
+
+  scheduler sched({{small.get(), nullptr}, {cpu_be.get(), nullptr}});
+  sched.set_tensor_backend(b, 0);
+  sched.alloc_graph(g);
+  CHECK(sched.tensor_backend(b) == 0);
+  CHECK(sched.tensor_backend(c) == 1);
+  CHECK(sched.n_splits() == 2);
+
+  sched.reset();
+  sched.set_tensor_backend(c, 0);
+  CHECK_THROWS_WITH(sched.alloc_graph(g), Catch::Contains("pinned to Small, which cannot compute it"));
+}
