@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "runtime/tensor.h"
+#include "runtime/types.h"
 
 namespace troupe::cpu {
 
@@ -32,6 +33,14 @@ bool supports_op(const tensor& node);
 
 // Work buffer bytes the node needs when computed by nth threads (0 for most ops).
 size_t work_size(const tensor& node, int nth, bool reference);
+
+// Matrix products whose b has at least this many rows (tokens) per plane run as OpenBLAS sgemm when troupe
+// is built with it (never in reference mode). The defaults are the crossovers measured by bench_cpu_ops
+// (docs/performance.md), one for f32 weights and one for the types that must be dequantized first.
+int64_t blas_min_batch(type weights);
+// Overrides blas_min_batch for every weight type, process-wide (benchmarks measuring the crossover):
+// n > 0 sets it, n < 0 turns BLAS off, 0 restores the defaults.
+void set_blas_min_batch(int64_t n);
 
 // Computes node (all its sources have data) on thread params.ith of params.nth. Views, reshapes, permutes,
 // transposes and op::none are no-ops. Throws backend_error for a node supports_op would reject.

@@ -4,16 +4,29 @@
 // strides; b: [k, n, ne2b, ne3b] f32, any strides; dst: [m, n, ne2b, ne3b] f32 with dense rows.
 // r2 = ne2b / ne2a, r3 = ne3b / ne3a: consecutive b planes share one a plane (grouped-query attention).
 //
-// Reference path (always available): every row of b is converted once to a's vec_dot_type into the work
-// buffer (threads split the rows, then sync), then threads split tiles of dst and compute each element with
-// one traits(a.type).vec_dot call, so the result does not depend on the thread count.
-// BLAS path (TROUPE_HAVE_BLAS, !params.reference, large products): a is dequantized to f32 in the work
-// buffer unless it is usable as is (threads split rows, then sync); thread 0 calls cblas_sgemm per dst
-// plane while the others wait at the final sync.
+// Three paths; every one computes each element of dst with one dot product of a row of a and a row of b
+// converted to a's vec_dot_type, so the result does not depend on the thread count.
+//
+// Reference path (params.reference): every row of b is converted once to a's vec_dot_type into the work
+// buffer (threads split the rows, then sync), then threads split tiles of dst statically and compute each
+// element with traits(a.type).vec_dot. Scalar code only.
+//
+// Fast path: the same conversion, with the active SIMD table's quantizer (bit-identical to the reference),
+// then the threads take chunks of dst from a shared counter (so a thread slowed down by the OS does not hold
+// the others up) and use the table's SIMD vec_dot. Matrix-vector products (token generation) are chunks of
+// rows of a; matrix-matrix products are tiles of tile_m rows of a against tile_n rows of b, so a's rows
+// stay in L1 and the b tile in L2 while they are reused.
+//
+// BLAS path (TROUPE_HAVE_BLAS, not reference, n >= blas_min_batch(a.type)): each thread takes a range of
+// a's rows, dequantizes it into the work buffer (unless a is f32 that sgemm can read in place) and calls a
+// single-threaded cblas_sgemm for those columns of dst. OpenBLAS runs on troupe's threads rather than its
+// own pool, so the two never compete for cores; its thread count is set to 1 around the op and restored.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "backends/cpu/kernels_internal.h"
+#include "backends/cpu/simd/simd.h"
 
 #ifdef TROUPE_HAVE_BLAS
 // OpenBLAS's header uses C99 _Complex, which -Wpedantic flags when its directory is not a system one.
@@ -23,28 +36,56 @@
 #pragma GCC diagnostic pop
 #endif
 
+namespace troupe::cpu {
+
+namespace {
+
+// BLAS crossover, in rows of b (tokens) per plane, measured with bench_cpu_ops (docs/performance.md): below
+// these the quantized SIMD dot products win, above them dequantizing a and running sgemm does.
+constexpr int64_t default_blas_min_batch_f32 = 32;
+constexpr int64_t default_blas_min_batch_quant = 64;
+
+std::atomic<int64_t> blas_min_batch_override{0};
+
+}  // namespace
+
+int64_t blas_min_batch(type weights) {
+  const int64_t o = blas_min_batch_override.load(std::memory_order_relaxed);
+  if (o != 0) return o < 0 ? INT64_MAX : o;
+  return weights == type::f32 ? default_blas_min_batch_f32 : default_blas_min_batch_quant;
+}
+
+void set_blas_min_batch(int64_t n) { blas_min_batch_override.store(n, std::memory_order_relaxed); }
+
+}  // namespace troupe::cpu
+
 namespace troupe::cpu::detail {
 
 namespace {
 
-// Products at least this large go to BLAS: n columns of b (tokens), m rows and k columns of a. Below it the
-// conversion of a to f32 and the single-threaded sgemm call cost more than the quantized dot products.
-[[maybe_unused]] constexpr int64_t blas_min_n = 32;
+// sgemm is not worth its packing for products thinner than this in m or k.
 [[maybe_unused]] constexpr int64_t blas_min_m = 64;
 [[maybe_unused]] constexpr int64_t blas_min_k = 64;
 
-// Tiles of dst computed by one thread at a time: tile_m rows of a against tile_n rows of b, so a tile's
-// rows of a and b stay in cache while they are reused.
+// Reference path tiles.
 constexpr int64_t tile_m = 16;
 constexpr int64_t tile_n = 16;
 
+// Fast path: tiles of dst for matrix-matrix products, row chunks for matrix-vector ones.
+constexpr int64_t fast_tile_m = 16;
+constexpr int64_t fast_tile_n = 16;
+constexpr int64_t chunks_per_thread = 8;  // matrix-vector: enough chunks to even out uneven threads
+constexpr int64_t min_chunk_rows = 16;
+
 struct mm_plan {
   bool blas = false;
+  bool fast = false;  // SIMD table, dynamic chunks
   // BLAS path
   bool a_direct = false;  // a is f32 with strides sgemm can take: no dequantization
   size_t a_f32_bytes = 0;
-  // reference path
+  // reference and fast paths
   bool convert_b = false;  // b's rows are converted to vec_dot_type in the work buffer
+  size_t counter = 0;      // fast path, nth > 1: one cache line for the shared chunk counter
   size_t b_row_bytes = 0;  // one converted row
   size_t b_bytes = 0;      // all converted rows, cache-line aligned
   size_t scratch = 0;      // per thread: one strided b row gathered to dense f32 before quantizing
@@ -62,22 +103,20 @@ mm_plan plan_mul_mat(const tensor& node, int nth, bool reference) {
   mm_plan p;
 #ifdef TROUPE_HAVE_BLAS
   // sgemm needs b and dst as row-major f32 matrices with leading dimensions >= their row lengths.
-  p.blas = !reference && n >= blas_min_n && m >= blas_min_m && k >= blas_min_k && f32_strides_ok(b) &&
-           f32_strides_ok(node) && b.nb[1] / 4 >= static_cast<size_t>(k) &&
-           node.nb[1] / 4 >= static_cast<size_t>(m);
+  p.blas = !reference && n >= blas_min_batch(a.type) && m >= blas_min_m && k >= blas_min_k && f32_strides_ok(b) &&
+           f32_strides_ok(node) && b.nb[1] / 4 >= static_cast<size_t>(k) && node.nb[1] / 4 >= static_cast<size_t>(m);
 #else
-  (void)reference;
   (void)n;
   (void)m;
 #endif
   if (p.blas) {
     p.a_direct = a.type == type::f32 && f32_strides_ok(a) && a.nb[1] / 4 >= static_cast<size_t>(k);
-    if (!p.a_direct) {
-      p.a_f32_bytes = align_up(static_cast<size_t>(k * m * a.ne[2] * a.ne[3]) * sizeof(float));
-    }
+    if (!p.a_direct) p.a_f32_bytes = align_up(static_cast<size_t>(k * m * a.ne[2] * a.ne[3]) * sizeof(float));
     p.total = p.a_f32_bytes;
     return p;
   }
+  p.fast = !reference;
+  if (p.fast && nth > 1) p.counter = cache_line;
   const type vdt = traits(a.type).vec_dot_type;
   p.convert_b = !(vdt == type::f32 && f32_strides_ok(b));
   if (p.convert_b) {
@@ -85,23 +124,22 @@ mm_plan plan_mul_mat(const tensor& node, int nth, bool reference) {
     p.b_bytes = align_up(p.b_row_bytes * static_cast<size_t>(nrows(b)));
     if (!is_float_type(vdt) && !dense_rows(b, 4)) p.scratch = align_up(static_cast<size_t>(k) * sizeof(float));
   }
-  p.total = p.b_bytes + p.scratch * static_cast<size_t>(nth);
+  p.total = p.counter + p.b_bytes + p.scratch * static_cast<size_t>(nth);
   return p;
 }
 
-// Converts rows [begin, end) of b (f32, any strides) to `vdt`, densely packed at `out`.
-void convert_b_rows(const tensor& b, type vdt, int64_t begin, int64_t end, uint8_t* out, size_t row_bytes,
-                    float* scratch) {
+// Converts rows [begin, end) of b (f32, any strides) to `vdt` with `quantize`, densely packed at `out`.
+void convert_b_rows(const tensor& b, type vdt, from_float_fn quantize, int64_t begin, int64_t end, uint8_t* out,
+                    size_t row_bytes, float* scratch) {
   const int64_t k = b.ne[0];
-  const from_float_fn quantize = traits(vdt).from_float_ref;
   const bool dense = dense_rows(b, 4);
   for (int64_t r = begin; r < end; ++r) {
     const char* src = row_addr(b, unravel_row(b, r));
     char* dst = reinterpret_cast<char*>(out + static_cast<size_t>(r) * row_bytes);
-    if (is_float_type(vdt)) {
-      convert_floats(src, b.nb[0], type::f32, dst, type_size(vdt), vdt, k);
-    } else if (dense) {
+    if (dense && vdt != type::f32) {
       quantize(reinterpret_cast<const float*>(src), dst, k);
+    } else if (is_float_type(vdt)) {
+      convert_floats(src, b.nb[0], type::f32, dst, type_size(vdt), vdt, k);
     } else {
       gather_f32(src, b.nb[0], scratch, k);
       quantize(scratch, dst, k);
@@ -109,55 +147,114 @@ void convert_b_rows(const tensor& b, type vdt, int64_t begin, int64_t end, uint8
   }
 }
 
+// Everything a thread needs to compute elements of dst with vec_dot.
+struct mm_ctx {
+  const tensor& a;
+  const tensor& b;
+  tensor& dst;
+  const mm_plan& p;
+  const uint8_t* b_conv;  // converted rows of b, or null when b is used as is
+  vec_dot_fn dot;
+  int64_t k, m, n, ne2b, r2, r3;
+
+  const void* b_row(int64_t plane, int64_t j, int64_t i2, int64_t i3) const {
+    if (b_conv != nullptr) return b_conv + static_cast<size_t>(plane * n + j) * p.b_row_bytes;
+    return addr(b, 0, j, i2, i3);
+  }
+
+  // dst[i_begin..i_end, j_begin..j_end] of one plane.
+  void tile(int64_t plane, int64_t i_begin, int64_t i_end, int64_t j_begin, int64_t j_end) const {
+    const int64_t i2 = plane % ne2b;
+    const int64_t i3 = plane / ne2b;
+    const char* a_plane = addr(a, 0, 0, i2 / r2, i3 / r3);
+    for (int64_t i = i_begin; i < i_end; ++i) {
+      const char* a_row = a_plane + i * static_cast<int64_t>(a.nb[1]);
+      for (int64_t j = j_begin; j < j_end; ++j) {
+        float s;
+        dot(k, &s, a_row, b_row(plane, j, i2, i3));
+        std::memcpy(addr(dst, i, j, i2, i3), &s, sizeof s);
+      }
+    }
+  }
+};
+
+// Converts b (threads split its rows) into the work buffer after the counter; returns the converted rows.
+const uint8_t* convert_b(const compute_params& params, const tensor& b, type vdt, from_float_fn quantize,
+                         const mm_plan& p) {
+  if (!p.convert_b) return nullptr;
+  uint8_t* out = params.wdata + p.counter;
+  float* scratch =
+      p.scratch > 0
+          ? reinterpret_cast<float*>(out + p.b_bytes + p.scratch * static_cast<size_t>(params.ith))
+          : nullptr;
+  const item_range rows = split_range(nrows(b), params.ith, params.nth);
+  convert_b_rows(b, vdt, quantize, rows.begin, rows.end, out, p.b_row_bytes, scratch);
+  return out;
+}
+
 void mul_mat_reference(const compute_params& params, tensor& node, const mm_plan& p) {
   const tensor& a = *node.src[0];
   const tensor& b = *node.src[1];
   const type_traits& ta = traits(a.type);
-  const int64_t k = a.ne[0];
-  const int64_t m = a.ne[1];
-  const int64_t n = b.ne[1];
-  const int64_t ne2b = b.ne[2];
-  const int64_t r2 = b.ne[2] / a.ne[2];
-  const int64_t r3 = b.ne[3] / a.ne[3];
-
-  if (p.convert_b) {
-    float* scratch =
-        p.scratch > 0
-            ? reinterpret_cast<float*>(params.wdata + p.b_bytes + p.scratch * static_cast<size_t>(params.ith))
-            : nullptr;
-    const item_range rows = split_range(nrows(b), params.ith, params.nth);
-    convert_b_rows(b, ta.vec_dot_type, rows.begin, rows.end, params.wdata, p.b_row_bytes, scratch);
-    params.sync();  // every thread reads every converted row
-  }
+  const uint8_t* b_conv = convert_b(params, b, ta.vec_dot_type, traits(ta.vec_dot_type).from_float_ref, p);
+  if (p.convert_b) params.sync();  // every thread reads every converted row
+  const mm_ctx c{a, b, node, p, b_conv, ta.vec_dot, a.ne[0], a.ne[1], b.ne[1], b.ne[2], b.ne[2] / a.ne[2],
+                 b.ne[3] / a.ne[3]};
 
   // Tiles in order (plane, tile of b rows, tile of a rows); each thread takes a contiguous range of them.
   const int64_t n_planes = b.ne[2] * b.ne[3];
-  const int64_t tiles_m = (m + tile_m - 1) / tile_m;
-  const int64_t tiles_n = (n + tile_n - 1) / tile_n;
+  const int64_t tiles_m = (c.m + tile_m - 1) / tile_m;
+  const int64_t tiles_n = (c.n + tile_n - 1) / tile_n;
   const item_range tiles = split_range(n_planes * tiles_n * tiles_m, params.ith, params.nth);
-  const vec_dot_fn dot = ta.vec_dot;
   for (int64_t t = tiles.begin; t < tiles.end; ++t) {
     const int64_t tm = t % tiles_m;
     const int64_t tn = (t / tiles_m) % tiles_n;
     const int64_t plane = t / (tiles_m * tiles_n);
-    const int64_t i2 = plane % ne2b;
-    const int64_t i3 = plane / ne2b;
-    const char* a_plane = addr(a, 0, 0, i2 / r2, i3 / r3);
-    const int64_t j_end = std::min(n, (tn + 1) * tile_n);
-    const int64_t i_end = std::min(m, (tm + 1) * tile_m);
-    for (int64_t i = tm * tile_m; i < i_end; ++i) {
-      const char* a_row = a_plane + i * static_cast<int64_t>(a.nb[1]);
-      for (int64_t j = tn * tile_n; j < j_end; ++j) {
-        const void* b_row =
-            p.convert_b
-                ? static_cast<const void*>(params.wdata + static_cast<size_t>((plane * n + j)) * p.b_row_bytes)
-                : static_cast<const void*>(addr(b, 0, j, i2, i3));
-        float s;
-        dot(k, &s, a_row, b_row);
-        std::memcpy(addr(node, i, j, i2, i3), &s, sizeof s);
-      }
-    }
+    c.tile(plane, tm * tile_m, std::min(c.m, (tm + 1) * tile_m), tn * tile_n, std::min(c.n, (tn + 1) * tile_n));
   }
+}
+
+void mul_mat_fast(const compute_params& params, tensor& node, const mm_plan& p) {
+  const tensor& a = *node.src[0];
+  const tensor& b = *node.src[1];
+  const simd::kernel_table& kt = simd::active_table();
+  const type vdt = traits(a.type).vec_dot_type;
+  const uint8_t* b_conv = convert_b(params, b, vdt, kt.quantize(vdt), p);
+  const mm_ctx c{a, b, node, p, b_conv, kt.dot(a.type), a.ne[0], a.ne[1], b.ne[1], b.ne[2], b.ne[2] / a.ne[2],
+                 b.ne[3] / a.ne[3]};
+
+  // Chunk geometry: rows of a per chunk (rows_per) against b rows per chunk (cols_per).
+  const int64_t n_planes = b.ne[2] * b.ne[3];
+  int64_t rows_per = fast_tile_m;
+  int64_t cols_per = fast_tile_n;
+  if (c.n < fast_tile_n) {
+    // Matrix-vector (or a few vectors): all of b's rows in each chunk, rows of a split finely enough that
+    // every thread gets several chunks.
+    cols_per = c.n;
+    const int64_t want = std::max<int64_t>(1, params.nth * chunks_per_thread / std::max<int64_t>(1, n_planes));
+    rows_per = std::max(min_chunk_rows, (c.m + want - 1) / want);
+  }
+  const int64_t chunks_m = (c.m + rows_per - 1) / rows_per;
+  const int64_t chunks_n = (c.n + cols_per - 1) / cols_per;
+  const int64_t n_chunks = n_planes * chunks_n * chunks_m;
+
+  auto run_chunk = [&](int64_t t) {
+    const int64_t tm = t % chunks_m;
+    const int64_t tn = (t / chunks_m) % chunks_n;
+    const int64_t plane = t / (chunks_m * chunks_n);
+    c.tile(plane, tm * rows_per, std::min(c.m, (tm + 1) * rows_per), tn * cols_per, std::min(c.n, (tn + 1) * cols_per));
+  };
+
+  if (params.nth == 1) {
+    for (int64_t t = 0; t < n_chunks; ++t) run_chunk(t);
+    return;
+  }
+  // Thread ith starts with chunk ith, then takes the next unclaimed one from the counter (which thread 0
+  // sets before the sync that also publishes the converted b).
+  std::atomic_ref<int64_t> next(*reinterpret_cast<int64_t*>(params.wdata));
+  if (params.ith == 0) next.store(params.nth, std::memory_order_relaxed);
+  params.sync();
+  for (int64_t t = params.ith; t < n_chunks; t = next.fetch_add(1, std::memory_order_relaxed)) run_chunk(t);
 }
 
 #ifdef TROUPE_HAVE_BLAS
@@ -171,24 +268,38 @@ void mul_mat_blas(const compute_params& params, tensor& node, const mm_plan& p) 
   const int64_t r3 = b.ne[3] / a.ne[3];
   float* a_f32 = reinterpret_cast<float*>(params.wdata);
 
-  if (!p.a_direct) {
-    // Dequantize a into [k, m, ne2a, ne3a] dense f32; rows split across threads.
-    const to_float_fn to_f32 = traits(a.type).to_float;
-    const item_range rows = split_range(nrows(a), params.ith, params.nth);
-    for (int64_t r = rows.begin; r < rows.end; ++r) {
-      const char* src = row_addr(a, unravel_row(a, r));
-      float* dst = a_f32 + r * k;
-      if (a.type == type::f32) {
-        std::memcpy(dst, src, static_cast<size_t>(k) * sizeof(float));
-      } else {
-        to_f32(src, dst, k);
+  // Each thread owns rows [m0, m1) of a, i.e. columns [m0, m1) of dst, in every plane; boundaries on
+  // multiples of 16 floats so that no two threads write the same cache line of dst.
+  const int64_t per = (m / params.nth + 15) / 16 * 16;
+  const int64_t m0 = std::min(m, per * params.ith);
+  const int64_t m1 = params.ith == params.nth - 1 ? m : std::min(m, m0 + per);
+
+  int blas_threads = 1;
+  if (params.ith == 0) {
+    blas_threads = openblas_get_num_threads();
+    openblas_set_num_threads(1);  // each of our threads runs its own single-threaded sgemm
+  }
+  params.sync();
+
+  if (!p.a_direct && m1 > m0) {
+    const to_float_fn to_f32 = simd::active_table().dequantize(a.type);
+    for (int64_t i3 = 0; i3 < a.ne[3]; ++i3) {
+      for (int64_t i2 = 0; i2 < a.ne[2]; ++i2) {
+        for (int64_t i = m0; i < m1; ++i) {
+          const char* src = addr(a, 0, i, i2, i3);
+          float* dst = a_f32 + ((i3 * a.ne[2] + i2) * m + i) * k;
+          if (a.type == type::f32) {
+            std::memcpy(dst, src, static_cast<size_t>(k) * sizeof(float));
+          } else {
+            to_f32(src, dst, k);
+          }
+        }
       }
     }
-    params.sync();
   }
 
-  if (params.ith == 0) {
-    // Row-major: C[n x m] = B[n x k] * A[m x k]^T, i.e. dst[i, j] = sum_l a[l, i] * b[l, j].
+  if (m1 > m0) {
+    // Row-major: C[n x (m1 - m0)] = B[n x k] * A[m0..m1 x k]^T, i.e. dst[i, j] = sum_l a[l, i] * b[l, j].
     const int64_t ldb = static_cast<int64_t>(b.nb[1] / 4);
     const int64_t ldc = static_cast<int64_t>(node.nb[1] / 4);
     const int64_t lda = p.a_direct ? static_cast<int64_t>(a.nb[1] / 4) : k;
@@ -196,17 +307,18 @@ void mul_mat_blas(const compute_params& params, tensor& node, const mm_plan& p) 
       for (int64_t i2 = 0; i2 < b.ne[2]; ++i2) {
         const int64_t i2a = i2 / r2;
         const int64_t i3a = i3 / r3;
-        const float* pa = p.a_direct ? reinterpret_cast<const float*>(addr(a, 0, 0, i2a, i3a))
-                                     : a_f32 + (i3a * a.ne[2] + i2a) * m * k;
+        const float* pa = p.a_direct ? reinterpret_cast<const float*>(addr(a, 0, m0, i2a, i3a))
+                                     : a_f32 + ((i3a * a.ne[2] + i2a) * m + m0) * k;
         const float* pb = reinterpret_cast<const float*>(addr(b, 0, 0, i2, i3));
-        float* pc = reinterpret_cast<float*>(addr(node, 0, 0, i2, i3));
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(m),
+        float* pc = reinterpret_cast<float*>(addr(node, m0, 0, i2, i3));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(m1 - m0),
                     static_cast<int>(k), 1.0f, pb, static_cast<int>(ldb), pa, static_cast<int>(lda), 0.0f, pc,
                     static_cast<int>(ldc));
       }
     }
   }
-  params.sync();  // the node is done when thread 0 is
+  params.sync();  // every sgemm has started single-threaded before the setting is restored
+  if (params.ith == 0) openblas_set_num_threads(blas_threads);
 }
 #endif
 
@@ -238,6 +350,7 @@ void compute_mul_mat(const compute_params& params, tensor& node) {
 #ifdef TROUPE_HAVE_BLAS
   if (p.blas) return mul_mat_blas(params, node, p);
 #endif
+  if (p.fast) return mul_mat_fast(params, node, p);
   mul_mat_reference(params, node, p);
 }
 

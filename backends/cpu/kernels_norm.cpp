@@ -1,10 +1,12 @@
 // Row-wise normalisations: rms_norm, norm, soft_max (with mask and ALiBi).
 //
-// f32 sources with any strides; threads split rows. Sums are accumulated in double.
+// f32 sources with any strides; threads split rows. Sums are accumulated in double, except soft_max's sum of
+// exponentials outside reference mode, which comes from the active SIMD table's exp_row (float lanes).
 #include <cmath>
 #include <cstring>
 
 #include "backends/cpu/kernels_internal.h"
+#include "backends/cpu/simd/simd.h"
 
 namespace troupe::cpu::detail {
 
@@ -117,10 +119,14 @@ void compute_soft_max(const compute_params& params, tensor& node) {
       continue;
     }
     double sum = 0.0;
-    for (int64_t i = 0; i < ne0; ++i) {
-      const float e = std::exp(y[i] - mx);
-      y[i] = e;
-      sum += e;
+    if (!params.reference) {
+      sum = simd::active_table().exp_row(ne0, y, mx);
+    } else {
+      for (int64_t i = 0; i < ne0; ++i) {
+        const float e = std::exp(y[i] - mx);
+        y[i] = e;
+        sum += e;
+      }
     }
     const float inv = static_cast<float>(1.0 / sum);
     for (int64_t i = 0; i < ne0; ++i) y[i] *= inv;

@@ -1,11 +1,13 @@
 // Activations: silu, gelu (tanh approximation) and the fused gated units swiglu / geglu.
 //
-// f32 with any strides; threads split the rows of the destination.
+// f32 with any strides; threads split the rows of the destination. Outside reference mode, silu and swiglu
+// over dense rows use the active SIMD table's row functions.
 #include <cmath>
 #include <cstring>
 #include <utility>
 
 #include "backends/cpu/kernels_internal.h"
+#include "backends/cpu/simd/simd.h"
 #include "runtime/ops.h"
 
 namespace troupe::cpu::detail {
@@ -33,11 +35,18 @@ void unary(const compute_params& params, tensor& node) {
   const int64_t ne0 = node.ne[0];
   const int64_t sa = static_cast<int64_t>(a.nb[0]);
   const int64_t sd = static_cast<int64_t>(node.nb[0]);
+  const simd::silu_row_fn silu_row =
+      Act == silu && !params.reference && dense_rows(a, 4) && dense_rows(node, 4) ? simd::active_table().silu_row
+                                                                                  : nullptr;
   const item_range rows = split_range(nrows(node), params.ith, params.nth);
   for (int64_t r = rows.begin; r < rows.end; ++r) {
     const row_index ri = unravel_row(node, r);
     const char* x = row_addr(a, ri);
     char* y = row_addr(node, ri);
+    if (silu_row != nullptr) {
+      silu_row(ne0, reinterpret_cast<const float*>(x), reinterpret_cast<float*>(y));
+      continue;
+    }
     for (int64_t i = 0; i < ne0; ++i) st(y + i * sd, Act(ld(x + i * sa)));
   }
 }
@@ -52,6 +61,9 @@ void glu_rows(const compute_params& params, tensor& node) {
   const int64_t sa = static_cast<int64_t>(a.nb[0]);
   const int64_t sb = b != nullptr ? static_cast<int64_t>(b->nb[0]) : sa;
   const int64_t sd = static_cast<int64_t>(node.nb[0]);
+  const bool dense = dense_rows(a, 4) && (b == nullptr || dense_rows(*b, 4)) && dense_rows(node, 4);
+  const simd::swiglu_row_fn swiglu_row =
+      Act == silu && !params.reference && dense ? simd::active_table().swiglu_row : nullptr;
   const item_range rows = split_range(nrows(node), params.ith, params.nth);
   for (int64_t r = rows.begin; r < rows.end; ++r) {
     const row_index ri = unravel_row(node, r);
@@ -74,6 +86,10 @@ void glu_rows(const compute_params& params, tensor& node) {
       g = row + (swapped ? 0 : nc) * sa;
     }
     char* y = row_addr(node, ri);
+    if (swiglu_row != nullptr) {
+      swiglu_row(nc, reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(g), reinterpret_cast<float*>(y));
+      continue;
+    }
     for (int64_t i = 0; i < nc; ++i) st(y + i * sd, Act(ld(x + i * sx)) * ld(g + i * sg));
   }
 }

@@ -15,9 +15,31 @@ inline void cpu_relax() {
 #endif
 }
 
-// Spin iterations before a waiter goes to sleep: long enough to cover a typical op's imbalance between
-// threads (a few microseconds), short enough not to burn a core when the work is uneven.
-constexpr int spin_iterations = 1 << 14;
+// A waiter first spins with pause (a pause is ~10-40 ns: some tens of microseconds, the usual imbalance
+// between threads within an op), then polls with sched_yield (up to a few hundred microseconds, the gap
+// between back-to-back graphs), then sleeps on the atomic (futex). The yield phase matters when the machine
+// has fewer free cores than threads: a pure spin would keep the very thread it waits for off the CPU until
+// the scheduler's time slice ends (milliseconds), while a yield hands the core over at once.
+constexpr int spin_iterations = 1 << 10;
+constexpr int yield_iterations = 1 << 9;
+
+// Waits until a.load() != old (spin, yield, then futex). Returns the new value.
+template <class T>
+T wait_change(const std::atomic<T>& a, T old) {
+  for (int i = 0; i < spin_iterations; ++i) {
+    const T v = a.load(std::memory_order_acquire);
+    if (v != old) return v;
+    cpu_relax();
+  }
+  for (int i = 0; i < yield_iterations; ++i) {
+    const T v = a.load(std::memory_order_acquire);
+    if (v != old) return v;
+    std::this_thread::yield();
+  }
+  T v;
+  while ((v = a.load(std::memory_order_acquire)) == old) a.wait(old, std::memory_order_acquire);
+  return v;
+}
 
 }  // namespace
 
@@ -34,14 +56,10 @@ bool barrier::wait() {
   if (arrived_.fetch_add(1, std::memory_order_acq_rel) == n_ - 1) {
     arrived_.store(0, std::memory_order_relaxed);
     phase_.fetch_add(1, std::memory_order_acq_rel);
-    phase_.notify_all();
+    phase_.notify_all();  // no system call unless some thread is asleep
     return !broken();
   }
-  for (int i = 0; i < spin_iterations; ++i) {
-    if (phase_.load(std::memory_order_acquire) != phase) return !broken();
-    cpu_relax();
-  }
-  while (phase_.load(std::memory_order_acquire) == phase) phase_.wait(phase, std::memory_order_acquire);
+  wait_change(phase_, phase);
   return !broken();
 }
 
@@ -53,16 +71,18 @@ void barrier::abort() {
 
 thread_pool::thread_pool(int n_threads) {
   const int n = n_threads < 1 ? 1 : n_threads;
+  slots_ = std::make_unique<worker_slot[]>(static_cast<size_t>(n));
   workers_.reserve(static_cast<size_t>(n - 1));
   for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { worker_main(i); });
 }
 
 thread_pool::~thread_pool() {
-  {
-    std::lock_guard lock(mutex_);
-    stop_ = true;
+  stop_ = true;
+  ++generation_;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    slots_[i].go.store(generation_, std::memory_order_release);
+    slots_[i].go.notify_one();
   }
-  wake_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
@@ -83,20 +103,18 @@ void thread_pool::run(int nth, const job& f) {
   if (nth > max_threads()) nth = max_threads();
   barrier_.reset(nth);
   error_ = nullptr;
-  {
-    std::lock_guard lock(mutex_);
-    job_ = &f;
-    job_threads_ = nth;
-    pending_ = nth - 1;
-    ++generation_;
+  job_ = &f;
+  ++generation_;
+  pending_.store(nth - 1, std::memory_order_relaxed);
+  // The release stores publish job_, the barrier and pending_ to the workers woken here.
+  for (int i = 1; i < nth; ++i) {
+    worker_slot& s = slots_[static_cast<size_t>(i - 1)];
+    s.go.store(generation_, std::memory_order_release);
+    s.go.notify_one();  // no system call unless the worker is asleep
   }
-  if (nth > 1) wake_.notify_all();
   run_one(0, f);
-  {
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [this] { return pending_ == 0; });
-    job_ = nullptr;
-  }
+  for (int left = pending_.load(std::memory_order_acquire); left != 0;) left = wait_change(pending_, left);
+  job_ = nullptr;
   if (error_) {
     std::exception_ptr e = error_;
     error_ = nullptr;
@@ -105,22 +123,13 @@ void thread_pool::run(int nth, const job& f) {
 }
 
 void thread_pool::worker_main(int ith) {
-  uint64_t seen = 0;
+  worker_slot& slot = slots_[static_cast<size_t>(ith - 1)];
+  uint32_t seen = 0;
   for (;;) {
-    const job* f = nullptr;
-    {
-      std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      if (ith < job_threads_) f = job_;
-    }
-    if (f == nullptr) continue;
-    run_one(ith, *f);
-    {
-      std::lock_guard lock(mutex_);
-      if (--pending_ == 0) done_.notify_one();
-    }
+    seen = wait_change(slot.go, seen);
+    if (stop_) return;
+    run_one(ith, *job_);
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
   }
 }
 

@@ -7,13 +7,18 @@
 //
 // No thread is created per op or per graph. A job that throws on one thread breaks the barrier: the other
 // threads' waits return at once, the job ends, and run() rethrows the first exception.
+//
+// Dispatch without locks: each worker waits on its own cache line (a generation counter) and the caller on
+// a pending-thread count. Every wait spins for a while (a few hundred microseconds, enough to cover the gap
+// between back-to-back graphs and the imbalance between threads within an op), then sleeps on a futex
+// (C++20 atomic wait), so idle workers cost nothing. Only the threads a run uses are woken.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -54,18 +59,20 @@ class thread_pool {
   void run(int nth, const job& f);
 
  private:
+  // One per worker, on its own cache line: the caller bumps `go` to hand the worker a job.
+  struct alignas(64) worker_slot {
+    std::atomic<uint32_t> go{0};
+  };
+
   void worker_main(int ith);
   void run_one(int ith, const job& f);
 
+  std::unique_ptr<worker_slot[]> slots_;  // index ith - 1 for worker ith
   std::vector<std::thread> workers_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::condition_variable done_;
-  const job* job_ = nullptr;
-  int job_threads_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  const job* job_ = nullptr;  // published by the release store to a worker's `go`
+  uint32_t generation_ = 0;   // caller only
+  bool stop_ = false;         // published like job_
+  alignas(64) std::atomic<int> pending_{0};  // workers of the current run that have not finished
   barrier barrier_;
   std::exception_ptr error_;
   std::mutex error_mutex_;

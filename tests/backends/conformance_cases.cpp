@@ -134,6 +134,20 @@ std::vector<op_case> conformance_cases() {
     add_case("mul_mat " + tn + " broadcast", matmul, [wt](case_builder& b) {
       return mul_mat(b.ctx(), b.input(wt, {256, 16, 2, 1}), b.input(type::f32, {256, 5, 6, 2}));
     });
+    // Longer rows (the SIMD kernels' unrolled loops and tails), a row count that is no multiple of the
+    // threads' chunks, and batches on both sides of the BLAS crossover.
+    for (int64_t n : {1, 17, 70}) {
+      add_case("mul_mat " + tn + " 1280x67 n=" + std::to_string(n), matmul, [wt, n](case_builder& b) {
+        return mul_mat(b.ctx(), b.input(wt, {1280, 67, 1, 1}), b.input(type::f32, {1280, n, 1, 1}));
+      });
+    }
+  }
+  for (type wt : {type::f32, type::f16, type::bf16}) {  // any row length: vector tails of the float dots
+    for (int64_t k : {1, 15, 100, 131}) {
+      add_case("mul_mat " + std::string(type_name(wt)) + " k=" + std::to_string(k), matmul, [wt, k](case_builder& b) {
+        return mul_mat(b.ctx(), b.input(wt, {k, 9, 1, 1}), b.input(type::f32, {k, 3, 1, 1}));
+      });
+    }
   }
   add_case("mul_mat f32 permuted b", matmul, [](case_builder& b) {
     tensor* bt = b.input(type::f32, {64, 4, 5, 1});  // [k, heads, tokens] viewed as [k, tokens, heads]

@@ -789,18 +789,30 @@ TEST_CASE("kernels: mul_mat work sizes, and the BLAS path where built", "[cpu][k
   tensor* dq = mul_mat(ctx, aq, b);
   CHECK(cpu::work_size(*d32, 4, true) == 0);  // f32 b with dense rows is used as is
   CHECK(cpu::work_size(*dq, 4, true) >= static_cast<size_t>(n * 4) * row_size(type::q8_0, k));
+  // Every path of the optimized kernel: BLAS forced on (where built), forced off, and the default threshold.
+  for (int64_t min_batch : {int64_t{1}, int64_t{-1}, int64_t{0}}) {
+    INFO("blas_min_batch override " << min_batch);
+    cpu::set_blas_min_batch(min_batch);
 #ifdef TROUPE_HAVE_BLAS
-  CHECK(cpu::work_size(*d32, 4, false) == 0);  // sgemm reads a in place
-  CHECK(cpu::work_size(*dq, 4, false) >= static_cast<size_t>(k * m * 2) * sizeof(float));
+    if (min_batch == 1) {
+      CHECK(cpu::work_size(*d32, 4, false) == 0);  // sgemm reads a in place
+      CHECK(cpu::work_size(*dq, 4, false) >= static_cast<size_t>(k * m * 2) * sizeof(float));
+    }
 #endif
-  for (tensor* d : {d32, dq}) {
-    const mm_expect want = mul_mat_ref(*d->src[0], *b);
-    for (int nth : {1, 3}) {
-      std::memset(d->data, 0, nbytes(*d));
-      compute(*d, nth, /*reference=*/false);
-      CHECK(within(*d, want));
+    if (min_batch == -1) {  // SIMD dot products: a chunk counter when threaded, b converted for q4_0
+      CHECK(cpu::work_size(*dq, 4, false) >= static_cast<size_t>(n * 4) * row_size(type::q8_0, k));
+      CHECK(cpu::work_size(*d32, 1, false) == 0);
+    }
+    for (tensor* d : {d32, dq}) {
+      const mm_expect want = mul_mat_ref(*d->src[0], *b);
+      for (int nth : {1, 3}) {
+        std::memset(d->data, 0, nbytes(*d));
+        compute(*d, nth, /*reference=*/false);
+        CHECK(within(*d, want));
+      }
     }
   }
+  cpu::set_blas_min_batch(0);
 }
 
 TEST_CASE("kernels: unsupported nodes are rejected by supports_op and throw backend_error", "[cpu][kernels]") {

@@ -1,0 +1,215 @@
+// AVX2 + FMA + F16C dot products of the K-quants (q2_K ... q6_K) against q8_K activations. Compiled with
+// -mavx2 -mfma -mf16c only.
+//
+// Common scheme (ggml's): 32 weight quants in a register, as unsigned bytes, against 32 activation bytes
+// with maddubs -> 16 int16 pair sums; madd of those with the sub-block scales (int16, broadcast by a byte
+// shuffle) -> 8 int32, summed exactly over the super-block; then one float FMA per super-block with
+// d(x) * d(y). Signed quants are made unsigned by an offset whose contribution (offset * sum of y, per
+// sub-block) is subtracted in int16, or, for the mins of q2_K / q4_K / q5_K, taken from y's bsums.
+//
+// Value v of a q2_K / q3_K / q6_K super-block lies in sub-block v / 16. With v = 128 h + 32 k + l, a
+// register holding the 32 values of (h, k) spans sub-blocks 8 h + 2 k (its low 128-bit lane, l < 16) and
+// 8 h + 2 k + 1 (its high lane): k16_shuffle puts exactly those two scales in the two lanes.
+#include <type_traits>
+
+#include "backends/cpu/simd/x86_common.h"
+#include "backends/cpu/simd/x86_kernels.h"
+
+namespace troupe::cpu::simd::avx2 {
+
+namespace {
+
+// The 8 6-bit scales and 8 6-bit mins of a q4_K / q5_K block as 16 int16 (scales 0..7, then mins 0..7).
+// Rearranges the 12 packed bytes so that each group of 4 bytes holds 4 whole values (see
+// get_scale_min_k4 in runtime/quants.h for the packing).
+inline __m256i k4_scales_mins(const uint8_t packed[12]) {
+  constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+  uint32_t u[4];
+  std::memcpy(u, packed, 12);
+  u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);  // mins 4..7
+  const uint32_t mins_lo = u[1] & kmask1;                           // mins 0..3
+  u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);           // scales 4..7
+  u[2] = mins_lo;
+  u[0] &= kmask1;                                                   // scales 0..3
+  return _mm256_cvtepu8_epi16(_mm_set_epi32(static_cast<int>(u[3]), static_cast<int>(u[2]), static_cast<int>(u[1]),
+                                            static_cast<int>(u[0])));
+}
+
+// sum_j m_j * (bsums[2j] + bsums[2j + 1]) for q4_K / q5_K, as 4 int32 to be summed.
+inline __m128i k4_min_products(__m256i scales_mins, const int16_t bsums[16]) {
+  const __m256i b = load256(bsums);
+  const __m128i pair_sums = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+  return _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), pair_sums);
+}
+
+// 16 6-bit q3_K scales, minus 32, as 16 signed bytes (see q3_K_scale in runtime/quants.h).
+inline __m128i q3_K_scales(const uint8_t packed[12]) {
+  constexpr uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
+  uint32_t a[3];
+  std::memcpy(a, packed, 12);
+  const __m128i s = _mm_set_epi32(static_cast<int>(((a[1] >> 4) & kmask2) | (((a[2] >> 6) & kmask1) << 4)),
+                                  static_cast<int>(((a[0] >> 4) & kmask2) | (((a[2] >> 4) & kmask1) << 4)),
+                                  static_cast<int>((a[1] & kmask2) | (((a[2] >> 2) & kmask1) << 4)),
+                                  static_cast<int>((a[0] & kmask2) | (((a[2] >> 0) & kmask1) << 4)));
+  return _mm_sub_epi8(s, _mm_set1_epi8(32));
+}
+
+}  // namespace
+
+void vec_dot_q2_K(int64_t n, float* s, const void* vx, const void* vy) {
+  const block_q2_K* x = static_cast<const block_q2_K*>(vx);
+  const block_q8_K* y = static_cast<const block_q8_K*>(vy);
+  const int64_t nb = n / qk_k;
+  const __m256i m3 = _mm256_set1_epi8(3);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = y[i].d * h2f(x[i].d);
+    const float dmin = -y[i].d * h2f(x[i].dmin);
+    const __m128i packed = load128(x[i].scales);  // low nibble: scale, high nibble: min
+    const __m128i scales8 = _mm_and_si128(packed, _mm_set1_epi8(0xF));
+    const __m128i mins8 = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0xF));
+    const __m256i mins = _mm256_cvtepi8_epi16(mins8);
+    const __m256i prod = _mm256_madd_epi16(mins, load256(y[i].bsums));  // sum_j m_j sum(r over sub-block j)
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
+
+    const __m256i all_scales = _mm256_cvtepi8_epi16(scales8);
+    const __m256i half_scales[2] = {_mm256_permute2x128_si256(all_scales, all_scales, 0x00),
+                                    _mm256_permute2x128_si256(all_scales, all_scales, 0x11)};
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i bits = load256(x[i].qs + 32 * h);
+      for (int k = 0; k < 4; ++k) {
+        const __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * k), m3);
+        const __m256i p = _mm256_maddubs_epi16(q, load256(y[i].qs + 128 * h + 32 * k));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_shuffle_epi8(half_scales[h], k16_shuffle(k)), p));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  *s = hsum(acc);
+}
+
+void vec_dot_q3_K(int64_t n, float* s, const void* vx, const void* vy) {
+  const block_q3_K* x = static_cast<const block_q3_K*>(vx);
+  const block_q8_K* y = static_cast<const block_q8_K*>(vy);
+  const int64_t nb = n / qk_k;
+  const __m256i m3 = _mm256_set1_epi8(3);
+  const __m256i one = _mm256_set1_epi8(1);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = y[i].d * h2f(x[i].d);
+    const __m256i all_scales = _mm256_cvtepi8_epi16(q3_K_scales(x[i].scales));
+    const __m256i half_scales[2] = {_mm256_permute2x128_si256(all_scales, all_scales, 0x00),
+                                    _mm256_permute2x128_si256(all_scales, all_scales, 0x11)};
+    // hmask bit (4 h + k) of byte l is the high bit of value 128 h + 32 k + l: q = lo - 4 where it is clear.
+    const __m256i hbits = load256(x[i].hmask);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i bits = load256(x[i].qs + 32 * h);
+      for (int k = 0; k < 4; ++k) {
+        const int bit = 4 * h + k;
+        const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * k), m3);
+        // 4 where the bit is clear, 0 where set (the shifts stay inside each byte: the mask isolates one bit).
+        const __m256i clear =
+            _mm256_slli_epi16(_mm256_srli_epi16(_mm256_andnot_si256(hbits, _mm256_slli_epi16(one, bit)), bit), 2);
+        const __m256i r = load256(y[i].qs + 128 * h + 32 * k);
+        const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(lo, r), _mm256_maddubs_epi16(clear, r));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_shuffle_epi8(half_scales[h], k16_shuffle(k)), p));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  *s = hsum(acc);
+}
+
+namespace {
+
+// q4_K and q5_K: chunk c (64 values) = sub-blocks 2c (low nibbles of qs[32 c ..]) and 2c + 1 (high
+// nibbles); q5_K adds bit 4 from bits 2c / 2c + 1 of qh[l].
+template <bool five>
+float dot_k4(int64_t n, const void* vx, const void* vy) {
+  using block = std::conditional_t<five, block_q5_K, block_q4_K>;
+  const block* x = static_cast<const block*>(vx);
+  const block_q8_K* y = static_cast<const block_q8_K*>(vy);
+  const int64_t nb = n / qk_k;
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  __m256 acc = _mm256_setzero_ps();
+  __m128 acc_m = _mm_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = y[i].d * h2f(x[i].d);
+    const float dmin = -y[i].d * h2f(x[i].dmin);
+    const __m256i sm = k4_scales_mins(x[i].scales);
+    acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_min_products(sm, y[i].bsums)), acc_m);
+    const __m256i scales = _mm256_permute2x128_si256(sm, sm, 0x00);  // scales 0..7 in both lanes
+    __m256i hbits = _mm256_setzero_si256();
+    if constexpr (five) hbits = load256(x[i].qh);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i bits = load256(x[i].qs + 32 * c);
+      __m256i q_lo = _mm256_and_si256(bits, m4);
+      __m256i q_hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+      if constexpr (five) {
+        // bit 2c (2c + 1) of each qh byte to bit 4 of the byte, within the byte.
+        const __m256i one = _mm256_set1_epi8(1);
+        q_lo = _mm256_or_si256(q_lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * c), one), 4));
+        q_hi = _mm256_or_si256(q_hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * c + 1), one), 4));
+      }
+      const __m256i p_lo = _mm256_maddubs_epi16(q_lo, load256(y[i].qs + 64 * c));
+      const __m256i p_hi = _mm256_maddubs_epi16(q_hi, load256(y[i].qs + 64 * c + 32));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_shuffle_epi8(scales, k4_shuffle(2 * c)), p_lo));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_shuffle_epi8(scales, k4_shuffle(2 * c + 1)), p_hi));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  __m128 r = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return hsum(acc) + _mm_cvtss_f32(r);
+}
+
+}  // namespace
+
+void vec_dot_q4_K(int64_t n, float* s, const void* x, const void* y) { *s = dot_k4<false>(n, x, y); }
+void vec_dot_q5_K(int64_t n, float* s, const void* x, const void* y) { *s = dot_k4<true>(n, x, y); }
+
+// q6_K: q + 32 in [0, 63] against y, minus 32 * y (maddubs of a constant 32), per 16-value sub-block scale
+// (signed int8 -> int16).
+void vec_dot_q6_K(int64_t n, float* s, const void* vx, const void* vy) {
+  const block_q6_K* x = static_cast<const block_q6_K*>(vx);
+  const block_q8_K* y = static_cast<const block_q8_K*>(vy);
+  const int64_t nb = n / qk_k;
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  const __m256i m2 = _mm256_set1_epi8(3);
+  const __m256i m32 = _mm256_set1_epi8(32);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = y[i].d * h2f(x[i].d);
+    const __m256i all_scales = _mm256_cvtepi8_epi16(load128(x[i].scales));
+    const __m256i half_scales[2] = {_mm256_permute2x128_si256(all_scales, all_scales, 0x00),
+                                    _mm256_permute2x128_si256(all_scales, all_scales, 0x11)};
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = load256(x[i].ql + 64 * h);
+      const __m256i ql1 = load256(x[i].ql + 64 * h + 32);
+      const __m256i qh = load256(x[i].qh + 32 * h);
+      // value 128 h + 32 k + l: low 4 bits from ql (k = 0, 1: low nibbles of ql0 / ql1; k = 2, 3: high
+      // nibbles), high 2 bits from bits 2k of qh[l].
+      const __m256i q[4] = {
+          _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4)),
+          _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4)),
+      };
+      for (int k = 0; k < 4; ++k) {
+        const __m256i r = load256(y[i].qs + 128 * h + 32 * k);
+        const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], r), _mm256_maddubs_epi16(m32, r));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_shuffle_epi8(half_scales[h], k16_shuffle(k)), p));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  *s = hsum(acc);
+}
+
+}  // namespace troupe::cpu::simd::avx2

@@ -1,0 +1,53 @@
+// The CPU kernels' per-type function tables, one per instruction-set level, chosen once at startup.
+//
+//   const simd::kernel_table& kt = simd::active_table();   // the level cpu_features allows (and
+//   kt.vec_dot[int(type::q4_0)](k, &s, a_row, b_row);      // TROUPE_CPU_ISA does not lower)
+//   kt.from_float[int(type::q8_0)](x, y, k);               // activation quantizer
+//
+// Every entry of a supported type is set: where a level has no SIMD version of a function, the table holds
+// the reference one from runtime/quants.h. The CPU kernels use active_table() unless
+// compute_params::reference asks for the reference functions (traits(t)) themselves.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "backends/cpu/cpu_features.h"
+#include "runtime/types.h"
+
+namespace troupe::cpu::simd {
+
+// y[i] = exp(y[i] - max) for n values; returns their sum.
+using exp_row_fn = float (*)(int64_t n, float* y, float max);
+// y[i] = silu(x[i]) = x[i] / (1 + exp(-x[i])).
+using silu_row_fn = void (*)(int64_t n, const float* x, float* y);
+// y[i] = silu(x[i]) * g[i].
+using swiglu_row_fn = void (*)(int64_t n, const float* x, const float* g, float* y);
+
+struct kernel_table {
+  isa level = isa::scalar;
+  bool bf16_native = false;  // vec_dot[bf16] uses AVX512_BF16 (vdpbf16ps)
+  // vec_dot[w]: row of weights of type w . row of traits(w).vec_dot_type.
+  std::array<vec_dot_fn, type_id_count> vec_dot{};
+  // from_float[t]: f32 -> t, bit-identical to traits(t).from_float_ref (used for the activation types).
+  std::array<from_float_fn, type_id_count> from_float{};
+  // to_float[t]: t -> f32, bit-identical to traits(t).to_float.
+  std::array<to_float_fn, type_id_count> to_float{};
+  // Dense f32 rows of the elementwise ops (scalar std::exp in the scalar table; within a few ulp of it in
+  // the SIMD ones).
+  exp_row_fn exp_row = nullptr;
+  silu_row_fn silu_row = nullptr;
+  swiglu_row_fn swiglu_row = nullptr;
+
+  vec_dot_fn dot(type t) const { return vec_dot[static_cast<size_t>(t)]; }
+  from_float_fn quantize(type t) const { return from_float[static_cast<size_t>(t)]; }
+  to_float_fn dequantize(type t) const { return to_float[static_cast<size_t>(t)]; }
+};
+
+// The table of one level. Only call its functions when isa_supported(level).
+const kernel_table& table(isa level);
+
+// table(active_isa()).
+const kernel_table& active_table();
+
+}  // namespace troupe::cpu::simd

@@ -1,0 +1,132 @@
+// Builds the per-level kernel tables. Compiled with the project's default flags (no -mavx*): it only stores
+// function addresses, so it is safe to run on any CPU; the SIMD functions themselves are called only through
+// a table whose level the CPU supports.
+#include "backends/cpu/simd/simd.h"
+
+#include <cmath>
+
+#if defined(__x86_64__)
+#include "backends/cpu/simd/x86_kernels.h"
+#endif
+
+namespace troupe::cpu::simd {
+
+namespace {
+
+float exp_row_scalar(int64_t n, float* y, float max) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = std::exp(y[i] - max);
+    sum += y[i];
+  }
+  return static_cast<float>(sum);
+}
+
+void silu_row_scalar(int64_t n, const float* x, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));
+}
+
+void swiglu_row_scalar(int64_t n, const float* x, const float* g, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i])) * g[i];
+}
+
+kernel_table reference_table() {
+  kernel_table t;
+  t.level = isa::scalar;
+  for (uint32_t id = 0; id < type_id_count; ++id) {
+    const type_traits& tr = traits(static_cast<type>(id));
+    t.vec_dot[id] = tr.vec_dot;
+    t.from_float[id] = tr.from_float_ref;
+    t.to_float[id] = tr.to_float;
+  }
+  t.exp_row = exp_row_scalar;
+  t.silu_row = silu_row_scalar;
+  t.swiglu_row = swiglu_row_scalar;
+  return t;
+}
+
+void set(std::array<vec_dot_fn, type_id_count>& a, type t, vec_dot_fn f) { a[static_cast<size_t>(t)] = f; }
+void set(std::array<from_float_fn, type_id_count>& a, type t, from_float_fn f) { a[static_cast<size_t>(t)] = f; }
+void set(std::array<to_float_fn, type_id_count>& a, type t, to_float_fn f) { a[static_cast<size_t>(t)] = f; }
+
+#if defined(__x86_64__)
+
+kernel_table avx2_table() {
+  kernel_table t = reference_table();
+  t.level = isa::avx2;
+  using namespace avx2;
+  set(t.vec_dot, type::f32, vec_dot_f32);
+  set(t.vec_dot, type::f16, vec_dot_f16);
+  set(t.vec_dot, type::bf16, vec_dot_bf16);
+  set(t.vec_dot, type::q4_0, vec_dot_q4_0);
+  set(t.vec_dot, type::q4_1, vec_dot_q4_1);
+  set(t.vec_dot, type::q5_0, vec_dot_q5_0);
+  set(t.vec_dot, type::q5_1, vec_dot_q5_1);
+  set(t.vec_dot, type::q8_0, vec_dot_q8_0);
+  set(t.vec_dot, type::q2_K, vec_dot_q2_K);
+  set(t.vec_dot, type::q3_K, vec_dot_q3_K);
+  set(t.vec_dot, type::q4_K, vec_dot_q4_K);
+  set(t.vec_dot, type::q5_K, vec_dot_q5_K);
+  set(t.vec_dot, type::q6_K, vec_dot_q6_K);
+
+  set(t.from_float, type::q8_0, quantize_row_q8_0);
+  set(t.from_float, type::q8_1, quantize_row_q8_1);
+  set(t.from_float, type::q8_K, quantize_row_q8_K);
+  set(t.from_float, type::f16, quantize_row_f16);
+  set(t.from_float, type::bf16, quantize_row_bf16);
+
+  set(t.to_float, type::f16, dequantize_row_f16);
+  set(t.to_float, type::bf16, dequantize_row_bf16);
+  set(t.to_float, type::q4_0, dequantize_row_q4_0);
+  set(t.to_float, type::q8_0, dequantize_row_q8_0);
+  set(t.to_float, type::q4_K, dequantize_row_q4_K);
+  set(t.to_float, type::q6_K, dequantize_row_q6_K);
+
+  t.exp_row = exp_row;
+  t.silu_row = silu_row;
+  t.swiglu_row = swiglu_row;
+  return t;
+}
+
+kernel_table avx512_table() {
+  kernel_table t = avx2_table();
+  t.level = isa::avx512;
+  using namespace avx512;
+  set(t.vec_dot, type::f32, vec_dot_f32);
+  set(t.vec_dot, type::f16, vec_dot_f16);
+  set(t.vec_dot, type::q4_0, vec_dot_q4_0);
+  set(t.vec_dot, type::q4_1, vec_dot_q4_1);
+  set(t.vec_dot, type::q5_0, vec_dot_q5_0);
+  set(t.vec_dot, type::q5_1, vec_dot_q5_1);
+  set(t.vec_dot, type::q8_0, vec_dot_q8_0);
+  set(t.vec_dot, type::q4_K, vec_dot_q4_K);
+  if (host_cpu_features().avx512bf16) {
+    set(t.vec_dot, type::bf16, avx512bf16::vec_dot_bf16);
+    t.bf16_native = true;
+  }
+  return t;
+}
+
+#endif
+
+}  // namespace
+
+const kernel_table& table(isa level) {
+  static const kernel_table scalar = reference_table();
+#if defined(__x86_64__)
+  static const kernel_table avx2 = avx2_table();
+  static const kernel_table avx512 = avx512_table();
+  if (level == isa::avx512) return avx512;
+  if (level == isa::avx2) return avx2;
+#else
+  (void)level;
+#endif
+  return scalar;
+}
+
+const kernel_table& active_table() {
+  static const kernel_table& t = table(active_isa());
+  return t;
+}
+
+}  // namespace troupe::cpu::simd

@@ -1,0 +1,102 @@
+// Helpers shared by the x86 SIMD translation units (dot_*.cpp, quantize_*.cpp). Include only from files
+// compiled with at least -mavx2 -mfma -mf16c.
+//
+// ODR hazard, and why everything here is in an anonymous namespace: these files are compiled with target
+// flags the rest of the program is not. An inline function with external linkage (a header's inline helper,
+// a std:: template) that is instantiated here may be emitted with AVX-512 instructions and then picked by
+// the linker for *every* caller, including scalar code on a CPU without AVX-512. So SIMD files define their
+// helpers with internal linkage, convert fp16 with F16C intrinsics rather than runtime/fp16.h, and call no
+// std:: functions except memcpy (a builtin).
+#pragma once
+
+#if !defined(__x86_64__)
+#error "x86_common.h is for x86-64 SIMD translation units only"
+#endif
+
+// GCC 12's AVX-512 headers initialize "undefined" registers from themselves (_mm512_undefined_*), which
+// -Wuninitialized reports at every use after inlining (GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <cstdint>
+#include <cstring>
+
+#include "runtime/quants.h"  // block layouts only; its inline functions are not used here
+
+namespace troupe::cpu::simd {
+namespace {
+
+inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+// Sum of the 8 floats of v.
+inline float hsum(__m256 v) {
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+
+// Sum of the 8 int32 of v.
+inline int32_t hsum_i32(__m256i v) {
+  __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  r = _mm_add_epi32(r, _mm_shuffle_epi32(r, _MM_SHUFFLE(1, 0, 3, 2)));
+  r = _mm_add_epi32(r, _mm_shuffle_epi32(r, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(r);
+}
+
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+
+// The 32 4-bit quants of a q4_0 / q4_1 block (16 bytes) as 32 bytes in value order: byte j < 16 is the low
+// nibble of qs[j], byte j + 16 its high nibble.
+inline __m256i nibbles_32(const uint8_t* qs) {
+  const __m128i t = load128(qs);
+  const __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);  // 16-bit shift: the mask drops what crosses
+  return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
+}
+
+// The 32 bits of a q5 qh field as 32 bytes, 0xFF where bit j is set. Each byte j first gets byte j / 8 of
+// the field (shuffle), then all bits but bit j % 8 are forced to 1 (or with a per-byte mask); a byte is all
+// ones exactly when its bit was set.
+inline __m256i bytes_from_bits_32(const uint8_t* qh) {
+  uint32_t x32;
+  std::memcpy(&x32, qh, sizeof x32);
+  const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+  __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(x32)), shuf);
+  bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+  return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+// Sums of u[i] * s[i] (u unsigned bytes, s signed bytes) over groups of 4 bytes: 8 int32. Exact for our
+// operands: maddubs adds two products into a saturating int16, and |u * s| * 2 stays below 2^15 for every
+// quant range used here (u <= 128 with |s| <= 127, or u <= 63 with |s| <= 128).
+inline __m256i dot_us8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// Sums of x[i] * y[i] for signed bytes, via |x| * (y with x's sign) so maddubs sees an unsigned operand.
+inline __m256i dot_s8(__m256i x, __m256i y) { return dot_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)); }
+
+// Byte shuffles that broadcast 16-bit scales for the K-quant kernels (see dot_avx2.cpp).
+// shuffle_i16(i): a 128-bit shuffle that copies int16 element i of a lane into all 8 int16 of the lane.
+inline __m128i shuffle_i16(int i) {
+  const char lo = static_cast<char>(2 * i), hi = static_cast<char>(2 * i + 1);
+  return _mm_set_epi8(hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo);
+}
+
+// k4_shuffle(i): int16 element i into all 16 int16 of a 256-bit register (both lanes hold the same scales).
+inline __m256i k4_shuffle(int i) { return _mm256_set_m128i(shuffle_i16(i), shuffle_i16(i)); }
+
+// k16_shuffle(i): int16 element 2i into the low lane and element 2i + 1 into the high lane: the scales of two
+// consecutive 16-value sub-blocks against the 32 values (16 int16 pair sums) of one 256-bit register.
+inline __m256i k16_shuffle(int i) { return _mm256_set_m128i(shuffle_i16(2 * i + 1), shuffle_i16(2 * i)); }
+
+}  // namespace
+}  // namespace troupe::cpu::simd

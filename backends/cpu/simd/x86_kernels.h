@@ -1,0 +1,74 @@
+// Declarations of the x86 SIMD kernels, one namespace per instruction-set level. Each function has the
+// signature and meaning of the reference function of the same name in runtime/quants.h:
+//
+//   vec_dot_<w>(n, s, x, y)   *s = dot of a row of weights x (type w) with a row y of w's vec_dot type
+//   quantize_row_<t>(x, y, n) f32 -> t, bit-identical to quantize_row_<t>_ref
+//   dequantize_row_<t>(x, y, n)
+//   exp_row, silu_row, swiglu_row: as the kernel_table members of the same names (simd.h)
+//
+// Call one only after cpu_features says the CPU has its level (simd_table.cpp does this). Defined in
+// dot_avx2.cpp (+ dot_blocks_x86.inc), dot_avx2_k.cpp, quantize_avx2.cpp, math_avx2.cpp (avx2: AVX2 + FMA + F16C), dot_avx512.cpp (avx512: F/BW/
+// VL/DQ + VNNI) and dot_avx512_bf16.cpp (avx512 + AVX512_BF16). x86-64 builds only.
+#pragma once
+
+#include <cstdint>
+
+namespace troupe::cpu::simd {
+
+#define TROUPE_SIMD_DOT(name) void name(int64_t n, float* s, const void* x, const void* y)
+#define TROUPE_SIMD_QUANT(name) void name(const float* x, void* y, int64_t n)
+#define TROUPE_SIMD_DEQUANT(name) void name(const void* x, float* y, int64_t n)
+
+namespace avx2 {
+TROUPE_SIMD_DOT(vec_dot_f32);
+TROUPE_SIMD_DOT(vec_dot_f16);
+TROUPE_SIMD_DOT(vec_dot_bf16);
+TROUPE_SIMD_DOT(vec_dot_q4_0);
+TROUPE_SIMD_DOT(vec_dot_q4_1);
+TROUPE_SIMD_DOT(vec_dot_q5_0);
+TROUPE_SIMD_DOT(vec_dot_q5_1);
+TROUPE_SIMD_DOT(vec_dot_q8_0);
+TROUPE_SIMD_DOT(vec_dot_q2_K);
+TROUPE_SIMD_DOT(vec_dot_q3_K);
+TROUPE_SIMD_DOT(vec_dot_q4_K);
+TROUPE_SIMD_DOT(vec_dot_q5_K);
+TROUPE_SIMD_DOT(vec_dot_q6_K);
+
+TROUPE_SIMD_QUANT(quantize_row_q8_0);
+TROUPE_SIMD_QUANT(quantize_row_q8_1);
+TROUPE_SIMD_QUANT(quantize_row_q8_K);
+TROUPE_SIMD_QUANT(quantize_row_f16);
+TROUPE_SIMD_QUANT(quantize_row_bf16);
+
+TROUPE_SIMD_DEQUANT(dequantize_row_f16);
+TROUPE_SIMD_DEQUANT(dequantize_row_bf16);
+TROUPE_SIMD_DEQUANT(dequantize_row_q4_0);
+TROUPE_SIMD_DEQUANT(dequantize_row_q8_0);
+TROUPE_SIMD_DEQUANT(dequantize_row_q4_K);
+TROUPE_SIMD_DEQUANT(dequantize_row_q6_K);
+
+float exp_row(int64_t n, float* y, float max);  // math_avx2.cpp
+void silu_row(int64_t n, const float* x, float* y);
+void swiglu_row(int64_t n, const float* x, const float* g, float* y);
+}  // namespace avx2
+
+namespace avx512 {
+TROUPE_SIMD_DOT(vec_dot_f32);
+TROUPE_SIMD_DOT(vec_dot_f16);
+TROUPE_SIMD_DOT(vec_dot_q4_0);
+TROUPE_SIMD_DOT(vec_dot_q4_1);
+TROUPE_SIMD_DOT(vec_dot_q5_0);
+TROUPE_SIMD_DOT(vec_dot_q5_1);
+TROUPE_SIMD_DOT(vec_dot_q8_0);
+TROUPE_SIMD_DOT(vec_dot_q4_K);
+}  // namespace avx512
+
+namespace avx512bf16 {
+TROUPE_SIMD_DOT(vec_dot_bf16);
+}  // namespace avx512bf16
+
+#undef TROUPE_SIMD_DOT
+#undef TROUPE_SIMD_QUANT
+#undef TROUPE_SIMD_DEQUANT
+
+}  // namespace troupe::cpu::simd

@@ -1,0 +1,214 @@
+// Every SIMD kernel this CPU can run, against the scalar reference of runtime/quants.h on random data:
+// activation quantizers and dequantizers bit for bit, dot products within float-accumulation error (their
+// integer parts are exact; only the order and precision of the float sums differ).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_features.h"
+#include "backends/cpu/simd/simd.h"
+#include "runtime/quants.h"
+
+using namespace troupe;
+using troupe::cpu::isa;
+namespace simd = troupe::cpu::simd;
+
+namespace {
+
+std::vector<isa> simd_levels() {
+  std::vector<isa> out;
+  for (isa l : {isa::avx2, isa::avx512}) {
+    if (cpu::isa_supported(l)) out.push_back(l);
+  }
+  return out;
+}
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<uint8_t> quantize_ref(type t, const std::vector<float>& x) {
+  std::vector<uint8_t> out(row_size(t, static_cast<int64_t>(x.size())));
+  traits(t).from_float_ref(x.data(), out.data(), static_cast<int64_t>(x.size()));
+  return out;
+}
+
+std::vector<double> dequantize(type t, const std::vector<uint8_t>& bytes, int64_t n) {
+  std::vector<float> f(static_cast<size_t>(n));
+  traits(t).to_float(bytes.data(), f.data(), n);
+  return {f.begin(), f.end()};
+}
+
+const type weight_types[] = {type::f32,  type::f16,  type::bf16, type::q4_0, type::q4_1, type::q5_0, type::q5_1,
+                             type::q8_0, type::q2_K, type::q3_K, type::q4_K, type::q5_K, type::q6_K};
+
+// Row lengths: single blocks, odd block counts, and a long row; plain types also get lengths that are not
+// multiples of any vector width.
+std::vector<int64_t> lengths_for(type t) {
+  const int64_t bs = traits(t).block_size > 1 ? traits(t).block_size : 1;
+  const int64_t vbs = traits(traits(t).vec_dot_type).block_size;
+  const int64_t unit = std::max(bs, vbs);
+  std::vector<int64_t> out = {unit, 3 * unit, 4096 / unit * unit + unit, 11008 / unit * unit};
+  if (unit == 1) {
+    for (int64_t n : {1, 7, 15, 17, 31, 33, 63, 65, 100, 129, 1000}) out.push_back(n);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cpu features: detection is consistent and the active level is supported", "[cpu][simd]") {
+  const cpu::cpu_features& f = cpu::host_cpu_features();
+  CHECK_FALSE(f.describe().empty());
+  CHECK(cpu::isa_supported(isa::scalar));
+  CHECK(cpu::isa_supported(cpu::active_isa()));
+  if (f.avx512_level()) CHECK(f.avx2_level());
+  if (f.avx2) CHECK(f.avx);
+  for (isa l : {isa::scalar, isa::avx2, isa::avx512}) CHECK(cpu::isa_from_name(cpu::isa_name(l)) == l);
+  CHECK_FALSE(cpu::isa_from_name("avx9").has_value());
+  const simd::kernel_table& t = simd::active_table();
+  CHECK(t.level == cpu::active_isa());
+  for (type w : weight_types) {
+    CHECK(t.dot(w) != nullptr);
+    CHECK(t.quantize(traits(w).vec_dot_type) != nullptr);
+    CHECK(t.dequantize(w) != nullptr);
+  }
+  WARN("host: " << f.describe() << "; kernels: " << cpu::isa_name(cpu::active_isa()));
+}
+
+TEST_CASE("simd activation quantizers are bit-identical to the reference", "[cpu][simd]") {
+  const type act_types[] = {type::q8_0, type::q8_1, type::q8_K, type::f16, type::bf16};
+  for (isa level : simd_levels()) {
+    const simd::kernel_table& kt = simd::table(level);
+    for (type t : act_types) {
+      if (kt.quantize(t) == traits(t).from_float_ref) continue;
+      INFO("level " << cpu::isa_name(level) << ", type " << type_name(t));
+      const int64_t bs = traits(t).block_size;
+      for (int64_t n : {bs, 8 * bs, 4096 / bs * bs, bs == 1 ? int64_t{13} : 5 * bs}) {
+        for (uint32_t seed = 1; seed <= 3; ++seed) {
+          std::vector<float> x = random_floats(static_cast<size_t>(n), seed * 7 + static_cast<uint32_t>(n), -3.0f, 3.0f);
+          if (seed == 2) {
+            // Exact rounding ties for the q8 formats: block maximum 127 (scale 1), values k + 0.5.
+            for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(static_cast<int>(i % 50) - 25) + 0.5f;
+            for (size_t i = 0; i < x.size(); i += 32) x[i] = (i / 32) % 2 ? 127.0f : -127.0f;
+          }
+          if (seed == 3) {
+            for (size_t i = 0; i < x.size() / 2; ++i) x[i] = 0.0f;  // all-zero blocks
+            if (x.size() > 3) x[x.size() - 1] = -x[x.size() - 3] ;  // equal magnitudes, both signs
+          }
+          const std::vector<uint8_t> want = quantize_ref(t, x);
+          std::vector<uint8_t> got(want.size(), 0xAB);
+          kt.quantize(t)(x.data(), got.data(), n);
+          CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("simd dequantizers are bit-identical to the reference", "[cpu][simd]") {
+  for (isa level : simd_levels()) {
+    const simd::kernel_table& kt = simd::table(level);
+    for (type t : weight_types) {
+      if (kt.dequantize(t) == traits(t).to_float) continue;
+      INFO("level " << cpu::isa_name(level) << ", type " << type_name(t));
+      const int64_t n = 4 * 256 + (traits(t).block_size == 1 ? 5 : 0);
+      const std::vector<uint8_t> q = quantize_ref(t, random_floats(static_cast<size_t>(n), 11, -2.0f, 2.0f));
+      std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n), -1.0f);
+      traits(t).to_float(q.data(), want.data(), n);
+      kt.dequantize(t)(q.data(), got.data(), n);
+      CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("simd dot products match the reference within float accumulation error", "[cpu][simd]") {
+  int checked = 0;
+  for (isa level : simd_levels()) {
+    const simd::kernel_table& kt = simd::table(level);
+    for (type w : weight_types) {
+      if (kt.dot(w) == traits(w).vec_dot) continue;
+      const type vt = traits(w).vec_dot_type;
+      for (int64_t n : lengths_for(w)) {
+        for (uint32_t seed = 1; seed <= 4; ++seed) {
+          INFO("level " << cpu::isa_name(level) << ", weights " << type_name(w) << ", n " << n << ", seed " << seed);
+          // Seed 4: larger, skewed values (sums far from zero, scales far from 1).
+          const float lo = seed == 4 ? -0.5f : -1.0f, hi = seed == 4 ? 8.0f : 1.0f;
+          const std::vector<uint8_t> x = quantize_ref(w, random_floats(static_cast<size_t>(n), seed, lo, hi));
+          const std::vector<uint8_t> y = quantize_ref(vt, random_floats(static_cast<size_t>(n), seed + 100, lo, hi));
+          float want = 0.0f, got = 0.0f;
+          traits(w).vec_dot(n, &want, x.data(), y.data());
+          kt.dot(w)(n, &got, x.data(), y.data());
+          // Bound: a few float roundings per term of sum |x_i y_i| (block sums are exact integers; the
+          // per-block scale product and the float accumulation are not).
+          const std::vector<double> dx = dequantize(w, x, n), dy = dequantize(vt, y, n);
+          double mag = 0.0;
+          for (size_t i = 0; i < dx.size(); ++i) mag += std::fabs(dx[i] * dy[i]);
+          const double bound = 4e-7 * mag * std::sqrt(static_cast<double>(n) / 32.0 + 1.0) + 1e-30;
+          INFO("want " << want << ", got " << got << ", bound " << bound);
+          CHECK(std::fabs(static_cast<double>(got) - static_cast<double>(want)) <= bound);
+          ++checked;
+        }
+      }
+    }
+  }
+  if (simd_levels().empty()) WARN("no SIMD level on this CPU: nothing to compare");
+  else CHECK(checked > 100);
+}
+
+TEST_CASE("simd exp / silu / swiglu rows match std::exp within a few ulp", "[cpu][simd]") {
+  for (isa level : simd_levels()) {
+    const simd::kernel_table& kt = simd::table(level);
+    INFO("level " << cpu::isa_name(level));
+    for (int64_t n : {1, 7, 8, 9, 64, 1000}) {
+      INFO("n " << n);
+      std::vector<float> x = random_floats(static_cast<size_t>(n), static_cast<uint32_t>(n), -30.0f, 30.0f);
+      if (n >= 7) {
+        x[0] = 0.0f;
+        x[1] = -INFINITY;  // masked logits
+        x[2] = -120.0f;    // far below the float range of exp
+        x[3] = 95.0f;      // exp overflows (silu: x / (1 + e^-x) = x)
+        x[4] = -95.0f;     // silu: x / inf = -0
+      }
+      // exp_row(y, max): exp(y - max) and the sum.
+      std::vector<float> e = x;
+      const float max = 2.0f;
+      const float sum = kt.exp_row(n, e.data(), max);
+      double want_sum = 0.0;
+      for (int64_t i = 0; i < n; ++i) {
+        // The difference is rounded to float first, as in the kernel (and the reference soft_max).
+        const double want = std::exp(static_cast<double>(x[static_cast<size_t>(i)] - max));
+        want_sum += want;
+        const double got = e[static_cast<size_t>(i)];
+        if (want < 1e-37) {
+          CHECK(got < 1e-37);
+        } else if (std::isinf(static_cast<float>(want))) {
+          CHECK(std::isinf(got));
+        } else {
+          CHECK(std::fabs(got - want) <= 5e-7 * want);
+        }
+      }
+      if (!std::isinf(static_cast<float>(want_sum))) CHECK(std::fabs(sum - want_sum) <= 1e-6 * want_sum);
+
+      std::vector<float> y(static_cast<size_t>(n)), yg(static_cast<size_t>(n));
+      const std::vector<float> g = random_floats(static_cast<size_t>(n), 99, -2.0f, 2.0f);
+      kt.silu_row(n, x.data(), y.data());
+      kt.swiglu_row(n, x.data(), g.data(), yg.data());
+      for (size_t i = 0; i < x.size(); ++i) {
+        if (std::isinf(x[i])) continue;
+        const double v = x[i];
+        const double want = v / (1.0 + std::exp(-v));
+        CHECK(std::fabs(y[i] - want) <= 5e-7 * std::fabs(want) + 1e-30);
+        CHECK(std::fabs(yg[i] - want * g[i]) <= 6e-7 * std::fabs(want * g[i]) + 1e-30);
+      }
+    }
+  }
+}
