@@ -12,7 +12,8 @@
 // Parsing allocates nothing for tensor data and touches no byte of it. Everything read from the file is
 // validated (see docs/gguf.md); a violation throws gguf_error whose message names the key or tensor, the
 // byte offset and the file size:
-//   gguf: tensor 'blk.0.attn_q.weight': data [1024, 5120) lies outside the file (offset 1024, file size 3000)
+//   gguf: model.gguf: tensor 'blk.0.attn_q.weight': data of 4096 bytes at [1024, 5120) lies outside the file
+//   (offset 1024, file size 3000 bytes)
 //
 // Writing: loader/gguf_writer.h. Split models (<prefix>-00001-of-00003.gguf): loader/gguf_split.h.
 #pragma once
@@ -92,11 +93,7 @@ class gguf_result {
   explicit operator bool() const { return has_value(); }
   const T& value() const {
     if (!has_value()) throw gguf_error(error_);
-    if constexpr (by_value) {
-      return *value_;
-    } else {
-      return *value_;
-    }
+    return *value_;  // the optional's value, or the pointed-to value
   }
   const T& operator*() const { return value(); }
   const T* operator->() const { return &value(); }

@@ -34,7 +34,9 @@ std::string gguf_describe_type(const gguf_value& v) {
 }
 
 std::string gguf_tensor_info::describe() const {
-  std::string s = "'" + gguf_printable(name) + "' [";
+  std::string s = "'";  // appends only: GCC 12 misreports "'" + string at -O3 (-Wrestrict)
+  s += gguf_printable(name);
+  s += "' [";
   for (uint32_t i = 0; i < n_dims && i < max_dims; ++i) {
     if (i) s += ", ";
     s += std::to_string(ne[i]);

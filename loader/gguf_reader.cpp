@@ -22,9 +22,14 @@ using detail::checked_align_up;
 using detail::checked_mul;
 using detail::load_le;
 
-constexpr uint64_t header_bytes = 24;          // magic, version, n_tensors, n_kv
 constexpr uint64_t min_kv_bytes = 8 + 1 + 4 + 1;  // key length, a 1-byte key, value type, a 1-byte value
 constexpr uint64_t min_tensor_info_bytes = 8 + 4 + 4 + 8;  // name length, n_dims, type, offset
+
+// Space reserved up front for a count read from the file. Counts are checked against the bytes left, but an
+// element in memory can be several times its minimum size in the file (and nested arrays each check against
+// the same bytes), so reserving more than this could claim many times the file's size before the elements
+// are read; beyond it, vectors grow as elements actually arrive.
+size_t reserve_for(uint64_t count) { return static_cast<size_t>(std::min<uint64_t>(count, 65536)); }
 
 // Where the parser's bytes come from. read() is only called for ranges inside [0, size).
 class byte_source {
@@ -252,10 +257,10 @@ class gguf_parser {
                "; an entry at least " + std::to_string(min_kv_bytes) + ")",
            n_kv_at);
     }
-    f_.kv_.reserve(static_cast<size_t>(n_kv_));
-    f_.kv_offsets_.reserve(static_cast<size_t>(n_kv_));
-    f_.tensors_.reserve(static_cast<size_t>(n_tensors_));
-    info_offsets_.reserve(static_cast<size_t>(n_tensors_));
+    f_.kv_.reserve(reserve_for(n_kv_));
+    f_.kv_offsets_.reserve(reserve_for(n_kv_));
+    f_.tensors_.reserve(reserve_for(n_tensors_));
+    info_offsets_.reserve(reserve_for(n_tensors_));
   }
 
   void read_kv(uint64_t index) {
@@ -339,15 +344,15 @@ class gguf_parser {
         [&](auto& vec) {
           using E = typename std::decay_t<decltype(vec)>::value_type;
           if constexpr (std::is_same_v<E, bool>) {
-            vec.reserve(static_cast<size_t>(count));
+            vec.reserve(reserve_for(count));
             for (uint64_t i = 0; i < count; ++i) vec.push_back(read_bool(subject, static_cast<int64_t>(i)));
           } else if constexpr (std::is_same_v<E, std::string>) {
-            vec.reserve(static_cast<size_t>(count));
+            vec.reserve(reserve_for(count));
             for (uint64_t i = 0; i < count; ++i) {
               vec.push_back(read_string(subject, "element", static_cast<int64_t>(i)));
             }
           } else if constexpr (std::is_same_v<E, gguf_array>) {
-            vec.reserve(static_cast<size_t>(count));
+            vec.reserve(reserve_for(count));
             for (uint64_t i = 0; i < count; ++i) vec.push_back(read_array(subject, depth + 1));
           } else {
             read_scalars(vec, count, subject);

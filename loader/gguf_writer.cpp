@@ -36,8 +36,10 @@ class byte_sink {
     detail::store_le(out_.data() + at, v);
   }
   void put_bytes(const void* p, size_t n) {
-    const auto* b = static_cast<const std::byte*>(p);
-    out_.insert(out_.end(), b, b + n);
+    if (n == 0) return;
+    const size_t at = out_.size();
+    out_.resize(at + n);  // resize + memcpy: GCC 12 misreports vector::insert at -O3 (stringop-overflow)
+    std::memcpy(out_.data() + at, p, n);
   }
   void put_string(std::string_view s) {
     put<uint64_t>(s.size());
@@ -185,9 +187,8 @@ gguf_tensor_info gguf_writer::make_info(std::string name, type t, std::span<cons
 
 gguf_writer& gguf_writer::add_tensor(std::string name, type t, std::span<const int64_t> shape,
                                      std::span<const std::byte> data) {
-  tensor_entry e{make_info(std::move(name), t, shape, data.size()), {}, {}};
+  tensor_entry e{make_info(std::move(name), t, shape, data.size()), {}, {}, false};
   e.owned.assign(data.begin(), data.end());
-  e.data = e.owned;  // the vector's buffer stays put when the entry moves
   tensor_index_.emplace(e.info.name, tensors_.size());
   tensors_.push_back(std::move(e));
   return *this;
@@ -195,7 +196,7 @@ gguf_writer& gguf_writer::add_tensor(std::string name, type t, std::span<const i
 
 gguf_writer& gguf_writer::add_tensor_ref(std::string name, type t, std::span<const int64_t> shape,
                                          std::span<const std::byte> data) {
-  tensor_entry e{make_info(std::move(name), t, shape, data.size()), {}, data};
+  tensor_entry e{make_info(std::move(name), t, shape, data.size()), {}, data, true};
   tensor_index_.emplace(e.info.name, tensors_.size());
   tensors_.push_back(std::move(e));
   return *this;
@@ -247,7 +248,7 @@ std::vector<std::byte> gguf_writer::write() const {
   std::vector<std::byte> out = header_region(infos);
   byte_sink s(out);
   for (const tensor_entry& e : tensors_) {
-    s.put_bytes(e.data.data(), e.data.size());
+    s.put_bytes(e.data().data(), e.data().size());
     s.pad(alignment_);
   }
   return out;
@@ -267,8 +268,9 @@ void gguf_writer::write_file(const std::filesystem::path& path) const {
   static constexpr std::byte zeros[256] = {};
   uint64_t pos = head.size();
   for (const tensor_entry& e : tensors_) {
-    if (!e.data.empty() && std::fwrite(e.data.data(), 1, e.data.size(), f.get()) != e.data.size()) io_fail("write");
-    pos += e.data.size();
+    const std::span<const std::byte> data = e.data();
+    if (!data.empty() && std::fwrite(data.data(), 1, data.size(), f.get()) != data.size()) io_fail("write");
+    pos += data.size();
     uint64_t pad = *checked_align_up(pos, alignment_) - pos;
     pos += pad;
     while (pad > 0) {

@@ -54,6 +54,10 @@ class gguf_writer {
   // The same without copying: `data` must stay valid until the last write.
   gguf_writer& add_tensor_ref(std::string name, type t, std::span<const int64_t> shape,
                               std::span<const std::byte> data);
+  gguf_writer& add_tensor_ref(std::string name, type t, std::initializer_list<int64_t> shape,
+                              std::span<const std::byte> data) {
+    return add_tensor_ref(std::move(name), t, std::span<const int64_t>(shape.begin(), shape.size()), data);
+  }
 
   uint32_t alignment() const { return alignment_; }
   const std::vector<gguf_kv>& metadata() const { return kv_; }
@@ -69,8 +73,10 @@ class gguf_writer {
  private:
   struct tensor_entry {
     gguf_tensor_info info;
-    std::vector<std::byte> owned;  // empty for add_tensor_ref
-    std::span<const std::byte> data;
+    std::vector<std::byte> owned;     // add_tensor: a copy of the data
+    std::span<const std::byte> ref;   // add_tensor_ref: the caller's data
+    bool is_ref = false;
+    std::span<const std::byte> data() const { return is_ref ? ref : std::span<const std::byte>(owned); }
   };
 
   void check_value(const std::string& key, const gguf_value& value) const;

@@ -1,0 +1,104 @@
+#include "loader/quantize.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "loader/gguf_writer.h"
+#include "loader/mmap.h"
+#include "runtime/error.h"
+
+namespace troupe {
+
+type quantize_type_for(type want, int64_t ne0) {
+  type t = want;
+  if (ne0 % block_size(t) != 0) {
+    switch (want) {
+      case type::q2_K:
+      case type::q3_K: t = type::q4_0; break;
+      case type::q4_K: t = type::q5_0; break;
+      case type::q5_K: t = type::q5_1; break;
+      case type::q6_K: t = type::q8_0; break;
+      default: t = type::f16; break;
+    }
+  }
+  if (ne0 % block_size(t) != 0) t = type::f16;
+  return t;
+}
+
+int file_type_of(type t) {
+  switch (t) {
+    case type::f32: return 0;
+    case type::f16: return 1;
+    case type::q4_0: return 2;
+    case type::q4_1: return 3;
+    case type::q8_0: return 7;
+    case type::q5_0: return 8;
+    case type::q5_1: return 9;
+    case type::q2_K: return 10;
+    case type::q3_K: return 12;  // Q3_K_M
+    case type::q4_K: return 15;  // Q4_K_M
+    case type::q5_K: return 17;  // Q5_K_M
+    case type::q6_K: return 18;
+    case type::bf16: return 32;
+    default: return -1;
+  }
+}
+
+quantize_report quantize_model(const std::filesystem::path& in, const std::filesystem::path& out, type want,
+                               int n_threads) {
+  const type_traits& wt = traits(want);
+  if (!wt.supported || wt.from_float_ref == nullptr || want == type::q8_1 || want == type::q8_K) {
+    throw error("quantize: cannot quantize to " + std::string(type_name(want)));
+  }
+  if (n_threads < 1) n_threads = 1;
+  const gguf_file f = read_gguf(in);
+  const mapped_file m(in);
+  for (const auto& t : f.tensors()) require_supported(t.type, t.name);
+
+  gguf_writer w;
+  for (const gguf_kv& kv : f.metadata()) {
+    if (kv.key == "general.file_type") continue;
+    w.add(kv.key, kv.value);
+  }
+  if (file_type_of(want) >= 0) w.add("general.file_type", static_cast<uint32_t>(file_type_of(want)));
+
+  quantize_report r;
+  for (const gguf_tensor_info& t : f.tensors()) {
+    const std::span<const std::byte> src(m.data() + t.file_offset, t.n_bytes);
+    r.bytes_in += t.n_bytes;
+    const bool matrix = t.n_dims >= 2 && t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".weight") == 0;
+    const type target = matrix ? quantize_type_for(want, t.ne[0]) : t.type;
+    if (target == t.type) {
+      w.add_tensor(t.name, t.type, std::span<const int64_t>(t.ne.data(), std::max<uint32_t>(t.n_dims, 1)), src);
+      r.bytes_out += t.n_bytes;
+      ++r.n_kept;
+      continue;
+    }
+    if (target != want) r.fallbacks.push_back({t.name, target, t.ne[0]});
+    else ++r.n_quantized;
+
+    const int64_t ne0 = t.ne[0];
+    const int64_t rows = t.n_elements() / ne0;
+    const size_t in_row = row_size(t.type, ne0);
+    const size_t out_row = row_size(target, ne0);
+    std::vector<std::byte> dst(out_row * static_cast<size_t>(rows));
+    auto work = [&](int ith) {
+      std::vector<float> buf(static_cast<size_t>(ne0));
+      for (int64_t ir = ith; ir < rows; ir += n_threads) {
+        traits(t.type).to_float(src.data() + static_cast<size_t>(ir) * in_row, buf.data(), ne0);
+        traits(target).from_float_ref(buf.data(), dst.data() + static_cast<size_t>(ir) * out_row, ne0);
+      }
+    };
+    std::vector<std::thread> threads;
+    for (int i = 1; i < n_threads; ++i) threads.emplace_back(work, i);
+    work(0);
+    for (auto& th : threads) th.join();
+    w.add_tensor(t.name, target, std::span<const int64_t>(t.ne.data(), t.n_dims), dst);
+    r.bytes_out += dst.size();
+  }
+  w.write_file(out);
+  return r;
+}
+
+}  // namespace troupe
