@@ -1,0 +1,199 @@
+// troupe-chat: chat with a GGUF model in the terminal.
+//
+//   troupe-chat -m models/SmolLM2-135M-Instruct.Q4_1.gguf [-c CTX] [-n N] [--temp T] [--seed S]
+//               [-sys PROMPT] [-t THREADS]
+//   troupe-chat -m MODEL -p "Once upon a time" --no-chat     completion, for scripts
+//
+// Type a message and press Enter; the answer streams as it is generated. /reset starts a new chat, /quit
+// (or Ctrl-D) ends it, Ctrl-C stops the current answer. At exit: prompt and generation throughput and the
+// memory breakdown. Line editing and history come from readline when the input is a terminal.
+#include <CLI/CLI.hpp>
+#include <readline/history.h>
+#include <readline/readline.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/registry.h"
+#include "runtime/llm/chat_template.h"
+#include "runtime/llm/generator.h"
+#include "runtime/log.h"
+#include "runtime/memory.h"
+
+using namespace troupe;
+
+namespace {
+
+std::atomic<bool> interrupted{false};
+std::atomic<bool> generating{false};
+
+void on_sigint(int) {
+  if (generating.load()) {
+    interrupted.store(true);
+  } else {
+    // At the prompt: leave the way Ctrl-D does (the main loop sees the closed input).
+    std::signal(SIGINT, SIG_DFL);
+    std::raise(SIGINT);
+  }
+}
+
+std::optional<std::string> read_line(bool tty) {
+  if (tty) {
+    char* line = readline("> ");
+    if (line == nullptr) return std::nullopt;
+    std::string s(line);
+    std::free(line);
+    if (!s.empty()) add_history(s.c_str());
+    return s;
+  }
+  std::string s;
+  if (!std::getline(std::cin, s)) return std::nullopt;
+  return s;
+}
+
+struct totals {
+  int64_t prompt_tokens = 0, gen_tokens = 0;
+  double prompt_s = 0, gen_s = 0;
+  void add(const llm::generate_result& r) {
+    prompt_tokens += r.n_prompt_decoded;
+    gen_tokens += static_cast<int64_t>(r.tokens.size());
+    prompt_s += r.prompt_seconds;
+    gen_s += r.gen_seconds;
+  }
+};
+
+void print_summary(const totals& t, const llm::model& m, const llm::llm_context& ctx) {
+  std::fprintf(stderr, "\nprompt: %lld tokens, %.2f t/s | generation: %lld tokens, %.2f t/s\n",
+               static_cast<long long>(t.prompt_tokens), t.prompt_s > 0 ? t.prompt_tokens / t.prompt_s : 0.0,
+               static_cast<long long>(t.gen_tokens), t.gen_s > 0 ? t.gen_tokens / t.gen_s : 0.0);
+  memory_ledger ledger;
+  m.weights().account(ledger);
+  ctx.account(ledger);
+  std::fprintf(stderr, "%s", format_memory_table(ledger, {}).c_str());
+}
+
+int run(int argc, char** argv) {
+  std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  uint32_t n_ctx = 2048;
+  int n_predict = 512;
+  float temp = 0.7f;
+  uint32_t seed = 0;
+  std::string system_prompt;
+  int n_threads = 0;
+  std::string prompt;
+  bool no_chat = false;
+
+  CLI::App app{"troupe-chat: chat with a GGUF model"};
+  app.add_option("-m,--model", model_path, "GGUF model file");
+  app.add_option("-c,--ctx-size", n_ctx, "context size in tokens");
+  app.add_option("-n,--n-predict", n_predict, "most tokens per answer");
+  app.add_option("--temp", temp, "sampling temperature (0: greedy)");
+  app.add_option("--seed", seed, "random seed (0: from the clock)");
+  app.add_option("--sys,--system-prompt", system_prompt, "system prompt (also -sys)");
+  app.add_option("-t,--threads", n_threads, "CPU threads (0: all)");
+  app.add_option("-p,--prompt", prompt, "prompt (with --no-chat: complete it and exit)");
+  app.add_flag("--no-chat", no_chat, "complete the prompt instead of chatting");
+  // llama.cpp spells the system prompt option -sys; CLI11 takes one-letter short options only.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (auto& a : args) {
+    if (a == "-sys") a = "--sys";
+  }
+  std::reverse(args.begin(), args.end());
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (no_chat && prompt.empty()) {
+    std::fprintf(stderr, "troupe-chat: --no-chat needs a prompt (-p)\n");
+    return 1;
+  }
+  if (seed == 0) seed = static_cast<uint32_t>(std::time(nullptr));
+
+  register_builtin_backends();
+  auto m = llm::model::load(model_path);
+  llm::vocab v(m->meta());
+  llm::llm_context ctx(*m, {.n_ctx = n_ctx, .n_threads = n_threads});
+  llm::generator gen(ctx, v);
+  llm::generate_params gp;
+  gp.max_tokens = n_predict;
+  gp.sampling.temperature = temp;
+  gp.sampling.seed = seed;
+  totals t;
+
+  std::signal(SIGINT, on_sigint);
+  auto stream = [](std::string_view piece, llm::token_id) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    return !interrupted.load();
+  };
+
+  if (no_chat) {
+    std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+    generating = true;
+    const auto r = gen.generate(v.tokenize(prompt, true), gp, stream);
+    generating = false;
+    std::printf("\n");
+    t.add(r);
+    print_summary(t, *m, ctx);
+    return 0;
+  }
+
+  llm::chat_template tmpl(m->meta());
+  std::fprintf(stderr, "troupe-chat: %s (%s, %u layers), chat template %s. /reset starts over, /quit ends.\n",
+               model_path.c_str(), m->hp().name.c_str(), m->hp().n_layer, std::string(tmpl.name()).c_str());
+  std::vector<llm::chat_message> history;
+  if (!system_prompt.empty()) history.push_back({"system", system_prompt});
+  const bool tty = isatty(STDIN_FILENO) != 0;
+  std::optional<std::string> pending;
+  if (!prompt.empty()) pending = prompt;
+  for (;;) {
+    std::optional<std::string> line = pending ? pending : read_line(tty);
+    pending.reset();
+    if (!line || *line == "/quit") break;
+    if (*line == "/reset") {
+      history.resize(system_prompt.empty() ? 0 : 1);
+      gen.reset();
+      std::fprintf(stderr, "(new chat)\n");
+      continue;
+    }
+    if (line->empty()) continue;
+    history.push_back({"user", *line});
+    const std::string text = tmpl.apply(history, true);
+    interrupted = false;
+    generating = true;
+    llm::generate_result r;
+    try {
+      r = gen.generate(v.tokenize(text, true, true), gp, stream);
+    } catch (const capacity_error& e) {
+      generating = false;
+      std::fprintf(stderr, "\n(%s; /reset to start a new chat)\n", e.what());
+      history.pop_back();
+      continue;
+    }
+    generating = false;
+    std::printf("%s\n", r.finish == "cancelled" ? " [stopped]" : "");
+    history.push_back({"assistant", r.text});
+    t.add(r);
+  }
+  print_summary(t, *m, ctx);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "troupe-chat: %s\n", e.what());
+    return 1;
+  }
+}

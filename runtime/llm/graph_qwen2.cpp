@@ -1,0 +1,30 @@
+// qwen2: the llama block with q/k/v biases and neox-style rotary embedding.
+#include <cmath>
+
+#include "runtime/llm/graph.h"
+#include "runtime/ops.h"
+
+namespace troupe::llm {
+
+tensor* build_qwen2(graph_builder& b) {
+  context& c = b.ctx;
+  const hparams& hp = b.hp;
+  const int64_t n = b.shape.n_tokens;
+  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hp.n_embd_head_k));
+
+  tensor* x = b.embed();
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    const layer_weights& l = b.m.layers()[il];
+    tensor* h = b.rms(x, l.attn_norm, hp.rms_eps);
+    tensor* q = reshape(c, b.linear(l.wq, h, l.bq), hp.n_embd_head_k, hp.n_head, n);
+    tensor* k = reshape(c, b.linear(l.wk, h, l.bk), hp.n_embd_head_k, hp.n_head_kv, n);
+    tensor* v = reshape(c, b.linear(l.wv, h, l.bv), hp.n_embd_head_v, hp.n_head_kv, n);
+    q = b.rope_of(q, hp.rope_freq_base);
+    k = b.rope_of(k, hp.rope_freq_base);
+    x = add(c, x, mul_mat(c, l.wo, b.attention(il, q, k, v, kq_scale, b.in.mask)));
+    x = add(c, x, b.ffn(l, b.rms(x, l.ffn_norm, hp.rms_eps), false));
+  }
+  return b.head(x);
+}
+
+}  // namespace troupe::llm

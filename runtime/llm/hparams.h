@@ -1,0 +1,53 @@
+// Model hyperparameters, read from GGUF keys ("<arch>.embedding_length", ...).
+//
+//   hparams hp = hparams::from_gguf(file);   // throws error naming the missing or bad key
+//   hp.n_embd_head_k                          // head dim, defaults to n_embd / n_head
+//
+// Units: counts are elements or tokens; 0 means "not set" only where a comment says so.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "loader/gguf.h"
+#include "runtime/ops.h"
+
+namespace troupe::llm {
+
+enum class arch : uint8_t { llama, qwen2, qwen3, gemma3 };
+
+// The architecture for a general.architecture value; throws error naming it when troupe has no graph for it.
+arch arch_from_name(const std::string& name);
+const char* arch_name(arch a);
+
+struct hparams {
+  arch a = arch::llama;
+  std::string name;          // general.architecture
+  uint32_t n_vocab = 0;      // tokens (from the token list, else the embedding's ne[1])
+  uint32_t n_ctx_train = 0;  // training context
+  uint32_t n_embd = 0;       // model width
+  uint32_t n_layer = 0;
+  uint32_t n_head = 0;
+  uint32_t n_head_kv = 0;    // < n_head: grouped-query attention
+  uint32_t n_ff = 0;         // feed-forward width
+  uint32_t n_embd_head_k = 0;
+  uint32_t n_embd_head_v = 0;
+  uint32_t n_rot = 0;        // rotated dims per head (partial rotary when < n_embd_head_k)
+  float rms_eps = 1e-5f;
+  float rope_freq_base = 10000.0f;
+  float rope_freq_scale = 1.0f;  // 1 / linear scaling factor
+  rope_mode rope = rope_mode::normal;
+  // Sliding-window attention (gemma3): window in tokens, and every swa_pattern-th layer is global.
+  uint32_t n_swa = 0;  // 0: no sliding window
+  uint32_t swa_pattern = 0;
+  float rope_freq_base_swa = 10000.0f;
+  float attn_scale = 0.0f;  // 0: 1 / sqrt(n_embd_head_k)
+
+  uint32_t n_embd_k_gqa() const { return n_embd_head_k * n_head_kv; }
+  uint32_t n_embd_v_gqa() const { return n_embd_head_v * n_head_kv; }
+  bool is_swa(uint32_t il) const { return n_swa > 0 && swa_pattern > 0 && (il + 1) % swa_pattern != 0; }
+
+  static hparams from_gguf(const gguf_file& f);
+};
+
+}  // namespace troupe::llm

@@ -1,0 +1,82 @@
+// The decode API: runs batches of tokens through a model with a KV cache, returns logits.
+//
+//   llm_context ctx(*m, {.n_ctx = 2048, .n_threads = 2});
+//   batch b; ... ; ctx.decode(b);
+//   std::span<const float> l = ctx.logits(0);   // [n_vocab] for the first token that asked for logits
+//
+// A batch is split into micro-batches of at most n_ubatch tokens; the graph's compute memory is reserved
+// once for the worst case (n_ubatch tokens over the whole cache) and reused. Errors (a full cache, a token
+// id outside the vocabulary, a bad sequence id, a device failure) throw troupe::error; the cache keeps only
+// the micro-batches that completed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "runtime/llm/batch.h"
+#include "runtime/llm/kv_cache.h"
+#include "runtime/llm/model.h"
+#include "runtime/memory.h"
+#include "runtime/sched.h"
+
+namespace troupe::llm {
+
+struct context_params {
+  uint32_t n_ctx = 0;        // cache cells; 0: the model's training context, at most 4096
+  uint32_t n_batch = 2048;   // most tokens one decode() takes
+  uint32_t n_ubatch = 512;   // tokens per graph
+  uint32_t n_seq_max = 1;
+  type type_k = type::f16;
+  type type_v = type::f16;
+  int n_threads = 0;         // CPU threads; 0: all hardware threads
+};
+
+struct decode_stats {
+  uint64_t n_tokens = 0;     // tokens decoded
+  uint64_t n_graphs = 0;     // micro-batches computed
+  double seconds = 0.0;      // wall time inside decode()
+};
+
+class llm_context {
+ public:
+  llm_context(const model& m, const context_params& p = {});
+  ~llm_context();
+  llm_context(const llm_context&) = delete;
+  llm_context& operator=(const llm_context&) = delete;
+
+  void decode(const batch& b);
+  // Logits of the i-th token (in batch order) that asked for them in the last decode: [n_vocab].
+  std::span<const float> logits(size_t i) const;
+  size_t n_outputs() const { return n_outputs_; }
+
+  const model& mdl() const { return m_; }
+  kv_cache& kv() { return *kv_; }
+  const kv_cache& kv() const { return *kv_; }
+  const context_params& params() const { return params_; }
+  scheduler& sched() { return *sched_; }
+  // Compute memory reserved per backend's buffer type.
+  size_t compute_bytes() const;
+  // Adds (sign > 0) or removes this context's KV cache ("context") and compute buffers ("compute").
+  void account(memory_ledger& ledger, int sign = 1) const;
+  const decode_stats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+  void set_n_threads(int n);
+
+ private:
+  void decode_ubatch(const batch& b, size_t begin, size_t end);
+  void reserve();
+
+  const model& m_;
+  context_params params_;
+  std::unique_ptr<kv_cache> kv_;
+  std::unique_ptr<cpu::cpu_backend> cpu_;
+  std::unique_ptr<scheduler> sched_;
+  std::vector<float> logits_;
+  size_t n_outputs_ = 0;
+  decode_stats stats_;
+};
+
+}  // namespace troupe::llm

@@ -1,0 +1,123 @@
+#include "runtime/llm/model.h"
+
+#include <sstream>
+
+#include "backends/cpu/cpu_backend.h"
+#include "runtime/error.h"
+
+namespace troupe::llm {
+
+namespace {
+
+std::string shape_str(const tensor& t) {
+  std::ostringstream os;
+  os << "[" << t.ne[0] << ", " << t.ne[1] << ", " << t.ne[2] << ", " << t.ne[3] << "]";
+  return os.str();
+}
+
+}  // namespace
+
+tensor* model::maybe(const std::string& name, std::initializer_list<int64_t> shape, buffer_type_i* buft) const {
+  tensor* t = weights_.find(name, buft);
+  if (t == nullptr) return nullptr;
+  std::array<int64_t, max_dims> want{1, 1, 1, 1};
+  size_t i = 0;
+  for (int64_t v : shape) want[i++] = v;
+  if (t->ne != want) {
+    std::ostringstream os;
+    os << "[" << want[0] << ", " << want[1] << ", " << want[2] << ", " << want[3] << "]";
+    throw error("model " + path_ + ": tensor '" + name + "' has shape " + shape_str(*t) + ", expected " + os.str());
+  }
+  return t;
+}
+
+tensor* model::need(const std::string& name, std::initializer_list<int64_t> shape, buffer_type_i* buft) const {
+  tensor* t = maybe(name, shape, buft);
+  if (t == nullptr) throw error("model " + path_ + ": missing tensor '" + name + "' (architecture " + hp_.name + ")");
+  return t;
+}
+
+std::unique_ptr<model> model::load(const std::filesystem::path& path, const model_params& params) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) throw error("model file '" + path.string() + "' does not exist");
+  std::unique_ptr<model> m(new model());
+  m->path_ = path.string();
+  m->loader_ = std::make_unique<model_loader>(path);
+  m->hp_ = hparams::from_gguf(m->loader_->meta());
+  hparams& hp = m->hp_;
+
+  placement_params pp;
+  pp.host = &cpu::cpu_device().buffer_type();
+  for (const auto& [dev, n] : params.devices) pp.devices.emplace_back(&dev->buffer_type(), n);
+  for (const auto& [re, dev] : params.overrides) pp.overrides.emplace_back(re, &dev->buffer_type());
+  placement plan = m->loader_->plan(pp);
+  const bool tied = m->loader_->files().find_tensor("output.weight") == nullptr;
+  if (tied) plan.add_use("token_embd.weight", plan.output_buft());
+
+  const gguf_tensor_info& embd = m->loader_->files().tensor("token_embd.weight");
+  if (hp.n_vocab == 0) hp.n_vocab = static_cast<uint32_t>(embd.ne[1]);
+
+  m->weights_ = m->loader_->load(plan, {.use_mmap = params.use_mmap, .use_mlock = params.use_mlock, .progress = params.progress});
+
+  const int64_t n_embd = hp.n_embd, n_vocab = hp.n_vocab, n_ff = hp.n_ff;
+  const int64_t n_q = static_cast<int64_t>(hp.n_embd_head_k) * hp.n_head;
+  const int64_t n_v = static_cast<int64_t>(hp.n_embd_head_v) * hp.n_head;
+  m->tok_embd_ = m->need("token_embd.weight", {n_embd, n_vocab});
+  m->output_norm_ = m->need("output_norm.weight", {n_embd});
+  m->output_ = tied ? m->need("token_embd.weight", {n_embd, n_vocab}, plan.output_buft())
+                    : m->need("output.weight", {n_embd, n_vocab});
+  m->rope_freqs_ = m->maybe("rope_freqs.weight", {hp.n_rot / 2});
+
+  m->layers_.resize(hp.n_layer);
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    layer_weights& l = m->layers_[il];
+    const std::string b = "blk." + std::to_string(il) + ".";
+    l.buft = plan.layer_buft(static_cast<int>(il));
+    l.attn_norm = m->need(b + "attn_norm.weight", {n_embd});
+    l.wq = m->need(b + "attn_q.weight", {n_embd, n_q});
+    l.wk = m->need(b + "attn_k.weight", {n_embd, hp.n_embd_k_gqa()});
+    l.wv = m->need(b + "attn_v.weight", {n_embd, hp.n_embd_v_gqa()});
+    l.wo = m->need(b + "attn_output.weight", {n_v, n_embd});
+    l.ffn_norm = m->need(b + "ffn_norm.weight", {n_embd});
+    l.ffn_gate = m->need(b + "ffn_gate.weight", {n_embd, n_ff});
+    l.ffn_up = m->need(b + "ffn_up.weight", {n_embd, n_ff});
+    l.ffn_down = m->need(b + "ffn_down.weight", {n_ff, n_embd});
+    switch (hp.a) {
+      case arch::llama:
+        l.bq = m->maybe(b + "attn_q.bias", {n_q});
+        l.bk = m->maybe(b + "attn_k.bias", {hp.n_embd_k_gqa()});
+        l.bv = m->maybe(b + "attn_v.bias", {hp.n_embd_v_gqa()});
+        break;
+      case arch::qwen2:
+        l.bq = m->need(b + "attn_q.bias", {n_q});
+        l.bk = m->need(b + "attn_k.bias", {hp.n_embd_k_gqa()});
+        l.bv = m->need(b + "attn_v.bias", {hp.n_embd_v_gqa()});
+        break;
+      case arch::qwen3:
+        l.q_norm = m->need(b + "attn_q_norm.weight", {hp.n_embd_head_k});
+        l.k_norm = m->need(b + "attn_k_norm.weight", {hp.n_embd_head_k});
+        break;
+      case arch::gemma3:
+        l.q_norm = m->need(b + "attn_q_norm.weight", {hp.n_embd_head_k});
+        l.k_norm = m->need(b + "attn_k_norm.weight", {hp.n_embd_head_k});
+        l.post_attn_norm = m->need(b + "post_attention_norm.weight", {n_embd});
+        l.post_ffn_norm = m->need(b + "post_ffw_norm.weight", {n_embd});
+        break;
+    }
+  }
+  return m;
+}
+
+uint64_t model::n_params() const {
+  uint64_t n = 0;
+  for (const auto& t : loader_->tensors()) n += static_cast<uint64_t>(t.n_elements());
+  return n;
+}
+
+uint64_t model::n_bytes() const {
+  uint64_t n = 0;
+  for (const auto& t : loader_->tensors()) n += t.n_bytes;
+  return n;
+}
+
+}  // namespace troupe::llm

@@ -1,0 +1,86 @@
+// A loaded model: hyperparameters, the weights of every layer placed on their devices, ready for graphs.
+//
+//   auto m = model::load("stories260K.gguf");                       // all on the CPU, mmapped
+//   auto g = model::load(path, {.devices = {{&gpu, 99}}});          // layers on a device
+//   m->hp().n_layer; m->layers()[0].wq;                             // [n_embd, n_embd_head_k * n_head]
+//
+// Errors (a missing file, an unsupported architecture or tensor type, a missing or misshapen weight) throw
+// troupe::error naming the file, architecture or tensor.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loader/model_loader.h"
+#include "runtime/llm/hparams.h"
+
+namespace troupe::llm {
+
+struct model_params {
+  std::vector<std::pair<device_i*, int>> devices;               // layers per device; empty: CPU only
+  std::vector<std::pair<std::string, device_i*>> overrides;     // tensor-name regex -> device
+  bool use_mmap = true;
+  bool use_mlock = false;
+  std::function<bool(uint64_t, uint64_t)> progress;             // (bytes loaded, total); false cancels
+};
+
+// One transformer block's weights. Optional ones are null when the architecture has none.
+struct layer_weights {
+  tensor* attn_norm = nullptr;       // [n_embd]
+  tensor* wq = nullptr;              // [n_embd, n_embd_head_k * n_head]
+  tensor* wk = nullptr;              // [n_embd, n_embd_k_gqa]
+  tensor* wv = nullptr;              // [n_embd, n_embd_v_gqa]
+  tensor* wo = nullptr;              // [n_embd_head_v * n_head, n_embd]
+  tensor* bq = nullptr;              // qwen2: [n_embd_head_k * n_head]
+  tensor* bk = nullptr;              // qwen2: [n_embd_k_gqa]
+  tensor* bv = nullptr;              // qwen2: [n_embd_v_gqa]
+  tensor* q_norm = nullptr;          // qwen3, gemma3: [n_embd_head_k]
+  tensor* k_norm = nullptr;          // qwen3, gemma3: [n_embd_head_k]
+  tensor* post_attn_norm = nullptr;  // gemma3: [n_embd]
+  tensor* ffn_norm = nullptr;        // [n_embd]
+  tensor* ffn_gate = nullptr;        // [n_embd, n_ff]
+  tensor* ffn_up = nullptr;          // [n_embd, n_ff]
+  tensor* ffn_down = nullptr;        // [n_ff, n_embd]
+  tensor* post_ffn_norm = nullptr;   // gemma3: [n_embd]
+  buffer_type_i* buft = nullptr;     // where the layer lives
+};
+
+class model {
+ public:
+  static std::unique_ptr<model> load(const std::filesystem::path& path, const model_params& params = {});
+
+  const hparams& hp() const { return hp_; }
+  const gguf_file& meta() const { return loader_->meta(); }
+  const model_weights& weights() const { return weights_; }
+  const std::string& path() const { return path_; }
+
+  tensor* tok_embd() const { return tok_embd_; }        // [n_embd, n_vocab]
+  tensor* output_norm() const { return output_norm_; }  // [n_embd]
+  tensor* output() const { return output_; }            // [n_embd, n_vocab] (the embeddings when tied)
+  tensor* rope_freqs() const { return rope_freqs_; }    // optional [n_rot / 2]
+  const std::vector<layer_weights>& layers() const { return layers_; }
+  // Bytes of weights per buffer type.
+  std::map<buffer_type_i*, size_t> weight_bytes() const { return weights_.bytes_by_buft(); }
+  uint64_t n_params() const;
+  uint64_t n_bytes() const;
+
+ private:
+  model() = default;
+  tensor* need(const std::string& name, std::initializer_list<int64_t> shape, buffer_type_i* buft = nullptr) const;
+  tensor* maybe(const std::string& name, std::initializer_list<int64_t> shape, buffer_type_i* buft = nullptr) const;
+
+  std::string path_;
+  std::unique_ptr<model_loader> loader_;
+  hparams hp_;
+  model_weights weights_;
+  tensor* tok_embd_ = nullptr;
+  tensor* output_norm_ = nullptr;
+  tensor* output_ = nullptr;
+  tensor* rope_freqs_ = nullptr;
+  std::vector<layer_weights> layers_;
+};
+
+}  // namespace troupe::llm

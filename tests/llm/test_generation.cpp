@@ -1,0 +1,133 @@
+// Model loading and greedy generation against the reference implementation's token ids.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+
+#include "runtime/error.h"
+#include "runtime/llm/llm_context.h"
+#include "tests/test_models.h"
+
+using namespace troupe;
+using namespace troupe::llm;
+
+namespace {
+
+int32_t argmax_of(std::span<const float> l) {
+  return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+}
+
+// Decodes the prompt, then n greedy tokens one at a time.
+std::vector<int32_t> greedy(llm_context& ctx, const std::vector<int32_t>& prompt, int n, int32_t seq = 0) {
+  batch b;
+  for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], static_cast<int32_t>(i), seq, i + 1 == prompt.size());
+  ctx.decode(b);
+  std::vector<int32_t> out;
+  int32_t pos = static_cast<int32_t>(prompt.size());
+  for (int i = 0; i < n; ++i) {
+    const int32_t t = argmax_of(ctx.logits(0));
+    out.push_back(t);
+    b.clear();
+    b.add(t, pos++, seq, true);
+    ctx.decode(b);
+  }
+  return out;
+}
+
+const std::vector<int32_t> stories_prompt = {1, 403, 407, 261, 378};
+const std::vector<int32_t> stories_ref = {432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337,
+                                          410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394};
+
+}  // namespace
+
+TEST_CASE("stories260K: the 32 greedy tokens of the reference, f16 and f32 KV caches", "[llm][generation]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  auto m = model::load(*path);
+  CHECK(m->hp().n_layer == 5);
+  CHECK(m->hp().n_embd == 64);
+  CHECK(m->hp().n_head_kv == 4);
+  CHECK(m->hp().n_vocab == 512);
+  for (type kv_type : {type::f32, type::f16}) {
+    INFO("kv cache " << type_name(kv_type));
+    llm_context ctx(*m, {.n_ctx = 256, .type_k = kv_type, .type_v = kv_type, .n_threads = 2});
+    CHECK(greedy(ctx, stories_prompt, 32) == stories_ref);
+  }
+}
+
+TEST_CASE("stories260K: prompt in several micro-batches, several sequences, prefix reuse", "[llm][generation]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  auto m = model::load(*path);
+  // Micro-batches of 2 tokens: the same result.
+  llm_context small(*m, {.n_ctx = 128, .n_ubatch = 2, .n_threads = 1});
+  CHECK(greedy(small, stories_prompt, 8) == std::vector<int32_t>(stories_ref.begin(), stories_ref.begin() + 8));
+
+  // Two sequences decoded in one batch give the same tokens as each alone.
+  llm_context ctx(*m, {.n_ctx = 256, .n_seq_max = 2, .n_threads = 2});
+  batch b;
+  for (int32_t s = 0; s < 2; ++s) {
+    for (size_t i = 0; i < stories_prompt.size(); ++i) {
+      b.add(stories_prompt[i], static_cast<int32_t>(i), s, i + 1 == stories_prompt.size());
+    }
+  }
+  ctx.decode(b);
+  REQUIRE(ctx.n_outputs() == 2);
+  std::vector<int32_t> next = {argmax_of(ctx.logits(0)), argmax_of(ctx.logits(1))};
+  std::vector<std::vector<int32_t>> got(2);
+  for (int step = 0; step < 6; ++step) {
+    b.clear();
+    for (int32_t s = 0; s < 2; ++s) {
+      got[static_cast<size_t>(s)].push_back(next[static_cast<size_t>(s)]);
+      b.add(next[static_cast<size_t>(s)], static_cast<int32_t>(stories_prompt.size()) + step, s, true);
+    }
+    ctx.decode(b);
+    next = {argmax_of(ctx.logits(0)), argmax_of(ctx.logits(1))};
+  }
+  const std::vector<int32_t> want(stories_ref.begin(), stories_ref.begin() + 6);
+  CHECK(got[0] == want);
+  CHECK(got[1] == want);
+
+  // Prefix reuse: drop sequence 1, copy sequence 0's prompt into it, continue from the prompt's end.
+  ctx.kv().seq_rm(1, -1, -1);
+  CHECK(ctx.kv().seq_pos_max(1) == -1);
+  ctx.kv().seq_rm(0, static_cast<int32_t>(stories_prompt.size()), -1);
+  ctx.kv().seq_cp(0, 1, -1, -1);
+  CHECK(ctx.kv().seq_pos_max(1) == static_cast<int32_t>(stories_prompt.size()) - 1);
+  b.clear();
+  b.add(stories_ref[0], static_cast<int32_t>(stories_prompt.size()), 1, true);
+  ctx.decode(b);
+  CHECK(argmax_of(ctx.logits(0)) == stories_ref[1]);
+}
+
+TEST_CASE("decode errors: bad token ids, sequences, a full context", "[llm][errors]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  auto m = model::load(*path);
+  llm_context ctx(*m, {.n_ctx = 32, .n_threads = 1});
+  batch b;
+  b.add(512, 0, 0, true);
+  CHECK_THROWS_WITH(ctx.decode(b), Catch::Contains("token id 512") && Catch::Contains("outside the vocabulary"));
+  b.clear();
+  b.add(1, 0, 3, true);
+  CHECK_THROWS_WITH(ctx.decode(b), Catch::Contains("sequence id 3"));
+  b.clear();
+  for (int i = 0; i < 40; ++i) b.add(1, i, 0, false);
+  CHECK_THROWS_WITH(ctx.decode(b), Catch::Contains("do not fit the context"));
+  CHECK(ctx.kv().used_cells() == 0);
+  CHECK_THROWS_WITH(model::load("/nonexistent/model.gguf"), Catch::Contains("does not exist"));
+}
+
+TEST_CASE("llama-2-tiny-random: F16 weights, 32000-token vocabulary, deterministic", "[llm][generation]") {
+  const auto path = test::model_path("llama-2-tiny-random.gguf");
+  if (!path) return;
+  auto m = model::load(*path);
+  CHECK(m->hp().n_vocab == 32000);
+  CHECK(m->tok_embd()->type == type::f16);
+  llm_context a(*m, {.n_ctx = 64, .n_threads = 1});
+  llm_context b(*m, {.n_ctx = 64, .n_threads = 2});
+  const std::vector<int32_t> prompt = {1, 15043, 3186};
+  const auto ta = greedy(a, prompt, 16);
+  const auto tb = greedy(b, prompt, 16);
+  CHECK(ta == tb);
+  CHECK(std::all_of(ta.begin(), ta.end(), [](int32_t t) { return t >= 0 && t < 32000; }));
+}

@@ -1,0 +1,166 @@
+// troupe bench: prompt-processing and generation throughput, like llama-bench.
+//
+//   troupe bench -m MODEL [-p 128] [-n 64] [-t THREADS] [-r 5] [-b 512] [-o table|json]
+//
+// pp<N>: one batch of N tokens decoded at once (prompt processing), tokens per second.
+// tg<N>: N tokens decoded one at a time (generation), tokens per second.
+// Each test runs once as a warm-up, then -r times; the table shows mean ± standard deviation.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/llm/llm_context.h"
+#include "tools/troupe/commands.h"
+
+namespace troupe::cli {
+namespace {
+
+struct bench_options {
+  std::string model;
+  int n_prompt = 128;
+  int n_gen = 64;
+  int n_threads = 0;
+  int reps = 5;
+  int n_batch = 512;
+  std::string output = "table";
+};
+
+struct result {
+  std::string test;
+  int n_tokens = 0;
+  std::vector<double> tps;
+  double mean() const {
+    double s = 0;
+    for (double v : tps) s += v;
+    return tps.empty() ? 0 : s / static_cast<double>(tps.size());
+  }
+  double stddev() const {
+    if (tps.size() < 2) return 0;
+    const double m = mean();
+    double s = 0;
+    for (double v : tps) s += (v - m) * (v - m);
+    return std::sqrt(s / static_cast<double>(tps.size() - 1));
+  }
+};
+
+std::vector<int32_t> random_tokens(int n, uint32_t n_vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(n_vocab) - 1);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& t : v) t = d(rng);
+  return v;
+}
+
+double run_pp(llm::llm_context& ctx, const std::vector<int32_t>& tokens) {
+  ctx.kv().clear();
+  llm::batch b;
+  for (size_t i = 0; i < tokens.size(); ++i) b.add(tokens[i], static_cast<int32_t>(i), 0, i + 1 == tokens.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  ctx.decode(b);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double run_tg(llm::llm_context& ctx, const std::vector<int32_t>& tokens) {
+  ctx.kv().clear();
+  llm::batch b;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    b.clear();
+    b.add(tokens[i], static_cast<int32_t>(i), 0, true);
+    ctx.decode(b);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string human_size(uint64_t b) {
+  char buf[32];
+  if (b >= (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1ull << 30));
+  else if (b >= (1ull << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(b) / (1ull << 20));
+  else std::snprintf(buf, sizeof buf, "%.2f KiB", static_cast<double>(b) / (1ull << 10));
+  return buf;
+}
+
+std::string human_params(uint64_t n) {
+  char buf[32];
+  if (n >= 1000000000ull) std::snprintf(buf, sizeof buf, "%.2f B", static_cast<double>(n) / 1e9);
+  else if (n >= 1000000ull) std::snprintf(buf, sizeof buf, "%.2f M", static_cast<double>(n) / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.2f K", static_cast<double>(n) / 1e3);
+  return buf;
+}
+
+int run_bench(const bench_options& o) {
+  if (o.n_prompt < 0 || o.n_gen < 0 || o.reps < 1 || o.n_batch < 1) {
+    std::fprintf(stderr, "troupe bench: -p, -n must be >= 0, -r and -b >= 1\n");
+    return 1;
+  }
+  auto m = llm::model::load(o.model);
+  const uint32_t n_ctx = static_cast<uint32_t>(std::max(o.n_prompt, o.n_gen) + 32);
+  llm::llm_context ctx(*m, {.n_ctx = n_ctx, .n_batch = static_cast<uint32_t>(std::max(o.n_prompt, 1)),
+                            .n_ubatch = static_cast<uint32_t>(o.n_batch), .n_threads = o.n_threads});
+  const int threads = o.n_threads > 0 ? o.n_threads : cpu::hardware_threads();
+
+  std::vector<result> results;
+  if (o.n_prompt > 0) {
+    result r{"pp" + std::to_string(o.n_prompt), o.n_prompt, {}};
+    const auto toks = random_tokens(o.n_prompt, m->hp().n_vocab, 1);
+    run_pp(ctx, toks);  // warm-up
+    for (int i = 0; i < o.reps; ++i) r.tps.push_back(o.n_prompt / run_pp(ctx, toks));
+    results.push_back(r);
+  }
+  if (o.n_gen > 0) {
+    result r{"tg" + std::to_string(o.n_gen), o.n_gen, {}};
+    const auto toks = random_tokens(o.n_gen, m->hp().n_vocab, 2);
+    run_tg(ctx, toks);
+    for (int i = 0; i < o.reps; ++i) r.tps.push_back(o.n_gen / run_tg(ctx, toks));
+    results.push_back(r);
+  }
+
+  const std::string model_desc = m->hp().name + " " + human_params(m->n_params());
+  if (o.output == "json") {
+    std::printf("[\n");
+    for (size_t i = 0; i < results.size(); ++i) {
+      const result& r = results[i];
+      std::printf("  {\"model\": \"%s\", \"model_type\": \"%s\", \"model_size\": %llu, \"model_n_params\": %llu, "
+                  "\"backend\": \"CPU\", \"n_threads\": %d, \"n_batch\": %d, \"test\": \"%s\", \"n_prompt\": %d, "
+                  "\"n_gen\": %d, \"avg_ts\": %.3f, \"stddev_ts\": %.3f, \"samples_ts\": [",
+                  o.model.c_str(), model_desc.c_str(), static_cast<unsigned long long>(m->n_bytes()),
+                  static_cast<unsigned long long>(m->n_params()), threads, o.n_batch, r.test.c_str(),
+                  r.test[0] == 'p' ? r.n_tokens : 0, r.test[0] == 't' ? r.n_tokens : 0, r.mean(), r.stddev());
+      for (size_t k = 0; k < r.tps.size(); ++k) std::printf("%s%.3f", k ? ", " : "", r.tps[k]);
+      std::printf("]}%s\n", i + 1 < results.size() ? "," : "");
+    }
+    std::printf("]\n");
+    return 0;
+  }
+  std::printf("| %-24s | %10s | %10s | %-7s | %7s | %8s | %20s |\n", "model", "size", "params", "backend", "threads",
+              "test", "t/s");
+  std::printf("| %s | %s | %s | %s | %s | %s | %s |\n", std::string(24, '-').c_str(), std::string(10, '-').c_str(),
+              std::string(10, '-').c_str(), std::string(7, '-').c_str(), std::string(7, '-').c_str(),
+              std::string(8, '-').c_str(), std::string(20, '-').c_str());
+  for (const result& r : results) {
+    char tps[48];
+    std::snprintf(tps, sizeof tps, "%.2f ± %.2f", r.mean(), r.stddev());
+    std::printf("| %-24s | %10s | %10s | %-7s | %7d | %8s | %21s |\n", model_desc.c_str(), human_size(m->n_bytes()).c_str(),
+                human_params(m->n_params()).c_str(), "CPU", threads, r.test.c_str(), tps);
+  }
+  return 0;
+}
+
+}  // namespace
+
+command_fn add_bench(CLI::App& app) {
+  auto o = std::make_shared<bench_options>();
+  app.add_option("-m,--model", o->model, "GGUF model file")->required();
+  app.add_option("-p,--n-prompt", o->n_prompt, "prompt tokens (0: skip the pp test)");
+  app.add_option("-n,--n-gen", o->n_gen, "generated tokens (0: skip the tg test)");
+  app.add_option("-t,--threads", o->n_threads, "CPU threads (0: all)");
+  app.add_option("-r,--repetitions", o->reps, "repetitions of each test");
+  app.add_option("-b,--ubatch-size", o->n_batch, "tokens per graph");
+  app.add_option("-o,--output", o->output, "table or json")->check(CLI::IsMember({"table", "json"}));
+  return [o] { return run_bench(*o); };
+}
+
+}  // namespace troupe::cli

@@ -1,0 +1,20 @@
+// The `troupe` command's subcommands. Each registers its options on a CLI11 app and returns the function
+// that runs it (an exit code: 0 success, 1 a clear error was printed).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace troupe::cli {
+
+using command_fn = std::function<int()>;
+
+// troupe inspect MODEL.gguf [--device NAME=LAYERS]... [--override REGEX=DEVICE]... [--all-metadata]
+command_fn add_inspect(CLI::App& app);
+// troupe bench -m MODEL [-p 128] [-n 64] [-t THREADS] [-r 5] [-o table|json]
+command_fn add_bench(CLI::App& app);
+// troupe quantize IN.gguf OUT.gguf TYPE [THREADS]
+command_fn add_quantize(CLI::App& app);
+
+}  // namespace troupe::cli

@@ -1,0 +1,37 @@
+// troupe: the command-line front end.
+//
+//   troupe inspect MODEL.gguf      metadata, tensors, placement and memory plan
+//   troupe bench -m MODEL          prompt and generation throughput
+//   troupe quantize IN OUT TYPE    quantize a model's weight matrices
+//
+// Every subcommand prints a clear message and exits 1 on bad input; nothing aborts.
+#include <cstdio>
+#include <exception>
+#include <map>
+
+#include "backends/registry.h"
+#include "tools/troupe/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"troupe: an actor-model runtime for LLM inference"};
+  app.require_subcommand(1);
+  std::map<CLI::App*, troupe::cli::command_fn> commands;
+  auto add = [&](const char* name, const char* help, troupe::cli::command_fn (*make)(CLI::App&)) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    commands[sub] = make(*sub);
+  };
+  add("inspect", "show a GGUF model's metadata, tensors, placement and memory plan", troupe::cli::add_inspect);
+  add("bench", "prompt-processing and generation throughput (llama-bench style)", troupe::cli::add_bench);
+  add("quantize", "rewrite a model with its weight matrices in another type", troupe::cli::add_quantize);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    troupe::register_builtin_backends();
+    for (auto& [sub, run] : commands) {
+      if (sub->parsed()) return run();
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "troupe: %s\n", e.what());
+    return 1;
+  }
+  return 1;
+}
