@@ -16,5 +16,7 @@ command_fn add_inspect(CLI::App& app);
 command_fn add_bench(CLI::App& app);
 // troupe quantize IN.gguf OUT.gguf TYPE [THREADS]
 command_fn add_quantize(CLI::App& app);
+// troupe perplexity -m MODEL -f TEXT [-c 512] [-t THREADS]
+command_fn add_perplexity(CLI::App& app);
 
 }  // namespace troupe::cli

@@ -1,0 +1,56 @@
+// troupe perplexity: perplexity of a model over a text file, with the memory breakdown at the end.
+//
+//   troupe perplexity -m MODEL -f TEXT [-c 512] [-t THREADS]
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "runtime/llm/perplexity.h"
+#include "tools/troupe/commands.h"
+
+namespace troupe::cli {
+namespace {
+
+struct ppl_options {
+  std::string model, file;
+  uint32_t n_ctx = 512;
+  int n_threads = 0;
+};
+
+int run_perplexity(const ppl_options& o) {
+  std::ifstream in(o.file, std::ios::binary);
+  if (!in) {
+    std::fprintf(stderr, "troupe perplexity: cannot read '%s'\n", o.file.c_str());
+    return 1;
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  auto m = llm::model::load(o.model);
+  llm::vocab v(m->meta());
+  llm::llm_context ctx(*m, {.n_ctx = o.n_ctx, .n_batch = o.n_ctx, .n_threads = o.n_threads});
+  const auto tokens = v.tokenize(text.str(), true);
+  std::fprintf(stderr, "%s: %zu tokens, chunks of %u\n", o.file.c_str(), tokens.size(), ctx.params().n_ctx);
+  const llm::perplexity_result r = llm::perplexity(ctx, v, tokens, o.n_ctx);
+  std::printf("perplexity: %.4f over %llu tokens in %u chunks of %u (%.2f s, %.1f tokens/s)\n", r.ppl,
+              static_cast<unsigned long long>(r.n_scored), r.n_chunks, r.chunk_size, r.seconds,
+              static_cast<double>(r.n_chunks) * r.chunk_size / r.seconds);
+  memory_ledger ledger;
+  m->weights().account(ledger);
+  ctx.account(ledger);
+  std::printf("%s", format_memory_table(ledger, {}).c_str());
+  return 0;
+}
+
+}  // namespace
+
+command_fn add_perplexity(CLI::App& app) {
+  auto o = std::make_shared<ppl_options>();
+  app.add_option("-m,--model", o->model, "GGUF model file")->required();
+  app.add_option("-f,--file", o->file, "text file")->required();
+  app.add_option("-c,--ctx-size", o->n_ctx, "tokens per chunk (half of each is scored)");
+  app.add_option("-t,--threads", o->n_threads, "CPU threads (0: all)");
+  return [o] { return run_perplexity(*o); };
+}
+
+}  // namespace troupe::cli
