@@ -1,0 +1,84 @@
+// Small random-weight models of each supported architecture, written as GGUF files, for checking the graph
+// builders against an independent reference (scripts/reference-forward computes the expected logits with
+// numpy from the same file). Weights come from a fixed linear congruential generator, so the file is the
+// same on every machine.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "loader/gguf_writer.h"
+
+namespace troupe::testing {
+
+struct synthetic_shape {
+  uint32_t n_embd = 64, n_head = 4, n_head_kv = 2, head_dim = 16, n_ff = 96, n_layer = 6, n_vocab = 128;
+};
+
+inline void write_synthetic_model(const std::string& arch, const std::filesystem::path& path, synthetic_shape s = {}) {
+  uint64_t state = 0x9e3779b97f4a7c15ull ^ (arch.size() * 7919);
+  auto next = [&state] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>((state >> 40) & 0xffffff) / static_cast<float>(0x1000000) - 0.5f;  // [-0.5, 0.5)
+  };
+  gguf_writer w;
+  w.add("general.architecture", arch);
+  const std::string p = arch + ".";
+  w.add(p + "context_length", uint32_t{256});
+  w.add(p + "embedding_length", s.n_embd);
+  w.add(p + "block_count", s.n_layer);
+  w.add(p + "feed_forward_length", s.n_ff);
+  w.add(p + "attention.head_count", s.n_head);
+  w.add(p + "attention.head_count_kv", s.n_head_kv);
+  w.add(p + "attention.key_length", s.head_dim);
+  w.add(p + "attention.value_length", s.head_dim);
+  w.add(p + "attention.layer_norm_rms_epsilon", 1e-6f);
+  w.add(p + "rope.freq_base", arch == "gemma3" ? 1000000.0f : 10000.0f);
+  if (arch == "gemma3") w.add(p + "attention.sliding_window", uint32_t{4});
+
+  std::vector<std::vector<float>> keep;  // data must outlive write_file
+  auto tensor = [&](const std::string& name, std::vector<int64_t> shape, float scale, float offset = 0.0f) {
+    size_t n = 1;
+    for (int64_t d : shape) n *= static_cast<size_t>(d);
+    keep.emplace_back(n);
+    for (float& x : keep.back()) x = offset + scale * next();
+    w.add_tensor(name, type::f32, std::span<const int64_t>(shape), std::as_bytes(std::span(keep.back())));
+  };
+  const int64_t e = s.n_embd, q = int64_t{s.n_head} * s.head_dim, kv = int64_t{s.n_head_kv} * s.head_dim;
+  // gemma3 scales embeddings by sqrt(n_embd) and ties the output to them: small embeddings keep the
+  // blocks, not the identity, in charge of its logits.
+  tensor("token_embd.weight", {e, s.n_vocab}, arch == "gemma3" ? 0.05f : 1.0f);
+  tensor("output_norm.weight", {e}, 0.2f, 1.0f);
+  if (arch != "gemma3") tensor("output.weight", {e, s.n_vocab}, 0.5f);
+  for (uint32_t il = 0; il < s.n_layer; ++il) {
+    const std::string b = "blk." + std::to_string(il) + ".";
+    tensor(b + "attn_norm.weight", {e}, 0.2f, 1.0f);
+    tensor(b + "attn_q.weight", {e, q}, 0.4f);
+    tensor(b + "attn_k.weight", {e, kv}, 0.4f);
+    tensor(b + "attn_v.weight", {e, kv}, 0.4f);
+    tensor(b + "attn_output.weight", {q, e}, 0.3f);
+    if (arch == "qwen2") {
+      tensor(b + "attn_q.bias", {q}, 0.2f);
+      tensor(b + "attn_k.bias", {kv}, 0.2f);
+      tensor(b + "attn_v.bias", {kv}, 0.2f);
+    }
+    if (arch == "qwen3" || arch == "gemma3") {
+      tensor(b + "attn_q_norm.weight", {s.head_dim}, 0.2f, 1.0f);
+      tensor(b + "attn_k_norm.weight", {s.head_dim}, 0.2f, 1.0f);
+    }
+    if (arch == "gemma3") {
+      tensor(b + "post_attention_norm.weight", {e}, 0.2f, 1.0f);
+      tensor(b + "post_ffw_norm.weight", {e}, 0.2f, 1.0f);
+    }
+    tensor(b + "ffn_norm.weight", {e}, 0.2f, 1.0f);
+    tensor(b + "ffn_gate.weight", {e, s.n_ff}, 0.4f);
+    tensor(b + "ffn_up.weight", {e, s.n_ff}, 0.4f);
+    tensor(b + "ffn_down.weight", {s.n_ff, e}, 0.3f);
+  }
+  w.write_file(path);
+}
+
+}  // namespace troupe::testing
