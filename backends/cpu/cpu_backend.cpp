@@ -9,6 +9,7 @@
 #include <new>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/thread_pool.h"
@@ -115,8 +116,14 @@ class cpu_backend_impl final : public cpu_backend {
 
   void graph_compute(graph& g) override {
     const int nth = n_threads_;
+    const auto nodes = g.nodes();
+    // Threads per node: small nodes run on thread 0 alone. A barrier separates two nodes only when one of
+    // them runs on several threads, so a run of small nodes (token generation on a small model) costs no
+    // synchronisation at all.
+    tasks_.assign(nodes.size(), 0);
     size_t wsize = 0;
-    for (tensor* node : g.nodes()) {
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      tensor* node = nodes[i];
       if (is_noop(*node)) continue;
       if (!supports_op_checked(*node)) {
         throw backend_error("CPU: cannot compute node " + describe(*node) + " (op " + std::string(op_name(node->op)) +
@@ -125,29 +132,60 @@ class cpu_backend_impl final : public cpu_backend {
       if (node->data == nullptr) {
         throw backend_error("CPU: node " + describe(*node) + " has no memory (graph not allocated)");
       }
-      wsize = std::max(wsize, work_size(*node, nth, reference_));
+      tasks_[i] = nth > 1 && is_small(*node) ? 1 : nth;
+      wsize = std::max(wsize, work_size(*node, tasks_[i], reference_));
     }
     if (wsize > work_.size) work_.resize(wsize);
 
-    const auto nodes = g.nodes();
-    pool_->run(nth, [&](int ith, barrier& b) {
+    // next_[i]: index of the next node that computes anything (nodes.size() at the end).
+    next_.assign(nodes.size() + 1, nodes.size());
+    for (size_t i = nodes.size(); i-- > 0;) next_[i] = tasks_[i] ? i : next_[i + 1];
+
+    // A graph of small nodes only (token generation on a small model) runs on the calling thread: waking
+    // the pool would cost more than the whole graph.
+    const bool all_small = std::all_of(tasks_.begin(), tasks_.end(), [](int n) { return n <= 1; });
+    pool_->run(all_small ? 1 : nth, [&](int ith, barrier& b) {
       compute_params params;
       params.ith = ith;
-      params.nth = nth;
       params.wdata = work_.data;
       params.wsize = work_.size;
       params.reference = reference_;
-      if (nth > 1) params.barrier = [&b] { b.wait(); };
-      for (tensor* node : nodes) {
-        if (is_noop(*node)) continue;
-        compute_forward(params, *node);
-        if (nth > 1 && !b.wait()) return;
+      for (size_t i = next_[0]; i < nodes.size(); i = next_[i + 1]) {
+        const int n = tasks_[i];
+        if (ith < n) {
+          params.nth = n;
+          params.barrier = n > 1 ? std::function<void()>([&b] { b.wait(); }) : std::function<void()>();
+          compute_forward(params, *nodes[i]);
+        }
+        const size_t j = next_[i + 1];
+        const bool needs_barrier = !all_small && (n > 1 || (j < nodes.size() && tasks_[j] > 1));
+        if (needs_barrier && !b.wait()) return;
       }
     });
   }
 
  private:
   bool supports_op_checked(const tensor& t) const { return supports_op(t); }
+
+  // Below this much work a node is faster on one thread than split: the split costs a barrier (about a
+  // microsecond with two threads), the work a few nanoseconds per element or multiply-add.
+  static constexpr int64_t small_mul_mat_macs = 1 << 16;
+  static constexpr int64_t small_elements = 1 << 12;
+  static bool is_small(const tensor& t) {
+    switch (t.op) {
+      case op::mul_mat:
+        return t.src[0]->ne[0] * nelements(t) < small_mul_mat_macs;  // k * m * n
+      case op::get_rows:
+        return nelements(t) < small_elements;  // the rows read, not the table
+      case op::set_rows:
+        return nelements(*t.src[1]) < small_elements;  // the rows written, not the cache
+      default:
+        return std::max(nelements(t), t.src[0] ? nelements(*t.src[0]) : 0) < small_elements;
+    }
+  }
+
+  std::vector<int> tasks_;
+  std::vector<size_t> next_;
 
   struct work_buffer {
     uint8_t* data = nullptr;
