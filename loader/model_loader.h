@@ -25,6 +25,7 @@
 
 #include "loader/gguf.h"
 #include "loader/gguf_split.h"
+#include "loader/load_job.h"
 #include "loader/mmap.h"
 #include "loader/placement.h"
 #include "loader/ranges.h"
@@ -75,6 +76,7 @@ class model_weights {
 
  private:
   friend class model_loader;
+  friend class load_job;
   placement plan_;
   std::map<buffer_type_i*, std::unique_ptr<context>> contexts_;
   std::vector<buffer_ptr> buffers_;
@@ -99,6 +101,9 @@ class model_loader {
   // Loads every weight of the plan. Throws gguf_error/type_error for tensors troupe cannot use,
   // backend_error when a buffer cannot be allocated, load_cancelled when the progress callback says so.
   model_weights load(const placement& plan, const load_params& params = {}) const;
+  // The same load in stages, one buffer type at a time (see load_job.h): for loading several devices at
+  // once. The loader must outlive the job.
+  load_job begin(const placement& plan, const load_params& params = {}) const;
 
  private:
   gguf_split_files files_;

@@ -159,7 +159,7 @@ void scheduler::assign(const graph& g) {
 void scheduler::build_splits(graph& g) {
   restore_sources();
   splits_.clear();
-  copies_ctx_ = std::make_unique<context>(context_params{.max_tensors = g.n_nodes() * max_src + 16, .no_alloc = true});
+  copies_ctx_ = std::make_unique<context>(context_params{.max_tensors = 2 * g.n_nodes() * max_src + 16, .no_alloc = true});
   for (tensor* node : g.nodes()) {
     const int b = assigned_.at(node);
     if (splits_.empty() || splits_.back().backend != b) {
@@ -208,10 +208,28 @@ void scheduler::build_splits(graph& g) {
 void scheduler::plan(graph& g, bool place) {
   assign(g);
   build_splits(g);
-  // One graph for the allocator: each split's copies (as leafs), then its nodes, in order.
+  // One graph for the allocator: each split's copies (as leafs), then its nodes, in order. A copy reads its
+  // source when the split starts, which the allocator cannot see: a view of the source at that point (as
+  // ggml's scheduler adds its input_dep views) keeps the source's memory from being reused by nodes planned
+  // before the split (an input read by an early split on one backend and a late split on another).
+  std::vector<tensor*> deps;
+  for (const split& sp : splits_) {
+    for (auto& [src, copy] : sp.inputs) {
+      tensor* dep = copies_ctx_->new_tensor(src->type, max_dims, src->ne.data());
+      dep->nb = src->nb;
+      dep->op = op::view;
+      dep->view_src = src->view_src ? src->view_src : src;
+      dep->view_offs = src->view_src ? src->view_offs : 0;
+      dep->src[0] = src;
+      dep->set_name("dep:" + std::string(copy->get_name()));
+      deps.push_back(dep);
+    }
+  }
   graph all(graph_capacity_ + copies_ctx_->n_tensors() + g.n_leafs());
   for (tensor* leaf : g.leafs()) all.append(leaf);
+  size_t d = 0;
   for (const split& sp : splits_) {
+    for (size_t i = 0; i < sp.inputs.size(); ++i) all.append(deps[d++]);
     for (auto& [src, copy] : sp.inputs) all.append(copy);
     for (tensor* node : sp.nodes) all.append(node);
   }
@@ -232,20 +250,32 @@ void scheduler::reserve(graph& g) {
 
 void scheduler::alloc_graph(graph& g) { plan(g, true); }
 
+void scheduler::run_split(const split& sp) {
+  backend_i& be = backend(sp.backend);
+  for (auto& [src, copy] : sp.inputs) {
+    const int from = tensor_backend(src->view_src ? src->view_src : src);
+    if (from >= 0 && from != sp.backend) backend(from).synchronize();
+    tensor_copy(*src, *copy);
+  }
+  graph sg(sp.nodes.size() + 1);
+  for (tensor* node : sp.nodes) sg.append(node);
+  be.graph_compute(sg);
+}
+
 void scheduler::graph_compute(graph& g) {
   if (current_ != &g) alloc_graph(g);
-  for (const split& sp : splits_) {
-    backend_i& be = backend(sp.backend);
-    for (auto& [src, copy] : sp.inputs) {
-      const int from = tensor_backend(src->view_src ? src->view_src : src);
-      if (from >= 0 && from != sp.backend) backend(from).synchronize();
-      tensor_copy(*src, *copy);
-    }
-    graph sg(sp.nodes.size() + 1);
-    for (tensor* node : sp.nodes) sg.append(node);
-    be.graph_compute(sg);
-  }
+  for (const split& sp : splits_) run_split(sp);
   for (int b = 0; b < n_backends(); ++b) backend(b).synchronize();
+}
+
+void scheduler::compute_split(int i) {
+  if (current_ == nullptr) throw error("scheduler: compute_split without an allocated graph");
+  if (i < 0 || i >= n_splits()) {
+    throw error("scheduler: split " + std::to_string(i) + " of " + std::to_string(n_splits()));
+  }
+  const split& sp = splits_[static_cast<size_t>(i)];
+  run_split(sp);
+  backend(sp.backend).synchronize();
 }
 
 int scheduler::n_copies() const {

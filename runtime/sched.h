@@ -67,6 +67,11 @@ class scheduler {
   // Runs the splits of the last alloc_graph in order, copying split inputs in first. g must be the graph
   // given to alloc_graph.
   void graph_compute(graph& g);
+  // Runs split i of the last alloc_graph alone: copies its inputs in (synchronizing the backends they come
+  // from), then computes its nodes on its backend and synchronizes it. For callers that dispatch splits
+  // themselves (the actor layer runs each on its device's own thread); splits of one graph must run in
+  // order. Throws error for i out of range or when no graph is allocated.
+  void compute_split(int i);
   // Forgets pins and restores the sources of the last graph.
   void reset();
 
@@ -79,6 +84,7 @@ class scheduler {
 
  private:
   void restore_sources();
+  void run_split(const split& sp);
   void assign(const graph& g);
   // Memory that exists outside this scheduler's compute buffers (weights, caches, caller-placed inputs).
   bool is_external(const tensor& t) const;

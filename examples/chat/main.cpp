@@ -1,4 +1,4 @@
-// troupe-chat: chat with a GGUF model in the terminal.
+// troupe-chat: chat with a GGUF model in the terminal, through troupe's actor runtime (actors/runtime.h).
 //
 //   troupe-chat -m models/SmolLM2-135M-Instruct.Q4_1.gguf [-c CTX] [-n N] [--temp T] [--seed S]
 //               [-sys PROMPT] [-t THREADS]
@@ -7,6 +7,10 @@
 // Type a message and press Enter; the answer streams as it is generated. /reset starts a new chat, /quit
 // (or Ctrl-D) ends it, Ctrl-C stops the current answer. At exit: prompt and generation throughput and the
 // memory breakdown. Line editing and history come from readline when the input is a terminal.
+//
+// The program is a client of the embedding API: an engine (its own actor system), the model loaded by
+// the loader actor, one session actor holding the conversation (it reuses the cached prefix of earlier
+// turns), the memory breakdown from the memory-accounting actor.
 #include <CLI/CLI.hpp>
 #include <readline/history.h>
 #include <readline/readline.h>
@@ -16,16 +20,13 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "backends/registry.h"
-#include "runtime/llm/chat_template.h"
-#include "runtime/llm/generator.h"
-#include "runtime/log.h"
-#include "runtime/memory.h"
+#include "actors/runtime.h"
 
 using namespace troupe;
 
@@ -61,7 +62,7 @@ std::optional<std::string> read_line(bool tty) {
 struct totals {
   int64_t prompt_tokens = 0, gen_tokens = 0;
   double prompt_s = 0, gen_s = 0;
-  void add(const llm::generate_result& r) {
+  void add(const actors::generate_reply& r) {
     prompt_tokens += r.n_prompt_decoded;
     gen_tokens += static_cast<int64_t>(r.tokens.size());
     prompt_s += r.prompt_seconds;
@@ -69,14 +70,11 @@ struct totals {
   }
 };
 
-void print_summary(const totals& t, const llm::model& m, const llm::llm_context& ctx) {
+void print_summary(const totals& t, engine& eng) {
   std::fprintf(stderr, "\nprompt: %lld tokens, %.2f t/s | generation: %lld tokens, %.2f t/s\n",
                static_cast<long long>(t.prompt_tokens), t.prompt_s > 0 ? t.prompt_tokens / t.prompt_s : 0.0,
                static_cast<long long>(t.gen_tokens), t.gen_s > 0 ? t.gen_tokens / t.gen_s : 0.0);
-  memory_ledger ledger;
-  m.weights().account(ledger);
-  ctx.account(ledger);
-  std::fprintf(stderr, "%s", format_memory_table(ledger, {}).c_str());
+  std::fprintf(stderr, "%s", eng.memory().table.c_str());
 }
 
 int run(int argc, char** argv) {
@@ -117,19 +115,19 @@ int run(int argc, char** argv) {
   }
   if (seed == 0) seed = static_cast<uint32_t>(std::time(nullptr));
 
-  register_builtin_backends();
-  auto m = llm::model::load(model_path);
-  llm::vocab v(m->meta());
-  llm::llm_context ctx(*m, {.n_ctx = n_ctx, .n_threads = n_threads});
-  llm::generator gen(ctx, v);
-  llm::generate_params gp;
+  // The device actors' backends are idle here (decoding runs on the model's scheduler): one thread each.
+  engine eng({.n_threads = 1});
+  const actors::model_info info =
+      eng.load_model("chat", model_path, {.n_ctx = n_ctx, .n_seq_max = 1, .n_threads = n_threads});
+  session s = eng.open_session("chat");
+  actors::generation_params gp;
   gp.max_tokens = n_predict;
-  gp.sampling.temperature = temp;
-  gp.sampling.seed = seed;
+  gp.temperature = temp;
+  gp.seed = seed;
   totals t;
 
   std::signal(SIGINT, on_sigint);
-  auto stream = [](std::string_view piece, llm::token_id) {
+  auto stream = [](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
     return !interrupted.load();
@@ -138,18 +136,17 @@ int run(int argc, char** argv) {
   if (no_chat) {
     std::fwrite(prompt.data(), 1, prompt.size(), stdout);
     generating = true;
-    const auto r = gen.generate(v.tokenize(prompt, true), gp, stream);
+    const auto r = s.generate(prompt, gp, stream);
     generating = false;
     std::printf("\n");
     t.add(r);
-    print_summary(t, *m, ctx);
+    print_summary(t, eng);
     return 0;
   }
 
-  llm::chat_template tmpl(m->meta());
   std::fprintf(stderr, "troupe-chat: %s (%s, %u layers), chat template %s. /reset starts over, /quit ends.\n",
-               model_path.c_str(), m->hp().name.c_str(), m->hp().n_layer, std::string(tmpl.name()).c_str());
-  std::vector<llm::chat_message> history;
+               model_path.c_str(), info.arch.c_str(), info.n_layer, info.chat_template.c_str());
+  std::vector<actors::chat_message> history;
   if (!system_prompt.empty()) history.push_back({"system", system_prompt});
   const bool tty = isatty(STDIN_FILENO) != 0;
   std::optional<std::string> pending;
@@ -160,20 +157,20 @@ int run(int argc, char** argv) {
     if (!line || *line == "/quit") break;
     if (*line == "/reset") {
       history.resize(system_prompt.empty() ? 0 : 1);
-      gen.reset();
+      s.reset();
       std::fprintf(stderr, "(new chat)\n");
       continue;
     }
     if (line->empty()) continue;
     history.push_back({"user", *line});
-    const std::string text = tmpl.apply(history, true);
     interrupted = false;
     generating = true;
-    llm::generate_result r;
+    actors::generate_reply r;
     try {
-      r = gen.generate(v.tokenize(text, true, true), gp, stream);
-    } catch (const capacity_error& e) {
+      r = s.chat(history, gp, stream);
+    } catch (const actors::request_error& e) {
       generating = false;
+      if (!e.is(actors::errc::capacity)) throw;
       std::fprintf(stderr, "\n(%s; /reset to start a new chat)\n", e.what());
       history.pop_back();
       continue;
@@ -183,7 +180,7 @@ int run(int argc, char** argv) {
     history.push_back({"assistant", r.text});
     t.add(r);
   }
-  print_summary(t, *m, ctx);
+  print_summary(t, eng);
   return 0;
 }
 

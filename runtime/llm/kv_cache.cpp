@@ -20,8 +20,14 @@ kv_cache::kv_cache(const model& m, const kv_cache_params& p)
     throw error("kv cache: n_seq_max " + std::to_string(n_seq_max_) + " outside 1.." + std::to_string(max_seq));
   }
   const hparams& hp = m.hp();
-  if (hp.n_embd_k_gqa() % block_size(type_k_) != 0 || hp.n_embd_v_gqa() % block_size(type_v_) != 0) {
-    throw error("kv cache: head sizes are not a multiple of the block size of " + std::string(type_name(type_k_)));
+  // Attention reads the cache one head at a time: a head must be whole blocks of the cache's type.
+  if (hp.n_embd_head_k % block_size(type_k_) != 0) {
+    throw error("kv cache: a " + std::string(type_name(type_k_)) + " K cache needs a head size that is a multiple of " +
+                std::to_string(block_size(type_k_)) + "; this model's is " + std::to_string(hp.n_embd_head_k));
+  }
+  if (hp.n_embd_head_v % block_size(type_v_) != 0) {
+    throw error("kv cache: a " + std::string(type_name(type_v_)) + " V cache needs a head size that is a multiple of " +
+                std::to_string(block_size(type_v_)) + "; this model's is " + std::to_string(hp.n_embd_head_v));
   }
   // Round the cell count up to the padding so n_kv never exceeds it.
   n_ctx_ = (n_ctx_ + pad - 1) / pad * pad;

@@ -37,12 +37,15 @@ tensor* model::need(const std::string& name, std::initializer_list<int64_t> shap
   return t;
 }
 
-std::unique_ptr<model> model::load(const std::filesystem::path& path, const model_params& params) {
+std::unique_ptr<model> model::open(const std::filesystem::path& path, const model_params& params) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) throw error("model file '" + path.string() + "' does not exist");
   std::unique_ptr<model> m(new model());
   m->path_ = path.string();
   m->loader_ = std::make_unique<model_loader>(path);
+  // The architecture first, then every tensor's type: the two reasons a valid GGUF may not be usable.
+  arch_from_name(m->loader_->arch());
+  for (const gguf_tensor_info& t : m->loader_->tensors()) require_supported(t.type, t.name);
   m->hp_ = hparams::from_gguf(m->loader_->meta());
   hparams& hp = m->hp_;
 
@@ -50,15 +53,28 @@ std::unique_ptr<model> model::load(const std::filesystem::path& path, const mode
   pp.host = &cpu::cpu_device().buffer_type();
   for (const auto& [dev, n] : params.devices) pp.devices.emplace_back(&dev->buffer_type(), n);
   for (const auto& [re, dev] : params.overrides) pp.overrides.emplace_back(re, &dev->buffer_type());
-  placement plan = m->loader_->plan(pp);
-  const bool tied = m->loader_->files().find_tensor("output.weight") == nullptr;
-  if (tied) plan.add_use("token_embd.weight", plan.output_buft());
+  m->plan_ = m->loader_->plan(pp);
+  m->tied_ = m->loader_->files().find_tensor("output.weight") == nullptr;
+  if (m->tied_) m->plan_.add_use("token_embd.weight", m->plan_.output_buft());
 
   const gguf_tensor_info& embd = m->loader_->files().tensor("token_embd.weight");
   if (hp.n_vocab == 0) hp.n_vocab = static_cast<uint32_t>(embd.ne[1]);
+  return m;
+}
 
-  m->weights_ = m->loader_->load(plan, {.use_mmap = params.use_mmap, .use_mlock = params.use_mlock, .progress = params.progress});
+std::unique_ptr<model> model::load(const std::filesystem::path& path, const model_params& params) {
+  std::unique_ptr<model> m = open(path, params);
+  m->attach(m->loader_->load(m->plan_, {.use_mmap = params.use_mmap, .use_mlock = params.use_mlock, .progress = params.progress}));
+  return m;
+}
 
+void model::attach(model_weights w) {
+  if (tok_embd_ != nullptr) throw error("model " + path_ + ": weights are already attached");
+  weights_ = std::move(w);
+  hparams& hp = hp_;
+  model* m = this;
+  const placement& plan = plan_;
+  const bool tied = tied_;
   const int64_t n_embd = hp.n_embd, n_vocab = hp.n_vocab, n_ff = hp.n_ff;
   const int64_t n_q = static_cast<int64_t>(hp.n_embd_head_k) * hp.n_head;
   const int64_t n_v = static_cast<int64_t>(hp.n_embd_head_v) * hp.n_head;
@@ -105,8 +121,8 @@ std::unique_ptr<model> model::load(const std::filesystem::path& path, const mode
         break;
     }
   }
-  return m;
 }
+
 
 uint64_t model::n_params() const {
   uint64_t n = 0;

@@ -52,6 +52,18 @@ class model {
  public:
   static std::unique_ptr<model> load(const std::filesystem::path& path, const model_params& params = {});
 
+  // Loading in stages (the actor layer's loader uploads to several devices at once):
+  //   auto m = model::open(path, params);                      // metadata, hyperparameters, placement
+  //   load_job job = m->loader().begin(m->plan(), {...});       // then job.upload(b) per target, concurrently
+  //   m->attach(job.finish());                                  // resolves every weight
+  // open() reads no tensor data (params.progress and use_mmap/use_mlock are the caller's business then).
+  static std::unique_ptr<model> open(const std::filesystem::path& path, const model_params& params = {});
+  // Takes the loaded weights and resolves the layer tensors. Throws error naming a missing or misshapen
+  // weight, or when weights are already attached.
+  void attach(model_weights w);
+  const model_loader& loader() const { return *loader_; }
+  const placement& plan() const { return plan_; }
+
   const hparams& hp() const { return hp_; }
   const gguf_file& meta() const { return loader_->meta(); }
   const model_weights& weights() const { return weights_; }
@@ -75,6 +87,8 @@ class model {
   std::string path_;
   std::unique_ptr<model_loader> loader_;
   hparams hp_;
+  placement plan_;
+  bool tied_ = false;  // no output.weight: the token embeddings serve as the output layer
   model_weights weights_;
   tensor* tok_embd_ = nullptr;
   tensor* output_norm_ = nullptr;

@@ -1,0 +1,39 @@
+// The allocator actor, one per buffer type: the owner of record of compute memory. It plans chunked
+// compute memory for the in-process graphs it is given (graph_allocator over its buffer type: up to 16
+// chunks of at most the type's max_size), owns the resulting buffers per owner and re-reserves (grows them)
+// when a graph needs more; compute memory that a synchronous scheduler holds (an llm_context's) is
+// reported to it as reservations. Every allocation and release goes to the memory accountant as compute.
+//
+//   allocator_actor a = spawn_allocator_actor(sys, env, "CPU1", acct);
+//   self->request(a, t, reserve_atom_v, compute_reservation{"context:m", bytes});   // replies the change
+//   self->request(a, t, release_atom_v, std::string("context:m"));                  // replies bytes released
+#pragma once
+
+#include <caf/actor_system.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include <string>
+
+#include "actors/memory_accountant_actor.h"
+#include "actors/runtime_env.h"
+#include "actors/type_ids.h"
+
+namespace troupe::actors {
+
+using allocator_actor = caf::typed_actor<
+    // The owner's externally held compute memory of this buffer type is now `bytes`; replies the change.
+    caf::replies_to<reserve_atom, compute_reservation>::with<int64_t>,
+    // Places an in-process graph (local_registry id) in this owner's buffers, growing them if needed;
+    // replies the bytes the owner's buffers now hold.
+    caf::replies_to<plan_atom, graph_plan>::with<uint64_t>,
+    // Releases every reservation and buffer of an owner ("": of every owner); replies the bytes released.
+    caf::replies_to<release_atom, std::string>::with<uint64_t>,
+    // Bytes per owner.
+    caf::replies_to<get_atom, usage_atom>::with<allocator_usage>>;
+
+// The allocator for the default buffer type of `device`. Throws error when the registry has no such device.
+allocator_actor spawn_allocator_actor(caf::actor_system& sys, runtime_env_ptr env, const std::string& device,
+                                      memory_accountant_actor accountant);
+
+}  // namespace troupe::actors

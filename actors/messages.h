@@ -1,0 +1,481 @@
+// The message types troupe's actors exchange. Every struct here may cross a process boundary (CAF
+// middleman), so each has inspect() and is registered in actors/type_ids.h; tests/actors/test_remote.cpp
+// sends every one of them between two processes.
+//
+// Conventions: sizes and offsets are bytes (uint64_t); kinds are memory_kind as uint8_t; ids of
+// in-process objects (a load job, a pipeline job, a graph) are uint64_t handles into the runtime's
+// local_registry (actors/local_registry.h) that mean nothing in another process, where a request naming
+// one fails with errc::not_found. Subscribers are untyped caf::actor handles that receive the documented
+// (atom, struct) messages.
+#pragma once
+
+#include <caf/actor.hpp>
+#include <caf/meta/type_name.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace troupe::actors {
+
+// ---- memory accounting ----
+
+// An allocation (bytes > 0) or release (bytes < 0) of one kind of memory in one buffer type.
+struct memory_event {
+  std::string buft;      // buffer type name: "CPU", "CPU1"
+  std::string device;    // device the memory belongs to
+  bool is_host = false;  // host memory (the breakdown's Host row)
+  uint8_t kind = 0;      // memory_kind: 0 model, 1 context, 2 compute
+  int64_t bytes = 0;
+  std::string owner;     // who holds it: "model:NAME", "context:NAME", "device:CPU1#3"
+  friend bool operator==(const memory_event&, const memory_event&) = default;
+};
+
+// A device's memory and state, as its device actor reports it.
+struct device_status {
+  std::string name;
+  std::string description;
+  uint64_t total = 0;
+  uint64_t free = 0;
+  bool host = false;       // the device's default buffer type is host memory (no device row of its own)
+  uint64_t n_buffers = 0;  // buffers the device actor owns (alloc_atom)
+  friend bool operator==(const device_status&, const device_status&) = default;
+};
+
+// Bytes per kind of one buffer type.
+struct buft_usage {
+  std::string buft;
+  std::string device;
+  bool is_host = false;
+  uint64_t model = 0;
+  uint64_t context = 0;
+  uint64_t compute = 0;
+  friend bool operator==(const buft_usage&, const buft_usage&) = default;
+};
+
+// The memory breakdown: the table users see, the same as JSON, and the numbers behind it.
+struct memory_breakdown {
+  std::string table;  // format_memory_table (MiB)
+  std::string json;   // format_memory_json (bytes)
+  std::vector<buft_usage> entries;
+  uint64_t model = 0;  // totals over every buffer type
+  uint64_t context = 0;
+  uint64_t compute = 0;
+  uint64_t n_events = 0;   // events recorded so far
+  uint64_t n_rejected = 0; // releases of more than was recorded (an accounting bug somewhere)
+  friend bool operator==(const memory_breakdown&, const memory_breakdown&) = default;
+};
+
+// ---- device actor ----
+
+struct alloc_request {
+  uint64_t size = 0;
+  uint8_t kind = 0;  // memory_kind it is accounted as
+  std::string owner;
+  friend bool operator==(const alloc_request&, const alloc_request&) = default;
+};
+
+struct buffer_info {
+  uint64_t id = 0;
+  uint64_t size = 0;
+  std::string buft;
+  friend bool operator==(const buffer_info&, const buffer_info&) = default;
+};
+
+// Bytes [offset, offset + size) of a buffer the device actor owns.
+struct tensor_range {
+  uint64_t buffer = 0;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  friend bool operator==(const tensor_range&, const tensor_range&) = default;
+};
+
+// Bytes to write at offset of a buffer the device actor owns.
+struct range_upload {
+  uint64_t buffer = 0;
+  uint64_t offset = 0;
+  std::vector<char> data;
+  friend bool operator==(const range_upload&, const range_upload&) = default;
+};
+
+// Upload the weights of a staged load (an in-process load_job) that go to buffer type `buft`.
+struct upload_job {
+  uint64_t job = 0;
+  std::string buft;
+  friend bool operator==(const upload_job&, const upload_job&) = default;
+};
+
+struct upload_result {
+  std::string buft;
+  std::string device;
+  uint64_t bytes = 0;
+  double seconds = 0;
+  friend bool operator==(const upload_result&, const upload_result&) = default;
+};
+
+// Compute split `split` of micro-batch `microbatch` of an in-process pipeline job.
+struct split_ref {
+  uint64_t job = 0;
+  uint32_t microbatch = 0;
+  uint32_t split = 0;
+  friend bool operator==(const split_ref&, const split_ref&) = default;
+};
+
+struct split_result {
+  uint32_t microbatch = 0;
+  uint32_t split = 0;
+  double seconds = 0;
+  friend bool operator==(const split_result&, const split_result&) = default;
+};
+
+// ---- allocator actor ----
+
+// The owner's compute memory of the allocator's buffer type is now `bytes` (held by a synchronous
+// scheduler inside the owner).
+struct compute_reservation {
+  std::string owner;
+  uint64_t bytes = 0;
+  friend bool operator==(const compute_reservation&, const compute_reservation&) = default;
+};
+
+// Place an in-process graph's tensors in compute buffers the allocator owns for `owner`.
+struct graph_plan {
+  uint64_t graph = 0;
+  std::string owner;
+  friend bool operator==(const graph_plan&, const graph_plan&) = default;
+};
+
+struct owner_bytes {
+  std::string owner;
+  uint64_t bytes = 0;
+  friend bool operator==(const owner_bytes&, const owner_bytes&) = default;
+};
+
+struct allocator_usage {
+  std::string buft;
+  std::vector<owner_bytes> owners;
+  uint64_t total = 0;
+  uint64_t n_reallocations = 0;  // buffers grown for planned graphs
+  friend bool operator==(const allocator_usage&, const allocator_usage&) = default;
+};
+
+// ---- loading ----
+
+struct device_layers {
+  std::string device;  // a device with an actor: "CPU1"
+  int32_t layers = 0;  // the model's last layers it takes (as n_gpu_layers)
+  friend bool operator==(const device_layers&, const device_layers&) = default;
+};
+
+struct load_request {
+  std::string name;                    // the model's name in this runtime (unique)
+  std::string path;                    // GGUF file
+  std::vector<device_layers> devices;  // empty: everything on the CPU
+  bool use_mmap = true;
+  bool parallel = true;                // upload to every device at once (false: one device after another)
+  uint32_t n_ctx = 2048;               // context of the model's sessions together (cells)
+  uint32_t n_batch = 512;
+  uint32_t n_ubatch = 512;
+  uint32_t n_seq_max = 4;              // sessions that may be open at once
+  int32_t n_threads = 0;               // CPU threads for decoding; 0: all
+  caf::actor progress;                 // optional: receives (progress_atom, load_progress)
+  friend bool operator==(const load_request&, const load_request&) = default;
+};
+
+struct load_progress {
+  std::string model;
+  uint64_t done = 0;
+  uint64_t total = 0;
+  friend bool operator==(const load_progress&, const load_progress&) = default;
+};
+
+struct model_info {
+  std::string name;
+  std::string path;
+  std::string arch;
+  uint32_t n_layer = 0;
+  uint32_t n_vocab = 0;
+  uint32_t n_ctx_train = 0;
+  uint64_t n_params = 0;
+  uint64_t weight_bytes = 0;           // bytes of weights over every buffer type
+  std::string chat_template;           // the family of its chat template ("chatml", "llama3", ...)
+  std::vector<upload_result> uploads;  // per target buffer type
+  double upload_seconds = 0;           // wall time of the uploads (from the first dispatch to the last answer)
+  double load_seconds = 0;             // wall time of the whole load
+  friend bool operator==(const model_info&, const model_info&) = default;
+};
+
+// ---- sessions ----
+
+struct generation_params {
+  int32_t max_tokens = 256;
+  uint32_t seed = 0;
+  float temperature = 0.8f;
+  int32_t top_k = 40;
+  float top_p = 0.95f;
+  float min_p = 0.05f;
+  int32_t penalty_last_n = 64;
+  float repeat_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  std::vector<std::string> stop;
+  friend bool operator==(const generation_params&, const generation_params&) = default;
+};
+
+struct chat_message {
+  std::string role;
+  std::string content;
+  friend bool operator==(const chat_message&, const chat_message&) = default;
+};
+
+struct generate_request {
+  bool chat = false;                   // true: messages through the model's chat template; false: prompt
+  std::string prompt;
+  std::vector<chat_message> messages;
+  generation_params params;
+  caf::actor subscriber;               // optional: receives (token_atom, token_event) per piece
+  friend bool operator==(const generate_request&, const generate_request&) = default;
+};
+
+struct token_event {
+  uint64_t session = 0;
+  std::string piece;
+  int32_t token = -1;
+  friend bool operator==(const token_event&, const token_event&) = default;
+};
+
+struct generate_reply {
+  uint64_t session = 0;
+  std::string text;
+  std::string finish;  // "stop", "length"
+  std::vector<int32_t> tokens;
+  int32_t n_prompt = 0;
+  int32_t n_prompt_decoded = 0;
+  double prompt_seconds = 0;
+  double gen_seconds = 0;
+  friend bool operator==(const generate_reply&, const generate_reply&) = default;
+};
+
+struct session_request {
+  std::string model;
+  friend bool operator==(const session_request&, const session_request&) = default;
+};
+
+// ---- scheduler actor ----
+
+// Decode `tokens` on sequence `seq` after keeping its first `keep` cache positions.
+struct decode_step {
+  int32_t seq = 0;
+  int32_t keep = 0;
+  std::vector<int32_t> tokens;
+  friend bool operator==(const decode_step&, const decode_step&) = default;
+};
+
+struct step_logits {
+  int32_t seq = 0;
+  std::vector<float> logits;  // [n_vocab] of the step's last token
+  uint32_t batch_steps = 0;   // steps decoded in the same batch (1: alone)
+  friend bool operator==(const step_logits&, const step_logits&) = default;
+};
+
+struct sched_stats {
+  std::string model;
+  uint64_t n_batches = 0;   // batched decodes
+  uint64_t n_steps = 0;     // session steps decoded
+  uint64_t n_tokens = 0;
+  uint32_t max_steps = 0;   // most steps in one batch
+  uint32_t n_sessions = 0;  // attached now
+  uint64_t kv_bytes = 0;
+  uint64_t compute_bytes = 0;
+  friend bool operator==(const sched_stats&, const sched_stats&) = default;
+};
+
+struct pipeline_ref {
+  uint64_t job = 0;
+  friend bool operator==(const pipeline_ref&, const pipeline_ref&) = default;
+};
+
+struct pipeline_result {
+  uint32_t microbatches = 0;
+  uint32_t splits = 0;        // splits computed over all micro-batches
+  double seconds = 0;         // wall time
+  double busy_seconds = 0;    // sum of the splits' compute times (> seconds when they overlapped)
+  friend bool operator==(const pipeline_result&, const pipeline_result&) = default;
+};
+
+// ---- supervisor ----
+
+struct actor_status {
+  std::string name;   // "device:CPU1", "loader", "model:stories"
+  bool up = true;
+  uint32_t restarts = 0;
+  std::string last_error;
+  friend bool operator==(const actor_status&, const actor_status&) = default;
+};
+
+struct runtime_status {
+  std::vector<actor_status> actors;
+  std::vector<std::string> models;
+  friend bool operator==(const runtime_status&, const runtime_status&) = default;
+};
+
+// Handles of a runtime's actors (for hosts and remote peers that talk to them directly).
+struct actor_directory {
+  caf::actor accountant;
+  caf::actor loader;
+  std::vector<std::string> device_names;
+  std::vector<caf::actor> devices;     // device actors, in device_names order
+  std::vector<caf::actor> allocators;  // allocator actors, one per device's buffer type, same order
+  std::vector<std::string> model_names;
+  std::vector<caf::actor> schedulers;  // one per loaded model, in model_names order
+  caf::actor graphs;                   // the scheduler actor for in-process pipeline jobs
+  friend bool operator==(const actor_directory&, const actor_directory&) = default;
+};
+
+// ---- inspect ----
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, memory_event& x) {
+  return f(caf::meta::type_name("memory_event"), x.buft, x.device, x.is_host, x.kind, x.bytes, x.owner);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, device_status& x) {
+  return f(caf::meta::type_name("device_status"), x.name, x.description, x.total, x.free, x.host, x.n_buffers);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, buft_usage& x) {
+  return f(caf::meta::type_name("buft_usage"), x.buft, x.device, x.is_host, x.model, x.context, x.compute);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, memory_breakdown& x) {
+  return f(caf::meta::type_name("memory_breakdown"), x.table, x.json, x.entries, x.model, x.context, x.compute,
+           x.n_events, x.n_rejected);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, alloc_request& x) {
+  return f(caf::meta::type_name("alloc_request"), x.size, x.kind, x.owner);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, buffer_info& x) {
+  return f(caf::meta::type_name("buffer_info"), x.id, x.size, x.buft);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tensor_range& x) {
+  return f(caf::meta::type_name("tensor_range"), x.buffer, x.offset, x.size);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, range_upload& x) {
+  return f(caf::meta::type_name("range_upload"), x.buffer, x.offset, x.data);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, upload_job& x) {
+  return f(caf::meta::type_name("upload_job"), x.job, x.buft);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, upload_result& x) {
+  return f(caf::meta::type_name("upload_result"), x.buft, x.device, x.bytes, x.seconds);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, split_ref& x) {
+  return f(caf::meta::type_name("split_ref"), x.job, x.microbatch, x.split);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, split_result& x) {
+  return f(caf::meta::type_name("split_result"), x.microbatch, x.split, x.seconds);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, compute_reservation& x) {
+  return f(caf::meta::type_name("compute_reservation"), x.owner, x.bytes);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, graph_plan& x) {
+  return f(caf::meta::type_name("graph_plan"), x.graph, x.owner);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, owner_bytes& x) {
+  return f(caf::meta::type_name("owner_bytes"), x.owner, x.bytes);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, allocator_usage& x) {
+  return f(caf::meta::type_name("allocator_usage"), x.buft, x.owners, x.total, x.n_reallocations);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, device_layers& x) {
+  return f(caf::meta::type_name("device_layers"), x.device, x.layers);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, load_request& x) {
+  return f(caf::meta::type_name("load_request"), x.name, x.path, x.devices, x.use_mmap, x.parallel, x.n_ctx, x.n_batch,
+           x.n_ubatch, x.n_seq_max, x.n_threads, x.progress);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, load_progress& x) {
+  return f(caf::meta::type_name("load_progress"), x.model, x.done, x.total);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, model_info& x) {
+  return f(caf::meta::type_name("model_info"), x.name, x.path, x.arch, x.n_layer, x.n_vocab, x.n_ctx_train, x.n_params,
+           x.weight_bytes, x.chat_template, x.uploads, x.upload_seconds, x.load_seconds);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, generation_params& x) {
+  return f(caf::meta::type_name("generation_params"), x.max_tokens, x.seed, x.temperature, x.top_k, x.top_p, x.min_p,
+           x.penalty_last_n, x.repeat_penalty, x.frequency_penalty, x.presence_penalty, x.stop);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, chat_message& x) {
+  return f(caf::meta::type_name("chat_message"), x.role, x.content);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
+  return f(caf::meta::type_name("generate_request"), x.chat, x.prompt, x.messages, x.params, x.subscriber);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_event& x) {
+  return f(caf::meta::type_name("token_event"), x.session, x.piece, x.token);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, generate_reply& x) {
+  return f(caf::meta::type_name("generate_reply"), x.session, x.text, x.finish, x.tokens, x.n_prompt, x.n_prompt_decoded,
+           x.prompt_seconds, x.gen_seconds);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, session_request& x) {
+  return f(caf::meta::type_name("session_request"), x.model);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, decode_step& x) {
+  return f(caf::meta::type_name("decode_step"), x.seq, x.keep, x.tokens);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, step_logits& x) {
+  return f(caf::meta::type_name("step_logits"), x.seq, x.logits, x.batch_steps);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sched_stats& x) {
+  return f(caf::meta::type_name("sched_stats"), x.model, x.n_batches, x.n_steps, x.n_tokens, x.max_steps, x.n_sessions,
+           x.kv_bytes, x.compute_bytes);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, pipeline_ref& x) {
+  return f(caf::meta::type_name("pipeline_ref"), x.job);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, pipeline_result& x) {
+  return f(caf::meta::type_name("pipeline_result"), x.microbatches, x.splits, x.seconds, x.busy_seconds);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, actor_status& x) {
+  return f(caf::meta::type_name("actor_status"), x.name, x.up, x.restarts, x.last_error);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, runtime_status& x) {
+  return f(caf::meta::type_name("runtime_status"), x.actors, x.models);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, actor_directory& x) {
+  return f(caf::meta::type_name("actor_directory"), x.accountant, x.loader, x.device_names, x.devices, x.allocators,
+           x.model_names, x.schedulers, x.graphs);
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,233 @@
+#include "actors/runtime.h"
+
+#include <caf/all.hpp>
+
+#include <optional>
+
+#include "backends/cpu_instance.h"
+#include "backends/registry.h"
+
+namespace troupe {
+
+namespace {
+
+// One blocking round trip: the reply, or request_error.
+template <class T, class Handle, class... Ts>
+T ask(caf::actor_system& sys, const Handle& h, Ts&&... xs) {
+  caf::scoped_actor self{sys};
+  std::optional<T> out;
+  caf::error err;
+  self->request(h, caf::infinite, std::forward<Ts>(xs)...)
+      .receive([&](T& v) { out = std::move(v); }, [&](caf::error& e) { err = std::move(e); });
+  if (err) throw actors::request_error(err);
+  return std::move(*out);
+}
+
+}  // namespace
+
+// ---- engine ----
+
+engine::engine(const actors::runtime_config& cfg) : cfg_(cfg) {
+  own_cfg_ = std::make_unique<caf::actor_system_config>();
+  actors::add_message_types(*own_cfg_);
+  if (cfg_.caf_threads > 0) own_cfg_->set("scheduler.max-threads", cfg_.caf_threads);
+  if (cfg_.caf_policy != "sharing" && cfg_.caf_policy != "stealing") {
+    throw error("engine: caf_policy must be \"sharing\" or \"stealing\", not \"" + cfg_.caf_policy + "\"");
+  }
+  own_cfg_->set("scheduler.policy", cfg_.caf_policy == "sharing" ? caf::atom("sharing") : caf::atom("stealing"));
+  own_sys_ = std::make_unique<caf::actor_system>(*own_cfg_);
+  sys_ = own_sys_.get();
+  start();
+}
+
+engine::engine(caf::actor_system& sys, const actors::runtime_config& cfg) : cfg_(cfg), sys_(&sys) { start(); }
+
+void engine::start() {
+  register_builtin_backends();
+  std::vector<std::string> devices = cfg_.devices;
+  if (devices.empty()) devices.push_back("CPU");
+  for (int i = 1; i <= cfg_.cpu_instances; ++i) {
+    device_i& d = add_cpu_instance({.index = i, .memory = cfg_.cpu_instance_memory, .n_threads = cfg_.n_threads});
+    if (cfg_.devices.empty()) devices.emplace_back(d.name());
+  }
+  env_ = std::make_shared<actors::runtime_env>();
+  supervisor_ = actors::spawn_supervisor(*sys_, env_,
+                                         {.devices = devices, .n_threads = cfg_.n_threads, .max_restarts = cfg_.max_restarts,
+                                          .flush_delay = std::chrono::microseconds(cfg_.flush_delay_us)});
+}
+
+engine::~engine() {
+  try {
+    shutdown();
+  } catch (const std::exception&) {
+    // The actors report errors to their requesters; at destruction there is nobody left to tell.
+  }
+  own_sys_.reset();
+}
+
+actors::model_info engine::load_model(const std::string& name, const std::string& path, const load_options& o) {
+  actors::load_request r;
+  r.name = name;
+  r.path = path;
+  r.devices = o.devices;
+  r.use_mmap = o.use_mmap;
+  r.parallel = o.parallel;
+  r.n_ctx = o.n_ctx;
+  r.n_batch = o.n_batch;
+  r.n_ubatch = o.n_ubatch;
+  r.n_seq_max = o.n_seq_max;
+  r.n_threads = o.n_threads;
+  if (!o.progress) return ask<actors::model_info>(*sys_, supervisor_, actors::load_atom_v, r);
+  // Progress messages come to this thread's scoped actor, with the reply.
+  caf::scoped_actor self{*sys_};
+  r.progress = caf::actor_cast<caf::actor>(self);
+  std::optional<actors::model_info> info;
+  caf::error err;
+  // An asynchronous message: its reply (or error) arrives as an ordinary message, after the progress.
+  self->monitor(supervisor_);
+  self->send(supervisor_, actors::load_atom_v, r);
+  bool done = false;
+  self->receive_while([&] { return !done; })(
+      [&](actors::progress_atom, const actors::load_progress& p) { o.progress(p.done, p.total); },
+      [&](actors::model_info& i) {
+        info = std::move(i);
+        done = true;
+      },
+      [&](caf::error& e) {
+        err = std::move(e);
+        done = true;
+      },
+      [&](caf::down_msg& dm) {
+        err = actors::make_error(actors::errc::down, "the runtime terminated: " + caf::to_string(dm.reason));
+        done = true;
+      });
+  if (err) throw actors::request_error(err);
+  return std::move(*info);
+}
+
+void engine::load_configured_models() {
+  for (const actors::model_config& m : cfg_.models) {
+    ask<actors::model_info>(*sys_, supervisor_, actors::load_atom_v, actors::to_load_request(m));
+  }
+}
+
+void engine::unload_model(const std::string& name) {
+  if (!ask<bool>(*sys_, supervisor_, actors::unload_atom_v, name)) {
+    throw actors::request_error(actors::make_error(actors::errc::not_found, "no model named '" + name + "' is loaded"));
+  }
+}
+
+session engine::open_session(const std::string& model) {
+  return session(*sys_, ask<actors::session_actor>(*sys_, supervisor_, actors::open_atom_v, actors::session_request{model}));
+}
+
+actors::memory_breakdown engine::memory() {
+  return ask<actors::memory_breakdown>(*sys_, supervisor_, actors::get_atom_v, actors::breakdown_atom_v);
+}
+
+actors::runtime_status engine::status() {
+  return ask<actors::runtime_status>(*sys_, supervisor_, actors::get_atom_v, actors::status_atom_v);
+}
+
+actors::memory_breakdown engine::shutdown() {
+  if (stopped_) return {};
+  stopped_ = true;
+  return ask<actors::memory_breakdown>(*sys_, supervisor_, actors::shutdown_atom_v);
+}
+
+// ---- session ----
+
+session& session::operator=(session&& other) noexcept {
+  if (this != &other) {
+    close();
+    sys_ = other.sys_;
+    handle_ = std::move(other.handle_);
+    other.handle_ = nullptr;
+  }
+  return *this;
+}
+
+session::~session() { close(); }
+
+void session::close() {
+  if (!handle_) return;
+  // A round trip, so that the sequence is free for the next session when close() returns.
+  caf::scoped_actor self{*sys_};
+  self->request(handle_, std::chrono::seconds(30), actors::close_atom_v).receive([](bool) {}, [](caf::error&) {});
+  handle_ = nullptr;
+}
+
+void session::cancel() {
+  if (handle_) caf::anon_send(handle_, actors::cancel_atom_v);
+}
+
+void session::reset() {
+  if (!handle_) throw actors::request_error(actors::make_error(actors::errc::not_found, "session is closed"));
+  ask<bool>(*sys_, handle_, actors::reset_atom_v);
+}
+
+actors::generate_reply session::generate(const std::string& prompt, const actors::generation_params& p,
+                                         const token_callback& on_piece) {
+  actors::generate_request r;
+  r.prompt = prompt;
+  r.params = p;
+  return run(std::move(r), on_piece);
+}
+
+actors::generate_reply session::chat(const std::vector<actors::chat_message>& messages, const actors::generation_params& p,
+                                     const token_callback& on_piece) {
+  actors::generate_request r;
+  r.chat = true;
+  r.messages = messages;
+  r.params = p;
+  return run(std::move(r), on_piece);
+}
+
+actors::generate_reply session::run(actors::generate_request r, const token_callback& on_piece) {
+  if (!handle_) throw actors::request_error(actors::make_error(actors::errc::not_found, "session is closed"));
+  // This thread's scoped actor is the subscriber: pieces and the reply arrive in order, and the callback
+  // runs here.
+  caf::scoped_actor self{*sys_};
+  self->monitor(handle_);
+  r.subscriber = caf::actor_cast<caf::actor>(self);
+  std::string text;
+  std::vector<int32_t> tokens;
+  std::optional<actors::generate_reply> reply;
+  caf::error err;
+  bool done = false;
+  bool cancel_sent = false;
+  // An asynchronous message: its reply (or error) arrives as an ordinary message, after the pieces.
+  self->send(handle_, actors::generate_atom_v, std::move(r));
+  self->receive_while([&] { return !done; })(
+      [&](actors::token_atom, const actors::token_event& e) {
+        text += e.piece;
+        if (e.token >= 0) tokens.push_back(e.token);
+        if (on_piece && !cancel_sent && !on_piece(e.piece)) {
+          caf::anon_send(handle_, actors::cancel_atom_v);
+          cancel_sent = true;
+        }
+      },
+      [&](actors::generate_reply& rep) {
+        reply = std::move(rep);
+        done = true;
+      },
+      [&](caf::error& e) {
+        err = std::move(e);
+        done = true;
+      },
+      [&](caf::down_msg& dm) {
+        err = actors::make_error(actors::errc::down, "session terminated: " + caf::to_string(dm.reason));
+        done = true;
+      });
+  if (err) {
+    if (!actors::is(err, actors::errc::cancelled)) throw actors::request_error(err);
+    actors::generate_reply c;
+    c.text = std::move(text);
+    c.tokens = std::move(tokens);
+    c.finish = "cancelled";
+    return c;
+  }
+  return std::move(*reply);
+}
+
+}  // namespace troupe

@@ -1,0 +1,142 @@
+// The embedding API: a small C++ API over troupe's actors, for programs that want answers, not messages.
+//
+//   troupe::engine eng({.n_threads = 2});                          // its own CAF actor system
+//   eng.load_model("stories", "stories260K.gguf", {.n_ctx = 512});  // blocks until loaded (throws on error)
+//   troupe::session s = eng.open_session("stories");
+//   auto r = s.generate("Once upon a time", {.max_tokens = 32}, [](std::string_view piece) {
+//     std::cout << piece << std::flush;
+//     return true;                                                 // false cancels the answer
+//   });
+//   std::cout << eng.memory().table;                               // the memory breakdown
+//   eng.shutdown();                                                // frees everything; returns the final breakdown
+//
+// A host service with its own actor system embeds the same actors: it registers troupe's types on its
+// configuration, constructs the engine over its system, and talks to the actors directly where it wants
+// (examples/embed):
+//
+//   caf::actor_system_config cfg;
+//   troupe::actors::add_message_types(cfg);
+//   caf::actor_system sys{cfg};
+//   troupe::engine eng(sys, {});
+//   self->request(eng.supervisor(), caf::infinite, open_atom_v, session_request{"m"}).then(...);
+//
+// Calls block the calling thread with one round trip each (load, open, memory); token callbacks run on
+// the calling thread of generate() as the tokens arrive. Sessions must not outlive their engine. Errors
+// from the actors are thrown as actors::request_error (with the errc); a cancelled answer is not an
+// error here: it returns with finish "cancelled" and the text streamed so far.
+#pragma once
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "actors/errors.h"
+#include "actors/runtime_config.h"
+#include "actors/runtime_env.h"
+#include "actors/session_actor.h"
+#include "actors/supervisor_actor.h"
+
+namespace troupe {
+
+// Called with each piece of generated text as it arrives; returning false cancels the answer.
+using token_callback = std::function<bool(std::string_view piece)>;
+// Load progress: (bytes loaded, bytes in all).
+using progress_callback = std::function<void(uint64_t, uint64_t)>;
+
+struct load_options {
+  std::vector<actors::device_layers> devices;  // layers per device; empty: CPU only
+  bool use_mmap = true;
+  bool parallel = true;   // load every device at once
+  uint32_t n_ctx = 2048;  // cells shared by the model's sessions
+  uint32_t n_batch = 512;
+  uint32_t n_ubatch = 512;
+  uint32_t n_seq_max = 4;  // sessions at once
+  int32_t n_threads = 0;   // decode threads; 0: all
+  progress_callback progress;
+};
+
+class engine;
+
+// A conversation on one model (a session actor). Move-only; closed by close() or its destructor.
+class session {
+ public:
+  session() = default;
+  session(session&&) noexcept = default;
+  session& operator=(session&&) noexcept;
+  session(const session&) = delete;
+  session& operator=(const session&) = delete;
+  ~session();
+
+  // Completion of a prompt; blocks until the answer is done.
+  actors::generate_reply generate(const std::string& prompt, const actors::generation_params& p = {},
+                                  const token_callback& on_piece = {});
+  // The next answer of a chat (the whole conversation, formatted with the model's chat template); the
+  // cached prefix of the previous turn is reused.
+  actors::generate_reply chat(const std::vector<actors::chat_message>& messages, const actors::generation_params& p = {},
+                              const token_callback& on_piece = {});
+  // Ends the current answer (from any thread); generate()/chat() then return with finish "cancelled".
+  void cancel();
+  // Forgets the conversation's cached tokens.
+  void reset();
+  // Leaves the model (blocks for one round trip); the session's sequence is free for others afterwards.
+  void close();
+
+  bool valid() const { return static_cast<bool>(handle_); }
+  const actors::session_actor& handle() const { return handle_; }
+
+ private:
+  friend class engine;
+  session(caf::actor_system& sys, actors::session_actor h) : sys_(&sys), handle_(std::move(h)) {}
+  actors::generate_reply run(actors::generate_request r, const token_callback& on_piece);
+
+  caf::actor_system* sys_ = nullptr;
+  actors::session_actor handle_;
+};
+
+class engine {
+ public:
+  // Starts a runtime with its own actor system. Throws troupe::error for a bad configuration.
+  explicit engine(const actors::runtime_config& cfg);
+  // Starts a runtime inside the host's actor system (configured with actors::add_message_types).
+  engine(caf::actor_system& sys, const actors::runtime_config& cfg);
+  ~engine();
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  // Loads a model; blocks until it is loaded. Throws actors::request_error.
+  actors::model_info load_model(const std::string& name, const std::string& path, const load_options& o = {});
+  // Loads the configuration's [[model]] entries.
+  void load_configured_models();
+  void unload_model(const std::string& name);
+  session open_session(const std::string& model);
+  // The memory breakdown now (table, JSON, numbers).
+  actors::memory_breakdown memory();
+  actors::runtime_status status();
+  // Stops every session and model, frees every buffer, stops the actors; returns the final breakdown (all
+  // zero). Later calls return an empty breakdown.
+  actors::memory_breakdown shutdown();
+
+  caf::actor_system& system() { return *sys_; }
+  const actors::supervisor_actor& supervisor() const { return supervisor_; }
+  // The runtime's in-process objects (for building pipeline jobs over the device actors' backends).
+  const actors::runtime_env_ptr& env() const { return env_; }
+  const actors::runtime_config& config() const { return cfg_; }
+
+ private:
+  void start();
+
+  actors::runtime_config cfg_;
+  std::unique_ptr<caf::actor_system_config> own_cfg_;
+  std::unique_ptr<caf::actor_system> own_sys_;
+  caf::actor_system* sys_ = nullptr;
+  actors::runtime_env_ptr env_;
+  actors::supervisor_actor supervisor_;
+  bool stopped_ = false;
+};
+
+}  // namespace troupe

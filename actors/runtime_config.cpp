@@ -1,0 +1,143 @@
+#include "actors/runtime_config.h"
+
+#include <toml++/toml.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace troupe::actors {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& source, const std::string& what, const toml::source_region& where) {
+  std::ostringstream os;
+  os << source;
+  if (where.begin.line > 0) os << ":" << where.begin.line;
+  os << ": " << what;
+  throw error(os.str());
+}
+
+void check_keys(const toml::table& t, const std::set<std::string>& allowed, const std::string& where,
+                const std::string& source) {
+  for (const auto& [k, v] : t) {
+    if (!allowed.count(std::string(k.str()))) {
+      fail(source, "unknown key '" + std::string(k.str()) + "' in " + where, v.source());
+    }
+  }
+}
+
+template <class T>
+T get(const toml::table& t, const char* key, T fallback, const std::string& where, const std::string& source) {
+  const toml::node* n = t.get(key);
+  if (n == nullptr) return fallback;
+  if constexpr (std::is_same_v<T, bool>) {
+    if (auto v = n->value<bool>()) return *v;
+    fail(source, where + "." + key + " must be a boolean", n->source());
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (auto v = n->value<std::string>()) return *v;
+    fail(source, where + "." + key + " must be a string", n->source());
+  } else {
+    const auto v = n->value<int64_t>();
+    if (!v || *v < 0) fail(source, where + "." + key + " must be a non-negative integer", n->source());
+    return static_cast<T>(*v);
+  }
+}
+
+}  // namespace
+
+runtime_config parse_runtime_config(std::string_view text, const std::string& source) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    fail(source, std::string(e.description()), e.source());
+  }
+  check_keys(root, {"runtime", "model"}, "the top level", source);
+  runtime_config c;
+  if (const toml::node* rn = root.get("runtime")) {
+    const toml::table* r = rn->as_table();
+    if (r == nullptr) fail(source, "[runtime] must be a table", rn->source());
+    check_keys(*r, {"devices", "cpu_instances", "cpu_instance_memory", "threads", "caf_threads", "caf_policy", "max_restarts", "flush_delay_us"},
+               "[runtime]", source);
+    if (const toml::node* d = r->get("devices")) {
+      const toml::array* a = d->as_array();
+      if (a == nullptr) fail(source, "runtime.devices must be an array of device names", d->source());
+      for (const toml::node& e : *a) {
+        const auto s = e.value<std::string>();
+        if (!s) fail(source, "runtime.devices must be an array of device names", e.source());
+        c.devices.push_back(*s);
+      }
+    }
+    c.cpu_instances = get<int>(*r, "cpu_instances", c.cpu_instances, "runtime", source);
+    c.cpu_instance_memory = get<uint64_t>(*r, "cpu_instance_memory", c.cpu_instance_memory, "runtime", source);
+    c.n_threads = get<int>(*r, "threads", c.n_threads, "runtime", source);
+    c.caf_threads = get<int>(*r, "caf_threads", c.caf_threads, "runtime", source);
+    c.caf_policy = get<std::string>(*r, "caf_policy", c.caf_policy, "runtime", source);
+    if (c.caf_policy != "sharing" && c.caf_policy != "stealing") {
+      fail(source, "runtime.caf_policy must be \"sharing\" or \"stealing\", not \"" + c.caf_policy + "\"",
+           r->get("caf_policy")->source());
+    }
+    c.max_restarts = get<uint32_t>(*r, "max_restarts", c.max_restarts, "runtime", source);
+    c.flush_delay_us = get<uint32_t>(*r, "flush_delay_us", c.flush_delay_us, "runtime", source);
+  }
+  if (const toml::node* mn = root.get("model")) {
+    const toml::array* models = mn->as_array();
+    if (models == nullptr) fail(source, "[[model]] must be an array of tables", mn->source());
+    for (const toml::node& node : *models) {
+      const toml::table* t = node.as_table();
+      if (t == nullptr) fail(source, "[[model]] must be an array of tables", node.source());
+      const std::string where = "[[model]]";
+      check_keys(*t, {"name", "path", "devices", "use_mmap", "n_ctx", "n_batch", "n_ubatch", "n_seq_max", "threads"}, where, source);
+      model_config m;
+      m.name = get<std::string>(*t, "name", "", "model", source);
+      m.path = get<std::string>(*t, "path", "", "model", source);
+      if (m.name.empty() || m.path.empty()) fail(source, "a [[model]] needs a name and a path", t->source());
+      m.use_mmap = get<bool>(*t, "use_mmap", m.use_mmap, "model", source);
+      m.n_ctx = get<uint32_t>(*t, "n_ctx", m.n_ctx, "model", source);
+      m.n_batch = get<uint32_t>(*t, "n_batch", m.n_batch, "model", source);
+      m.n_ubatch = get<uint32_t>(*t, "n_ubatch", m.n_ubatch, "model", source);
+      m.n_seq_max = get<uint32_t>(*t, "n_seq_max", m.n_seq_max, "model", source);
+      m.n_threads = get<int32_t>(*t, "threads", m.n_threads, "model", source);
+      if (const toml::node* d = t->get("devices")) {
+        const toml::array* a = d->as_array();
+        if (a == nullptr) fail(source, "model.devices must be an array of {device, layers} tables", d->source());
+        for (const toml::node& e : *a) {
+          const toml::table* dt = e.as_table();
+          if (dt == nullptr) fail(source, "model.devices must be an array of {device, layers} tables", e.source());
+          check_keys(*dt, {"device", "layers"}, "model.devices", source);
+          m.devices.push_back({get<std::string>(*dt, "device", "", "model.devices", source),
+                               get<int32_t>(*dt, "layers", 0, "model.devices", source)});
+        }
+      }
+      c.models.push_back(std::move(m));
+    }
+  }
+  return c;
+}
+
+runtime_config load_runtime_config(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw error("cannot read config file '" + path.string() + "'");
+  std::ostringstream os;
+  os << in.rdbuf();
+  return parse_runtime_config(os.str(), path.string());
+}
+
+load_request to_load_request(const model_config& m) {
+  load_request r;
+  r.name = m.name;
+  r.path = m.path;
+  r.devices = m.devices;
+  r.use_mmap = m.use_mmap;
+  r.n_ctx = m.n_ctx;
+  r.n_batch = m.n_batch;
+  r.n_ubatch = m.n_ubatch;
+  r.n_seq_max = m.n_seq_max;
+  r.n_threads = m.n_threads;
+  return r;
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,175 @@
+#include "actors/session_actor.h"
+
+#include <caf/all.hpp>
+
+#include "actors/errors.h"
+#include "runtime/llm/sequence.h"
+
+namespace troupe::actors {
+
+namespace {
+
+struct session_state {
+  std::shared_ptr<const loaded_model> model;
+  scheduler_actor sched;
+  int32_t seq = -1;
+  uint64_t id = 0;
+  std::vector<llm::token_id> cached;        // tokens the sequence holds from earlier turns
+  std::unique_ptr<llm::sequence> current;   // the answer in progress
+  caf::typed_response_promise<generate_reply> promise;
+  caf::actor subscriber;
+  bool cancelled = false;
+  static inline const char* name = "troupe.session";
+
+  ~session_state() {
+    // Terminated mid-answer (shut down, killed): the requester gets an error, never a hang.
+    if (current && !cancelled) promise.deliver(make_error(errc::down, "session " + std::to_string(id) + " terminated"));
+  }
+};
+
+using session_ptr = session_actor::stateful_pointer<session_state>;
+
+llm::generate_params to_params(const generation_params& g) {
+  llm::generate_params p;
+  p.max_tokens = g.max_tokens;
+  p.stop = g.stop;
+  p.sampling.seed = g.seed;
+  p.sampling.temperature = g.temperature;
+  p.sampling.top_k = g.top_k;
+  p.sampling.top_p = g.top_p;
+  p.sampling.min_p = g.min_p;
+  p.sampling.penalty_last_n = g.penalty_last_n;
+  p.sampling.repeat_penalty = g.repeat_penalty;
+  p.sampling.frequency_penalty = g.frequency_penalty;
+  p.sampling.presence_penalty = g.presence_penalty;
+  return p;
+}
+
+// The answer is over (done, failed or cancelled): the cache keeps what the sequence decoded.
+void end_answer(session_ptr self) {
+  auto& st = self->state;
+  if (st.current) st.cached = st.current->cached();
+  st.current.reset();
+  st.subscriber = nullptr;
+  st.cancelled = false;
+  self->send(st.sched, end_atom_v, st.seq);
+}
+
+void send_step(session_ptr self) {
+  auto& st = self->state;
+  const llm::sequence_step& step = st.current->pending();
+  self->request(st.sched, caf::infinite, step_atom_v, decode_step{st.seq, step.keep, step.tokens})
+      .then(
+          [self](step_logits& l) {
+            auto& s = self->state;
+            if (!s.current) return;
+            if (s.cancelled) {  // the requester already has its error
+              end_answer(self);
+              return;
+            }
+            llm::sequence_output out;
+            try {
+              out = s.current->advance(l.logits);
+            } catch (const std::exception& e) {
+              s.promise.deliver(error_from(e));
+              end_answer(self);
+              return;
+            }
+            if (!out.piece.empty() && s.subscriber) {
+              caf::anon_send(s.subscriber, token_atom_v, token_event{s.id, out.piece, out.token});
+            }
+            if (!out.done) {
+              send_step(self);
+              return;
+            }
+            const llm::generate_result& r = s.current->result();
+            generate_reply reply{s.id, r.text, r.finish, r.tokens, r.n_prompt, r.n_prompt_decoded, r.prompt_seconds,
+                                 r.gen_seconds};
+            end_answer(self);
+            s.promise.deliver(std::move(reply));
+          },
+          [self](const caf::error& e) {
+            auto& s = self->state;
+            if (!s.current) return;
+            if (!s.cancelled) s.promise.deliver(e);
+            end_answer(self);
+          });
+}
+
+session_actor::behavior_type session(session_ptr self, std::shared_ptr<const loaded_model> model, scheduler_actor sched,
+                                     uint64_t id) {
+  auto& init = self->state;
+  init.model = std::move(model);
+  init.sched = std::move(sched);
+  init.id = id;
+  return {
+      [self](generate_atom, const generate_request& r) -> caf::result<generate_reply> {
+        auto& st = self->state;
+        if (st.current) return make_error(errc::busy, "session " + std::to_string(st.id) + " is already answering");
+        if (st.seq < 0) return make_error(errc::down, "session " + std::to_string(st.id) + " has no sequence");
+        try {
+          std::vector<llm::token_id> prompt;
+          if (r.chat) {
+            std::vector<llm::chat_message> chat;
+            for (const chat_message& m : r.messages) chat.push_back({m.role, m.content});
+            prompt = st.model->vocab->tokenize(st.model->chat->apply(chat, true), true, true);
+          } else {
+            prompt = st.model->vocab->tokenize(r.prompt, true);
+          }
+          st.current = std::make_unique<llm::sequence>(*st.model->vocab, st.cached, prompt, to_params(r.params),
+                                                       st.model->request.n_ctx);
+        } catch (const std::exception& e) {
+          st.current.reset();
+          return error_from(e);
+        }
+        st.subscriber = r.subscriber;
+        st.cancelled = false;
+        st.promise = self->make_response_promise<generate_reply>();
+        send_step(self);
+        return st.promise;
+      },
+      [self](cancel_atom) {
+        auto& st = self->state;
+        if (!st.current || st.cancelled) return;
+        st.cancelled = true;
+        st.current->cancel();
+        st.promise.deliver(make_error(errc::cancelled, "session " + std::to_string(st.id) + ": answer cancelled"));
+        // The step in flight still comes back (end_answer then); the scheduler stops waiting for us now.
+        self->send(st.sched, end_atom_v, st.seq);
+      },
+      [self](reset_atom) -> caf::result<bool> {
+        auto& st = self->state;
+        if (st.current) return make_error(errc::busy, "session " + std::to_string(st.id) + " is answering");
+        st.cached.clear();
+        return true;
+      },
+      [self](close_atom) -> caf::result<bool> {
+        auto& st = self->state;
+        if (st.current && !st.cancelled) {
+          st.cancelled = true;
+          st.promise.deliver(make_error(errc::cancelled, "session " + std::to_string(st.id) + " closed"));
+        }
+        auto rp = self->make_response_promise<bool>();
+        self->request(st.sched, caf::infinite, detach_atom_v, st.seq)
+            .then([self, rp](bool) mutable {
+                    rp.deliver(true);
+                    self->quit();
+                  },
+                  [self, rp](const caf::error&) mutable {
+                    rp.deliver(true);
+                    self->quit();
+                  });
+        return rp;
+      },
+      [self](attach_atom, int32_t seq) { self->state.seq = seq; },
+  };
+}
+
+}  // namespace
+
+session_actor spawn_session_actor(caf::actor_system& sys, std::shared_ptr<const loaded_model> model,
+                                  scheduler_actor scheduler, uint64_t id) {
+  return sys.spawn(session, std::move(model), std::move(scheduler), id);
+}
+
+}  // namespace troupe::actors

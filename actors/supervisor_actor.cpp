@@ -1,0 +1,333 @@
+#include "actors/supervisor_actor.h"
+
+#include <caf/all.hpp>
+
+#include <map>
+#include <set>
+
+#include "actors/allocator_actor.h"
+#include "actors/device_actor.h"
+#include "actors/errors.h"
+#include "actors/loader_actor.h"
+#include "actors/memory_accountant_actor.h"
+#include "actors/scheduler_actor.h"
+#include "runtime/log.h"
+
+namespace troupe::actors {
+
+namespace {
+
+struct device_entry {
+  device_actor actor;
+  allocator_actor allocator;
+  actor_status status;
+};
+
+struct model_entry {
+  scheduler_actor sched;
+  std::set<session_actor> sessions;
+  actor_status status;
+};
+
+struct supervisor_state {
+  runtime_env_ptr env;
+  supervisor_params params;
+  memory_accountant_actor accountant;
+  loader_actor loader;
+  scheduler_actor graphs;
+  std::vector<std::string> device_order;
+  std::map<std::string, device_entry> devices;
+  std::map<std::string, allocator_actor> allocators;  // by buffer type name
+  std::map<std::string, model_entry> models;
+  actor_status loader_status{"loader"};
+  uint64_t next_session = 1;
+  bool shutting_down = false;
+  static inline const char* name = "troupe.supervisor";
+};
+
+using supervisor_ptr = supervisor_actor::stateful_pointer<supervisor_state>;
+
+// Tells the actors that dispatch to devices which actor serves a device now.
+void announce_device(supervisor_ptr self, const std::string& name) {
+  auto& st = self->state;
+  const caf::actor dev = caf::actor_cast<caf::actor>(st.devices.at(name).actor);
+  self->send(st.loader, device_atom_v, name, dev);
+  self->send(st.graphs, device_atom_v, name, dev);
+  for (auto& [m, e] : st.models) self->send(e.sched, device_atom_v, name, dev);
+}
+
+void start_device(supervisor_ptr self, const std::string& name) {
+  auto& st = self->state;
+  device_entry& e = st.devices[name];
+  e.actor = spawn_device_actor(self->system(), st.env, name, st.accountant, {.n_threads = st.params.n_threads});
+  self->monitor(e.actor);
+  e.status.name = "device:" + name;
+  e.status.up = true;
+}
+
+void start_loader(supervisor_ptr self) {
+  auto& st = self->state;
+  st.loader = spawn_loader_actor(self->system(), st.env, st.accountant);
+  self->monitor(st.loader);
+  st.loader_status.up = true;
+  for (auto& [name, e] : st.devices) self->send(st.loader, device_atom_v, name, caf::actor_cast<caf::actor>(e.actor));
+}
+
+scheduler_actor start_scheduler(supervisor_ptr self, const std::string& model) {
+  auto& st = self->state;
+  scheduler_actor s = spawn_scheduler_actor(self->system(), st.env, st.accountant,
+                                            {.model = model, .allocators = st.allocators, .flush_delay = st.params.flush_delay});
+  self->monitor(s);
+  for (auto& [name, e] : st.devices) self->send(s, device_atom_v, name, caf::actor_cast<caf::actor>(e.actor));
+  return s;
+}
+
+void on_down(supervisor_ptr self, const caf::down_msg& dm) {
+  auto& st = self->state;
+  if (st.shutting_down) return;
+  const std::string why = caf::to_string(dm.reason);
+  for (auto& [name, e] : st.devices) {
+    if (e.actor.address() != dm.source) continue;
+    e.status.last_error = why;
+    if (e.status.restarts >= st.params.max_restarts) {
+      e.status.up = false;
+      TROUPE_LOG(warn, "supervisor: device actor " << name << " is down (" << why << "), not restarted again");
+      return;
+    }
+    ++e.status.restarts;
+    TROUPE_LOG(warn, "supervisor: device actor " << name << " terminated (" << why << "), restarting");
+    try {
+      start_device(self, name);
+      announce_device(self, name);
+    } catch (const std::exception& ex) {
+      e.status.up = false;
+      e.status.last_error = ex.what();
+    }
+    return;
+  }
+  if (st.loader.address() == dm.source) {
+    st.loader_status.last_error = why;
+    if (st.loader_status.restarts >= st.params.max_restarts) {
+      st.loader_status.up = false;
+      return;
+    }
+    ++st.loader_status.restarts;
+    start_loader(self);
+    return;
+  }
+  for (auto& [name, m] : st.models) {
+    if (m.sched.address() == dm.source) {
+      m.status.up = false;
+      m.status.last_error = why;
+      TROUPE_LOG(warn, "supervisor: the scheduler of model " << name << " terminated (" << why << "); model marked down");
+      return;
+    }
+    for (auto it = m.sessions.begin(); it != m.sessions.end(); ++it) {
+      if (it->address() == dm.source) {
+        m.sessions.erase(it);
+        return;
+      }
+    }
+  }
+}
+
+// Stops a model's sessions and scheduler and releases its context and weights; `done` runs afterwards.
+void stop_model(supervisor_ptr self, const std::string& name, std::function<void()> done) {
+  auto& st = self->state;
+  const auto it = st.models.find(name);
+  if (it == st.models.end()) {
+    done();
+    return;
+  }
+  for (const session_actor& s : it->second.sessions) self->send_exit(s, caf::exit_reason::user_shutdown);
+  scheduler_actor sched = it->second.sched;
+  st.models.erase(it);
+  auto unload = [self, name, sched, done] {
+    self->send_exit(sched, caf::exit_reason::user_shutdown);
+    self->request(self->state.loader, caf::infinite, unload_atom_v, name)
+        .then([done](bool) { done(); },
+              [done, name](const caf::error& e) {
+                TROUPE_LOG(warn, "supervisor: unloading " << name << ": " << describe(e));
+                done();
+              });
+  };
+  self->request(sched, caf::infinite, release_atom_v).then([unload](bool) { unload(); }, [unload](const caf::error&) { unload(); });
+}
+
+supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr env, supervisor_params p) {
+  auto& init = self->state;
+  init.env = env;
+  init.params = std::move(p);
+  init.accountant = spawn_memory_accountant(self->system());
+  self->monitor(init.accountant);
+  for (const std::string& name : init.params.devices) {
+    if (init.devices.count(name)) continue;
+    init.device_order.push_back(name);
+    start_device(self, name);
+    device_entry& e = init.devices.at(name);
+    e.allocator = spawn_allocator_actor(self->system(), env, name, init.accountant);
+    self->monitor(e.allocator);
+    device_i* dev = registry::instance().find(name);
+    init.allocators[std::string(dev->buffer_type().name())] = e.allocator;
+  }
+  init.graphs = spawn_scheduler_actor(self->system(), env, init.accountant, {.allocators = init.allocators});
+  self->monitor(init.graphs);
+  for (auto& [name, e] : init.devices) self->send(init.graphs, device_atom_v, name, caf::actor_cast<caf::actor>(e.actor));
+  start_loader(self);
+  self->set_down_handler([self](const caf::down_msg& dm) { on_down(self, dm); });
+
+  return {
+      [self](load_atom, const load_request& r) -> caf::result<model_info> {
+        auto& st = self->state;
+        if (st.shutting_down) return make_error(errc::down, "the runtime is shutting down");
+        if (!st.loader_status.up) return make_error(errc::down, "the loader is down");
+        for (const device_layers& d : r.devices) {
+          const auto it = st.devices.find(d.device);
+          if (it == st.devices.end()) return make_error(errc::not_found, "no device actor for device '" + d.device + "'");
+          if (!it->second.status.up) return make_error(errc::down, "device " + d.device + " is down");
+        }
+        auto rp = self->make_response_promise<model_info>();
+        self->request(st.loader, caf::infinite, load_atom_v, r)
+            .then(
+                [self, rp](const model_info& info) mutable {
+                  auto& s = self->state;
+                  model_entry& e = s.models[info.name];
+                  e.sched = start_scheduler(self, info.name);
+                  e.status.name = "model:" + info.name;
+                  e.status.up = true;
+                  rp.deliver(info);
+                },
+                [rp](const caf::error& e) mutable { rp.deliver(e); });
+        return rp;
+      },
+      [self](unload_atom, const std::string& name) -> caf::result<bool> {
+        auto& st = self->state;
+        if (!st.models.count(name)) return false;
+        auto rp = self->make_response_promise<bool>();
+        stop_model(self, name, [rp]() mutable { rp.deliver(true); });
+        return rp;
+      },
+      [self](open_atom, const session_request& r) -> caf::result<session_actor> {
+        auto& st = self->state;
+        const auto it = st.models.find(r.model);
+        if (it == st.models.end()) return make_error(errc::not_found, "no model named '" + r.model + "' is loaded");
+        if (!it->second.status.up) return make_error(errc::down, "model " + r.model + " is down: " + it->second.status.last_error);
+        std::shared_ptr<const loaded_model> m = st.env->model(r.model);
+        if (!m) return make_error(errc::not_found, "model " + r.model + " has no weights");
+        const session_actor s = spawn_session_actor(self->system(), m, it->second.sched, st.next_session++);
+        auto rp = self->make_response_promise<session_actor>();
+        const std::string model = r.model;
+        self->request(it->second.sched, caf::infinite, attach_atom_v, caf::actor_cast<caf::actor>(s))
+            .then(
+                [self, rp, s, model](int32_t seq) mutable {
+                  self->send(s, attach_atom_v, seq);
+                  const auto m2 = self->state.models.find(model);
+                  if (m2 != self->state.models.end()) {
+                    m2->second.sessions.insert(s);
+                    self->monitor(s);
+                  }
+                  rp.deliver(s);
+                },
+                [self, rp, s](const caf::error& e) mutable {
+                  self->send_exit(s, caf::exit_reason::user_shutdown);
+                  rp.deliver(e);
+                });
+        return rp;
+      },
+      [self](get_atom, breakdown_atom) -> caf::result<memory_breakdown> {
+        auto rp = self->make_response_promise<memory_breakdown>();
+        self->request(self->state.accountant, caf::infinite, get_atom_v, breakdown_atom_v)
+            .then([rp](const memory_breakdown& b) mutable { rp.deliver(b); },
+                  [rp](const caf::error& e) mutable { rp.deliver(e); });
+        return rp;
+      },
+      [self](get_atom, status_atom) {
+        auto& st = self->state;
+        runtime_status s;
+        for (const std::string& name : st.device_order) s.actors.push_back(st.devices.at(name).status);
+        s.actors.push_back(st.loader_status);
+        for (const auto& [name, m] : st.models) {
+          s.actors.push_back(m.status);
+          s.models.push_back(name);
+        }
+        return s;
+      },
+      [self](get_atom, directory_atom) {
+        auto& st = self->state;
+        actor_directory d;
+        d.accountant = caf::actor_cast<caf::actor>(st.accountant);
+        d.loader = caf::actor_cast<caf::actor>(st.loader);
+        for (const std::string& name : st.device_order) {
+          d.device_names.push_back(name);
+          d.devices.push_back(caf::actor_cast<caf::actor>(st.devices.at(name).actor));
+          d.allocators.push_back(caf::actor_cast<caf::actor>(st.devices.at(name).allocator));
+        }
+        for (const auto& [name, m] : st.models) {
+          d.model_names.push_back(name);
+          d.schedulers.push_back(caf::actor_cast<caf::actor>(m.sched));
+        }
+        d.graphs = caf::actor_cast<caf::actor>(st.graphs);
+        return d;
+      },
+      [self](cancel_atom, const std::string& name) { self->send(self->state.loader, cancel_atom_v, name); },
+      [self](shutdown_atom) -> caf::result<memory_breakdown> {
+        auto& st = self->state;
+        if (st.shutting_down) return make_error(errc::down, "already shutting down");
+        st.shutting_down = true;
+        auto rp = self->make_response_promise<memory_breakdown>();
+        // After the models: every device's and allocator's buffers, then the final breakdown, then exit.
+        auto finish = [self, rp]() mutable {
+          auto& s = self->state;
+          auto left = std::make_shared<size_t>(2 * s.devices.size() + 1);
+          auto last = [self, rp, left]() mutable {
+            if (--*left > 0) return;
+            self->request(self->state.accountant, caf::infinite, get_atom_v, breakdown_atom_v)
+                .then(
+                    [self, rp](const memory_breakdown& b) mutable {
+                      rp.deliver(b);
+                      auto& s2 = self->state;
+                      for (auto& [n, e] : s2.devices) {
+                        self->send_exit(e.actor, caf::exit_reason::user_shutdown);
+                        self->send_exit(e.allocator, caf::exit_reason::user_shutdown);
+                      }
+                      self->send_exit(s2.loader, caf::exit_reason::user_shutdown);
+                      self->send_exit(s2.graphs, caf::exit_reason::user_shutdown);
+                      self->send_exit(s2.accountant, caf::exit_reason::user_shutdown);
+                      self->quit();
+                    },
+                    [self, rp](const caf::error& e) mutable {
+                      rp.deliver(e);
+                      self->quit();
+                    });
+          };
+          for (auto& [n, e] : s.devices) {
+            self->request(e.actor, caf::infinite, free_atom_v, uint64_t{0}).then([last](uint64_t) mutable { last(); },
+                                                                                [last](const caf::error&) mutable { last(); });
+            self->request(e.allocator, caf::infinite, release_atom_v, std::string())
+                .then([last](uint64_t) mutable { last(); }, [last](const caf::error&) mutable { last(); });
+          }
+          last();
+        };
+        std::vector<std::string> names;
+        for (const auto& [name, m] : st.models) names.push_back(name);
+        auto left = std::make_shared<size_t>(names.size() + 1);
+        auto model_done = [left, finish]() mutable {
+          if (--*left == 0) finish();
+        };
+        for (const std::string& name : names) stop_model(self, name, model_done);
+        model_done();
+        return rp;
+      },
+  };
+}
+
+}  // namespace
+
+supervisor_actor spawn_supervisor(caf::actor_system& sys, runtime_env_ptr env, const supervisor_params& p) {
+  for (const std::string& name : p.devices) {
+    if (registry::instance().find(name) == nullptr) throw error("supervisor: no device named '" + name + "' is registered");
+  }
+  return sys.spawn(supervisor, std::move(env), p);
+}
+
+}  // namespace troupe::actors

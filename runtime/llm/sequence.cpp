@@ -1,0 +1,109 @@
+#include "runtime/llm/sequence.h"
+
+#include <algorithm>
+
+#include "runtime/error.h"
+
+namespace troupe::llm {
+
+sequence::sequence(const vocab& v, std::span<const token_id> cached, std::span<const token_id> prompt,
+                   const generate_params& p, uint32_t n_ctx)
+    : vocab_(v), params_(p), n_ctx_(n_ctx), chain_(p.sampling), detok_(v) {
+  result_.n_prompt = static_cast<int32_t>(prompt.size());
+  if (prompt.empty()) throw error("generate: empty prompt");
+  if (prompt.size() >= n_ctx) {
+    throw capacity_error("generate: the prompt has " + std::to_string(prompt.size()) + " tokens, the context holds " +
+                         std::to_string(n_ctx));
+  }
+  // Reuse the cached prefix; always decode at least the last prompt token to get its logits.
+  size_t common = 0;
+  while (common < cached.size() && common < prompt.size() && cached[common] == prompt[common]) ++common;
+  if (common == prompt.size()) --common;
+  cached_.assign(cached.begin(), cached.begin() + static_cast<std::ptrdiff_t>(common));
+  pending_.keep = static_cast<int32_t>(common);
+  pending_.tokens.assign(prompt.begin() + static_cast<std::ptrdiff_t>(common), prompt.end());
+  result_.n_prompt_decoded = static_cast<int32_t>(prompt.size() - common);
+  for (token_id t : prompt) chain_.accept(t);
+  result_.finish = "length";
+  t0_ = std::chrono::steady_clock::now();
+}
+
+sequence_output sequence::finish(std::string finish, bool flush) {
+  sequence_output out;
+  result_.finish = std::move(finish);
+  if (flush) result_.text += detok_.flush();
+  if (result_.finish != "cancelled" && result_.text.size() > held_) {
+    out.piece = result_.text.substr(held_);
+    held_ = result_.text.size();
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (in_prompt_) {
+    result_.prompt_seconds = std::chrono::duration<double>(now - t0_).count();
+    t1_ = now;
+  }
+  result_.gen_seconds = std::chrono::duration<double>(now - t1_).count();
+  pending_.tokens.clear();
+  pending_.keep = static_cast<int32_t>(cached_.size());
+  done_ = true;
+  out.done = true;
+  return out;
+}
+
+void sequence::cancel() {
+  if (done_) return;
+  finish("cancelled", false);
+}
+
+sequence_output sequence::advance(std::span<const float> logits) {
+  if (done_) throw error("sequence: advance after the answer is done");
+  cached_.insert(cached_.end(), pending_.tokens.begin(), pending_.tokens.end());
+  if (in_prompt_) {
+    t1_ = std::chrono::steady_clock::now();
+    result_.prompt_seconds = std::chrono::duration<double>(t1_ - t0_).count();
+    in_prompt_ = false;
+  }
+  // As generator::generate: up to max_tokens samples, each decoded after it is streamed.
+  if (n_sampled_ >= params_.max_tokens || cached_.size() + 1 >= n_ctx_) return finish("length", true);
+  const token_id t = chain_.sample(logits);
+  chain_.accept(t);
+  ++n_sampled_;
+  if (vocab_.is_eog(t)) return finish("stop", true);
+  result_.tokens.push_back(t);
+  result_.text += detok_.push(t);
+  // Stop strings: cut the text before the first match; hold back a tail that may begin one.
+  bool stopped = false;
+  size_t safe = result_.text.size();
+  for (const std::string& s : params_.stop) {
+    if (s.empty()) continue;
+    const size_t at = result_.text.find(s);
+    if (at != std::string::npos) {
+      result_.text.resize(at);
+      safe = std::min(safe, at);
+      stopped = true;
+    } else {
+      for (size_t k = std::min(s.size() - 1, result_.text.size()); k > 0; --k) {
+        if (result_.text.compare(result_.text.size() - k, k, s, 0, k) == 0) {
+          safe = std::min(safe, result_.text.size() - k);
+          break;
+        }
+      }
+    }
+  }
+  sequence_output out;
+  out.token = t;
+  if (safe > held_) {
+    out.piece = result_.text.substr(held_, safe - held_);
+    held_ = safe;
+  }
+  if (stopped) {
+    sequence_output last = finish("stop", false);
+    last.piece = out.piece + last.piece;
+    last.token = t;
+    return last;
+  }
+  pending_.keep = static_cast<int32_t>(cached_.size());
+  pending_.tokens.assign(1, t);
+  return out;
+}
+
+}  // namespace troupe::llm

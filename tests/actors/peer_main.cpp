@@ -1,0 +1,94 @@
+// actors_peer: the other process of tests/actors/test_remote.cpp. It embeds troupe's actors in its own CAF
+// actor system (devices CPU and CPU1), publishes the supervisor on 127.0.0.1 (an ephemeral port), prepares
+// in-process objects that messages refer to by id (a pipeline job, a graph, a staged load), prints
+//
+//   port <n>
+//   pipeline <id>
+//   graph <id>
+//   load <id>
+//   ready
+//
+// and serves until its standard input closes (the test holds the other end) or 120 s pass.
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <poll.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "actors/runtime.h"
+#include "runtime/ops.h"
+#include "tests/actors/pipeline_fixture.h"
+
+using namespace troupe;
+
+int main() {
+  caf::actor_system_config cfg;
+  actors::add_message_types(cfg);
+  cfg.load<caf::io::middleman>();
+  cfg.set("scheduler.max-threads", 2);
+  caf::actor_system sys{cfg};
+  int rc = 0;
+  {
+    engine eng(sys, {.cpu_instances = 1, .n_threads = 1});
+    // The device actors register their backends as they start.
+    backend_i* cpu1 = nullptr;
+    backend_i* cpu = nullptr;
+    for (int i = 0; i < 500 && (cpu1 == nullptr || cpu == nullptr); ++i) {
+      cpu1 = eng.env()->backend("CPU1");
+      cpu = eng.env()->backend("CPU");
+      if (cpu1 == nullptr || cpu == nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (cpu1 == nullptr || cpu == nullptr) {
+      std::fprintf(stderr, "actors_peer: device actors did not start\n");
+      return 1;
+    }
+    const auto port = sys.middleman().publish(eng.supervisor(), 0, "127.0.0.1", true);
+    if (!port) {
+      std::fprintf(stderr, "actors_peer: publish failed: %s\n", sys.render(port.error()).c_str());
+      return 1;
+    }
+
+    test::pipeline_fixture pipe(*cpu1, *cpu, 2, 64, 4);
+    const uint64_t pipeline_id = eng.env()->objects.put(pipe.job);
+
+    context gctx({.max_tensors = 8, .no_alloc = true});
+    tensor* x = gctx.new_tensor_2d(type::f32, 256, 4);
+    x->flags |= flag_input;
+    auto g = std::make_shared<graph>();
+    g->build_forward_expand(scale(gctx, rms_norm(gctx, x, 1e-5f), 3.0f));
+    const uint64_t graph_id = eng.env()->objects.put(g);
+
+    auto load = std::make_shared<actors::staged_load>();
+    load->model = "staged";
+    load->opened = llm::model::open(TROUPE_TEST_MODEL_DIR "/stories260K.gguf",
+                                    {.devices = {{registry::instance().find("CPU1"), 5}}});
+    load->job = std::make_unique<load_job>(load->opened->loader().begin(load->opened->plan(), {}));
+    const uint64_t load_id = eng.env()->objects.put(load);
+
+    std::printf("port %u\npipeline %llu\ngraph %llu\nload %llu\nready\n", static_cast<unsigned>(*port),
+                static_cast<unsigned long long>(pipeline_id), static_cast<unsigned long long>(graph_id),
+                static_cast<unsigned long long>(load_id));
+    std::fflush(stdout);
+
+    // Serve until stdin closes, at most 120 s.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    for (;;) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        rc = 2;
+        break;
+      }
+      pollfd p{STDIN_FILENO, POLLIN, 0};
+      if (poll(&p, 1, 200) > 0) {
+        char buf[64];
+        if (read(STDIN_FILENO, buf, sizeof buf) <= 0) break;
+      }
+    }
+    eng.env()->objects.erase(pipeline_id);
+    eng.env()->objects.erase(graph_id);
+    eng.env()->objects.erase(load_id);
+  }
+  return rc;
+}

@@ -1,0 +1,71 @@
+// The actor runtime in one process, through the embedding API: loading, sessions, streaming, the memory
+// breakdown at every stage, shutdown to zero; the same tokens as the synchronous generator.
+#include <catch2/catch.hpp>
+
+#include "actors/runtime.h"
+#include "runtime/llm/generator.h"
+#include "tests/test_models.h"
+
+using namespace troupe;
+using namespace troupe::actors;
+
+namespace {
+
+generation_params greedy(int n) {
+  generation_params p;
+  p.max_tokens = n;
+  p.temperature = 0.0f;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("engine: load, generate with streaming, the generator's tokens, memory to zero at shutdown", "[actors][engine]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  engine eng({.n_threads = 2});
+  const model_info info = eng.load_model("stories", path->string(), {.n_ctx = 256, .n_seq_max = 2, .n_threads = 2});
+  CHECK(info.n_layer == 5);
+  CHECK(info.weight_bytes > 0);
+
+  // After load: model bytes equal the weights, nothing else yet.
+  auto m = llm::model::load(*path);
+  uint64_t weights = 0;
+  for (const auto& [b, n] : m->weight_bytes()) weights += n;
+  memory_breakdown b = eng.memory();
+  CHECK(b.model == weights);
+  CHECK(b.model == info.weight_bytes);
+  CHECK(b.context == 0);
+  CHECK(b.compute == 0);
+
+  session s = eng.open_session("stories");
+  b = eng.memory();
+  llm::llm_context ref_ctx(*m, {.n_ctx = 256, .n_seq_max = 2, .n_threads = 2});
+  CHECK(b.context == ref_ctx.kv().bytes());
+  CHECK(b.compute == ref_ctx.compute_bytes());
+  CHECK(b.compute > 0);
+  CHECK(b.table.find("Host") != std::string::npos);
+
+  std::string streamed;
+  const generate_reply r = s.generate("Once upon a time", greedy(24), [&](std::string_view piece) {
+    streamed += piece;
+    return true;
+  });
+  llm::vocab v(m->meta());
+  llm::llm_context c(*m, {.n_ctx = 256, .n_threads = 2});
+  llm::generator gen(c, v);
+  llm::generate_params gp;
+  gp.max_tokens = 24;
+  gp.sampling.temperature = 0.0f;
+  const llm::generate_result ref = gen.generate(v.tokenize("Once upon a time", true), gp);
+  CHECK(r.tokens == ref.tokens);
+  CHECK(r.text == ref.text);
+  CHECK(streamed == ref.text);
+  CHECK(r.finish == ref.finish);
+
+  const memory_breakdown final_b = eng.shutdown();
+  CHECK(final_b.model == 0);
+  CHECK(final_b.context == 0);
+  CHECK(final_b.compute == 0);
+  CHECK(final_b.n_rejected == 0);
+}

@@ -1,0 +1,114 @@
+// The programs users run, on bad input: a clear message and exit code 1, never a crash. And the q8_0 KV
+// cache on a model whose heads allow it.
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cstdio>
+#include <string>
+#include <sys/wait.h>
+
+#include "loader/gguf_writer.h"
+#include "runtime/llm/generator.h"
+#include "tests/llm/synthetic_model.h"
+#include "tests/test_models.h"
+
+using namespace troupe;
+
+namespace {
+
+struct run_result {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+run_result run(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1 < /dev/null").c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+const std::string chat = TROUPE_CHAT_BIN;
+const std::string troupe_bin = TROUPE_BIN;
+
+}  // namespace
+
+TEST_CASE("troupe-chat and troupe refuse bad input with a message and exit code 1", "[programs]") {
+  auto r = run(chat + " -m /nonexistent/model.gguf -p hi --no-chat");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.output, Catch::Contains("does not exist"));
+
+  // An architecture troupe has no graph for.
+  const auto mamba = std::filesystem::temp_directory_path() / "troupe_mamba.gguf";
+  {
+    gguf_writer w;
+    w.add("general.architecture", std::string("mamba"));
+    std::vector<float> x(64, 0.0f);
+    w.add_tensor("token_embd.weight", type::f32, {8, 8}, std::as_bytes(std::span(x)));
+    w.write_file(mamba);
+  }
+  r = run(chat + " -m " + mamba.string() + " -p hi --no-chat");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.output, Catch::Contains("architecture 'mamba' is not supported"));
+
+  // A tensor type troupe cannot compute with.
+  const auto iq = std::filesystem::temp_directory_path() / "troupe_iq.gguf";
+  {
+    gguf_writer w;
+    w.add("general.architecture", std::string("llama"));
+    std::vector<std::byte> blob(66);
+    w.add_tensor("blk.0.ffn_up.weight", type::iq2_xxs, {256}, blob);
+    w.write_file(iq);
+  }
+  r = run(troupe_bin + " bench -m " + iq.string() + " -p 8 -n 8 -r 1");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.output, Catch::Contains("blk.0.ffn_up.weight") && Catch::Contains("iq2_xxs"));
+
+  // Not a GGUF file at all.
+  r = run(troupe_bin + " inspect " + std::string(TROUPE_CHAT_BIN));
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.output, Catch::Contains("gguf") && Catch::Contains("magic"));
+  std::filesystem::remove(mamba);
+  std::filesystem::remove(iq);
+}
+
+TEST_CASE("a prompt longer than the context is refused clearly", "[programs]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  std::string prompt;
+  for (int i = 0; i < 100; ++i) prompt += "Once upon a time ";
+  const auto r = run(chat + " -m " + path->string() + " -c 64 --no-chat -p '" + prompt + "'");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.output, Catch::Contains("the context holds 64"));
+}
+
+TEST_CASE("q8_0 KV cache: refused for heads that split blocks, usable otherwise", "[llm][kv]") {
+  const auto syn = std::filesystem::temp_directory_path() / "troupe_syn_kv.gguf";
+  testing::write_synthetic_model("llama", syn);  // head size 16
+  auto small = llm::model::load(syn);
+  CHECK_THROWS_WITH(llm::llm_context(*small, {.n_ctx = 32, .type_k = type::q8_0, .type_v = type::q8_0}),
+                    Catch::Contains("head size that is a multiple of 32"));
+  std::filesystem::remove(syn);
+
+  const auto path = test::smollm2_path();  // head size 64
+  if (!path) return;
+  auto m = llm::model::load(*path);
+  llm::vocab v(m->meta());
+  auto answer = [&](type kv) {
+    llm::llm_context ctx(*m, {.n_ctx = 128, .type_k = kv, .type_v = kv, .n_threads = 2});
+    llm::generator gen(ctx, v);
+    llm::generate_params p;
+    p.max_tokens = 8;
+    p.sampling.temperature = 0.0f;
+    return gen.generate(v.tokenize("The capital of France is", true), p).text;
+  };
+  const std::string f16 = answer(type::f16);
+  const std::string q8 = answer(type::q8_0);
+  INFO("f16: " << f16 << " | q8_0: " << q8);
+  CHECK(f16.find("Paris") != std::string::npos);
+  CHECK(q8.find("Paris") != std::string::npos);
+}
