@@ -36,7 +36,7 @@ size_t work_size(const tensor& node, int nth, bool reference);
 
 // Matrix products whose b has at least this many rows (tokens) per plane run as OpenBLAS sgemm when troupe
 // is built with it (never in reference mode). The defaults are the crossovers measured by bench_cpu_ops
-// (docs/performance.md), one for f32 weights and one for the types that must be dequantized first.
+// (docs/performance.md), per weight type.
 int64_t blas_min_batch(type weights);
 // Overrides blas_min_batch for every weight type, process-wide (benchmarks measuring the crossover):
 // n > 0 sets it, n < 0 turns BLAS off, 0 restores the defaults.

@@ -10,10 +10,16 @@
 #include <string>
 
 #include "backends/cpu/kernels_internal.h"
+#include "backends/cpu/simd/simd.h"
 
 namespace troupe::cpu::detail {
 
 namespace {
+
+// The reference functions in reference mode, else the active SIMD table's (bit-identical conversions).
+const simd::kernel_table& kernels_for(const compute_params& params) {
+  return params.reference ? simd::table(isa::scalar) : simd::active_table();
+}
 
 // Walks a tensor's units (elements, or blocks of a block type) in row-major order of its dimensions.
 struct flat_cursor {
@@ -176,7 +182,7 @@ void compute_cpy(const compute_params& params, tensor& node) {
       require_work(params, node, per_thread * static_cast<size_t>(params.nth));
       float* buf = reinterpret_cast<float*>(params.wdata + per_thread * static_cast<size_t>(params.ith));
       tensor bt = buffer_tensor(buf, ne0);
-      const from_float_fn quantize = traits(node.type).from_float_ref;
+      const from_float_fn quantize = kernels_for(params).quantize(node.type);
       const item_range rows = split_range(nrows(node), params.ith, params.nth);
       for (int64_t r = rows.begin; r < rows.end; ++r) {
         char* pd = row_addr(node, unravel_row(node, r));
@@ -200,7 +206,7 @@ void compute_cpy(const compute_params& params, tensor& node) {
       require_work(params, node, per_thread * static_cast<size_t>(params.nth));
       float* buf = reinterpret_cast<float*>(params.wdata + per_thread * static_cast<size_t>(params.ith));
       tensor bt = buffer_tensor(buf, ne0);
-      const to_float_fn dequantize = traits(src.type).to_float;
+      const to_float_fn dequantize = kernels_for(params).dequantize(src.type);
       const item_range rows = split_range(nrows(src), params.ith, params.nth);
       for (int64_t r = rows.begin; r < rows.end; ++r) {
         const char* ps = row_addr(src, unravel_row(src, r));
@@ -240,7 +246,7 @@ void compute_get_rows(const compute_params& params, tensor& node) {
   const tensor& idx = *node.src[1];
   const int64_t ne0 = a.ne[0];
   const bool plain = is_float_type(a.type);
-  const to_float_fn dequantize = traits(a.type).to_float;
+  const to_float_fn dequantize = kernels_for(params).dequantize(a.type);
   // dst is [ne0, idx.ne0, idx.ne1, idx.ne2]: dst row (i1, i2, i3) takes index idx[i1, i2, i3].
   const item_range rows = split_range(nrows(node), params.ith, params.nth);
   for (int64_t r = rows.begin; r < rows.end; ++r) {
@@ -295,7 +301,7 @@ void compute_set_rows(const compute_params& params, tensor& node) {
     require_work(params, node, per_thread * static_cast<size_t>(params.nth));
     buf = reinterpret_cast<float*>(params.wdata + per_thread * static_cast<size_t>(params.ith));
   }
-  const from_float_fn quantize = traits(node.type).from_float_ref;
+  const from_float_fn quantize = kernels_for(params).quantize(node.type);
   const bool direct = src.type == type::f32 && dense_rows(src, 4);
   // Rows of src: (i, j, k) = (i1, i2, i3); the index tensor is [n, ne1i, ne2i], broadcast over j and k.
   const item_range rows = split_range(nrows(src), params.ith, params.nth);

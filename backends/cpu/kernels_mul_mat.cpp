@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <string_view>
 
 #include "backends/cpu/kernels_internal.h"
 #include "backends/cpu/simd/simd.h"
@@ -40,10 +41,63 @@ namespace troupe::cpu {
 
 namespace {
 
-// BLAS crossover, in rows of b (tokens) per plane, measured with bench_cpu_ops (docs/performance.md): below
-// these the quantized SIMD dot products win, above them dequantizing a and running sgemm does.
-constexpr int64_t default_blas_min_batch_f32 = 32;
-constexpr int64_t default_blas_min_batch_quant = 64;
+// BLAS crossover per weight type, in rows of b (tokens) per plane: the smallest batch of the sweep (16, 32,
+// 64, ... 512) from which dequantizing a and running sgemm clearly beat the SIMD dot products (where runs
+// disagreed on a near tie, the larger batch), measured with bench_cpu_ops on 4096 x 4096 weights
+// (scripts/bench-cpu-ops; the tables are in docs/performance.md).
+//
+// The other side of the crossover is OpenBLAS's speed, which depends on the kernels it picked for the CPU:
+// its AVX-512 ones (SkylakeX, Cooperlake, SapphireRapids) run sgemm about twice as fast as its AVX2 ones
+// (Haswell, Zen; also what OPENBLAS_CORETYPE=Haswell forces), so there is one table for each. Types whose
+// dot kernels are fast for their size (q2_K, q4_K, bf16 with AVX512_BF16) cross over late; f32 needs no
+// dequantization and crosses over early.
+constexpr int64_t never = INT64_MAX;
+
+struct crossover {
+  type t;
+  int64_t avx2_blas;    // OpenBLAS with AVX2 kernels
+  int64_t avx512_blas;  // OpenBLAS with AVX-512 kernels
+};
+
+constexpr crossover crossovers[] = {
+    {type::f32, 32, 16},   {type::f16, 64, 32},   {type::bf16, 16, 16},  {type::q4_0, 64, 32},
+    {type::q4_1, 32, 32},  {type::q5_0, 64, 32},  {type::q5_1, 64, 32},  {type::q8_0, 64, 64},
+    {type::q2_K, 256, 128}, {type::q3_K, 128, 128}, {type::q4_K, 256, 64}, {type::q5_K, 64, 32},
+    {type::q6_K, 64, 32},
+};
+
+// bf16 with vdpbf16ps: never BLAS over AVX2 sgemm, from 256 over AVX-512 sgemm (a tie at 128).
+constexpr int64_t bf16_native_avx2_blas = never;
+constexpr int64_t bf16_native_avx512_blas = 256;
+
+bool blas_has_avx512_kernels() {
+#ifdef TROUPE_HAVE_BLAS
+  static const bool v = [] {
+    const std::string_view core = openblas_get_corename();
+    for (std::string_view k : {"skylakex", "cooperlake", "sapphirerapids"}) {
+      if (core.size() == k.size() &&
+          std::equal(core.begin(), core.end(), k.begin(), [](char a, char b) { return (a | 0x20) == b; })) {
+        return true;
+      }
+    }
+    return false;
+  }();
+  return v;
+#else
+  return false;
+#endif
+}
+
+int64_t default_blas_min_batch(type t) {
+  const bool avx512 = blas_has_avx512_kernels();
+  if (t == type::bf16 && simd::active_table().bf16_native) {
+    return avx512 ? bf16_native_avx512_blas : bf16_native_avx2_blas;
+  }
+  for (const crossover& c : crossovers) {
+    if (c.t == t) return avx512 ? c.avx512_blas : c.avx2_blas;
+  }
+  return 64;
+}
 
 std::atomic<int64_t> blas_min_batch_override{0};
 
@@ -52,7 +106,7 @@ std::atomic<int64_t> blas_min_batch_override{0};
 int64_t blas_min_batch(type weights) {
   const int64_t o = blas_min_batch_override.load(std::memory_order_relaxed);
   if (o != 0) return o < 0 ? INT64_MAX : o;
-  return weights == type::f32 ? default_blas_min_batch_f32 : default_blas_min_batch_quant;
+  return default_blas_min_batch(weights);
 }
 
 void set_blas_min_batch(int64_t n) { blas_min_batch_override.store(n, std::memory_order_relaxed); }
@@ -155,6 +209,7 @@ struct mm_ctx {
   const mm_plan& p;
   const uint8_t* b_conv;  // converted rows of b, or null when b is used as is
   vec_dot_fn dot;
+  simd::vec_dot_rows_fn dot_rows;  // fast path: several rows of a per call; null on the reference path
   int64_t k, m, n, ne2b, r2, r3;
 
   const void* b_row(int64_t plane, int64_t j, int64_t i2, int64_t i3) const {
@@ -167,6 +222,15 @@ struct mm_ctx {
     const int64_t i2 = plane % ne2b;
     const int64_t i3 = plane / ne2b;
     const char* a_plane = addr(a, 0, 0, i2 / r2, i3 / r3);
+    if (dot_rows != nullptr) {
+      // Column by column: the tile's rows of a (a few KiB each) stay in cache across the columns, and dst's
+      // rows are dense, so each call writes i_end - i_begin consecutive floats.
+      for (int64_t j = j_begin; j < j_end; ++j) {
+        dot_rows(k, i_end - i_begin, reinterpret_cast<float*>(addr(dst, i_begin, j, i2, i3)),
+                 a_plane + i_begin * static_cast<int64_t>(a.nb[1]), a.nb[1], b_row(plane, j, i2, i3));
+      }
+      return;
+    }
     for (int64_t i = i_begin; i < i_end; ++i) {
       const char* a_row = a_plane + i * static_cast<int64_t>(a.nb[1]);
       for (int64_t j = j_begin; j < j_end; ++j) {
@@ -198,7 +262,7 @@ void mul_mat_reference(const compute_params& params, tensor& node, const mm_plan
   const type_traits& ta = traits(a.type);
   const uint8_t* b_conv = convert_b(params, b, ta.vec_dot_type, traits(ta.vec_dot_type).from_float_ref, p);
   if (p.convert_b) params.sync();  // every thread reads every converted row
-  const mm_ctx c{a, b, node, p, b_conv, ta.vec_dot, a.ne[0], a.ne[1], b.ne[1], b.ne[2], b.ne[2] / a.ne[2],
+  const mm_ctx c{a, b, node, p, b_conv, ta.vec_dot, nullptr, a.ne[0], a.ne[1], b.ne[1], b.ne[2], b.ne[2] / a.ne[2],
                  b.ne[3] / a.ne[3]};
 
   // Tiles in order (plane, tile of b rows, tile of a rows); each thread takes a contiguous range of them.
@@ -220,8 +284,8 @@ void mul_mat_fast(const compute_params& params, tensor& node, const mm_plan& p) 
   const simd::kernel_table& kt = simd::active_table();
   const type vdt = traits(a.type).vec_dot_type;
   const uint8_t* b_conv = convert_b(params, b, vdt, kt.quantize(vdt), p);
-  const mm_ctx c{a, b, node, p, b_conv, kt.dot(a.type), a.ne[0], a.ne[1], b.ne[1], b.ne[2], b.ne[2] / a.ne[2],
-                 b.ne[3] / a.ne[3]};
+  const mm_ctx c{a,       b,       node,    p,       b_conv,  kt.dot(a.type), kt.dot_rows(a.type),
+                 a.ne[0], a.ne[1], b.ne[1], b.ne[2], b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]};
 
   // Chunk geometry: rows of a per chunk (rows_per) against b rows per chunk (cols_per).
   const int64_t n_planes = b.ne[2] * b.ne[3];

@@ -15,13 +15,15 @@ inline void cpu_relax() {
 #endif
 }
 
-// A waiter first spins with pause (a pause is ~10-40 ns: some tens of microseconds, the usual imbalance
-// between threads within an op), then polls with sched_yield (up to a few hundred microseconds, the gap
-// between back-to-back graphs), then sleeps on the atomic (futex). The yield phase matters when the machine
-// has fewer free cores than threads: a pure spin would keep the very thread it waits for off the CPU until
-// the scheduler's time slice ends (milliseconds), while a yield hands the core over at once.
-constexpr int spin_iterations = 1 << 10;
-constexpr int yield_iterations = 1 << 9;
+// A waiter first spins with pause for a few microseconds (a pause is ~10-40 ns): long enough for a thread
+// that is running on another core to answer. Then it polls with sched_yield, up to about a millisecond (the
+// usual imbalance between threads within an op and the gap between back-to-back graphs), and finally sleeps
+// on the atomic (futex). Yielding early matters when the machine has fewer free cores than runnable
+// threads: a spinning waiter would keep the very thread it waits for off the CPU until the scheduler's time
+// slice ends, whereas a yield hands the core over at once, and costs little (one system call) when no other
+// thread wants it.
+constexpr int spin_iterations = 1 << 8;
+constexpr int yield_iterations = 1 << 11;
 
 // Waits until a.load() != old (spin, yield, then futex). Returns the new value.
 template <class T>

@@ -2,7 +2,9 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "backends/cpu/thread_pool.h"
@@ -57,4 +59,20 @@ TEST_CASE("an exception on one thread reaches the caller and releases the others
     ran++;
   });
   CHECK(ran.load() == 3);
+}
+
+TEST_CASE("runs alternate thread counts; skipped and sleeping workers still join later runs", "[thread_pool]") {
+  thread_pool pool(3);
+  std::atomic<int> total{0};
+  int expected = 0;
+  for (int i = 0; i < 3000; ++i) {
+    const int nth = 1 + i % 3;  // workers 1 and 2 sit out some runs
+    pool.run(nth, [&](int, barrier& b) {
+      b.wait();
+      total++;
+    });
+    expected += nth;
+    if (i % 1000 == 999) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let workers fall asleep
+  }
+  CHECK(total.load() == expected);
 }

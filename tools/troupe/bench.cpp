@@ -1,6 +1,7 @@
 // troupe bench: prompt-processing and generation throughput, like llama-bench.
 //
 //   troupe bench -m MODEL [-p 128] [-n 64] [-t THREADS] [-r 5] [-b 512] [-o table|json]
+//   troupe bench ops [...]   kernel throughput without a model (bench_ops.cpp)
 //
 // pp<N>: one batch of N tokens decoded at once (prompt processing), tokens per second.
 // tg<N>: N tokens decoded one at a time (generation), tokens per second.
@@ -153,14 +154,24 @@ int run_bench(const bench_options& o) {
 
 command_fn add_bench(CLI::App& app) {
   auto o = std::make_shared<bench_options>();
-  app.add_option("-m,--model", o->model, "GGUF model file")->required();
+  // `troupe bench ops`: kernel throughput without a model (bench_ops.cpp); -m is required otherwise.
+  CLI::App* ops = app.add_subcommand("ops", "CPU kernel throughput: memcpy, matrix-vector, matrix-matrix, dispatch");
+  const command_fn run_ops = add_bench_ops(*ops);
+  app.add_option("-m,--model", o->model, "GGUF model file");
   app.add_option("-p,--n-prompt", o->n_prompt, "prompt tokens (0: skip the pp test)");
   app.add_option("-n,--n-gen", o->n_gen, "generated tokens (0: skip the tg test)");
   app.add_option("-t,--threads", o->n_threads, "CPU threads (0: all)");
   app.add_option("-r,--repetitions", o->reps, "repetitions of each test");
   app.add_option("-b,--ubatch-size", o->n_batch, "tokens per graph");
   app.add_option("-o,--output", o->output, "table or json")->check(CLI::IsMember({"table", "json"}));
-  return [o] { return run_bench(*o); };
+  return [o, ops, run_ops] {
+    if (ops->parsed()) return run_ops();
+    if (o->model.empty()) {
+      std::fprintf(stderr, "troupe bench: -m MODEL is required (or use `troupe bench ops`)\n");
+      return 1;
+    }
+    return run_bench(*o);
+  };
 }
 
 }  // namespace troupe::cli

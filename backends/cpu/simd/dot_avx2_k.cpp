@@ -212,4 +212,10 @@ void vec_dot_q6_K(int64_t n, float* s, const void* vx, const void* vy) {
   *s = hsum(acc);
 }
 
+TROUPE_SIMD_ROWS(vec_dot_q2_K)
+TROUPE_SIMD_ROWS(vec_dot_q3_K)
+TROUPE_SIMD_ROWS(vec_dot_q4_K)
+TROUPE_SIMD_ROWS(vec_dot_q5_K)
+TROUPE_SIMD_ROWS(vec_dot_q6_K)
+
 }  // namespace troupe::cpu::simd::avx2

@@ -3,8 +3,8 @@
 //
 //   - f32 / f16: 64 values per iteration in four zmm accumulators, the tail with masked loads.
 //   - 32-value block types: the code of dot_blocks_x86.inc, whose byte products go through vpdpbusd (one
-//     instruction instead of maddubs + madd) on ymm registers; q4_0, the most common of them and the one
-//     whose decoding costs most per byte, two blocks per zmm register (below).
+//     instruction instead of maddubs + madd) on ymm registers; q4_0 and q4_1, the most common of them and
+//     the ones whose decoding costs most per byte, two blocks per zmm register (below).
 #include "backends/cpu/simd/x86_common.h"
 #include "backends/cpu/simd/x86_kernels.h"
 
@@ -14,29 +14,55 @@ namespace ymm {
 #include "backends/cpu/simd/dot_blocks_x86.inc"  // q4_0, q4_1, q5_0, q5_1, q8_0 with VNNI
 }  // namespace ymm
 
-void vec_dot_q4_1(int64_t n, float* s, const void* x, const void* y) { ymm::vec_dot_q4_1(n, s, x, y); }
 void vec_dot_q5_0(int64_t n, float* s, const void* x, const void* y) { ymm::vec_dot_q5_0(n, s, x, y); }
 void vec_dot_q5_1(int64_t n, float* s, const void* x, const void* y) { ymm::vec_dot_q5_1(n, s, x, y); }
 void vec_dot_q8_0(int64_t n, float* s, const void* x, const void* y) { ymm::vec_dot_q8_0(n, s, x, y); }
 
 namespace {
 
-// q4_0, blocks i and i + 1 in one zmm. The two 16-byte nibble arrays become one ymm [qs_i | qs_i+1]; a zmm
-// of that and the same shifted right by 4 holds [lo_i | lo_i+1 | hi_i | hi_i+1] after the 0x0F mask, and a
-// 64-bit permute puts it in value order [lo_i | hi_i | lo_i+1 | hi_i+1], matching y_i.qs, y_i+1.qs. The
-// quants are used unsigned (0..15) with vpdpbusd, and 8 * sum(y) (another vpdpbusd, of the constant 8) is
-// subtracted: sum (q - 8) y exactly, per block in 8 int32 lanes each.
-inline __m512 step2_q4_0(const block_q4_0& x0, const block_q4_0& x1, const block_q8_0& y0, const block_q8_0& y1,
-                         __m512 acc) {
-  const __m256i q2 = _mm256_inserti128_si256(_mm256_castsi128_si256(load128(x0.qs)), load128(x1.qs), 1);
+// Blocks i and i + 1 of q4_0 / q4_1 nibbles in one zmm, in value order. The two 16-byte nibble arrays become
+// one ymm [qs_i | qs_i+1]; a zmm of that and the same shifted right by 4 holds [lo_i | lo_i+1 | hi_i |
+// hi_i+1] after the 0x0F mask, and a 64-bit permute puts it in value order [lo_i | hi_i | lo_i+1 | hi_i+1],
+// matching y_i.qs, y_i+1.qs.
+inline __m512i nibbles_64(const uint8_t* qs0, const uint8_t* qs1) {
+  const __m256i q2 = _mm256_inserti128_si256(_mm256_castsi128_si256(load128(qs0)), load128(qs1), 1);
   __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q2), _mm256_srli_epi16(q2, 4), 1);
   q = _mm512_and_si512(q, _mm512_set1_epi8(0x0F));
-  q = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 4, 5, 2, 3, 6, 7), q);
-  const __m512i r = _mm512_inserti64x4(_mm512_castsi256_si512(load256(y0.qs)), load256(y1.qs), 1);
+  return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 4, 5, 2, 3, 6, 7), q);
+}
+
+// The 32 activation quants of blocks i and i + 1 (not contiguous: each block starts with its scale).
+template <class BY>
+inline __m512i quants_64(const BY& y0, const BY& y1) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(load256(y0.qs)), load256(y1.qs), 1);
+}
+
+// f in lanes 0..7, g in lanes 8..15.
+inline __m512 halves(float f, float g) { return _mm512_insertf32x8(_mm512_set1_ps(f), _mm256_set1_ps(g), 1); }
+
+// q4_0: the quants are used unsigned (0..15) with vpdpbusd, and 8 * sum(y) (another vpdpbusd, of the
+// constant 8) is subtracted: sum (q - 8) y exactly, per block in 8 int32 lanes each.
+inline __m512 step2_q4_0(const block_q4_0& x0, const block_q4_0& x1, const block_q8_0& y0, const block_q8_0& y1,
+                         __m512 acc) {
+  const __m512i q = nibbles_64(x0.qs, x1.qs);
+  const __m512i r = quants_64(y0, y1);
   const __m512i eights = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), r);
   const __m512i sumi = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, r), eights);
-  const __m512 d = _mm512_insertf32x8(_mm512_set1_ps(h2f(x0.d) * h2f(y0.d)), _mm256_set1_ps(h2f(x1.d) * h2f(y1.d)), 1);
+  const __m512 d = halves(h2f(x0.d) * h2f(y0.d), h2f(x1.d) * h2f(y1.d));
   return _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+}
+
+// q4_1 (x = dx q + m) against q8_1 (y = dy r): dx dy sum(q r) + m dy sum(r), sum(r) from the quants (a
+// vpdpbusd of the constant 1), as the reference does.
+inline void step2_q4_1(const block_q4_1& x0, const block_q4_1& x1, const block_q8_1& y0, const block_q8_1& y1,
+                       __m512& acc, __m512& acc_m) {
+  const __m512i q = nibbles_64(x0.qs, x1.qs);
+  const __m512i r = quants_64(y0, y1);
+  const __m512i sum_qr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, r);
+  const __m512i sum_r = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), r);
+  const float dy0 = h2f(y0.d), dy1 = h2f(y1.d);
+  acc = _mm512_fmadd_ps(halves(h2f(x0.d) * dy0, h2f(x1.d) * dy1), _mm512_cvtepi32_ps(sum_qr), acc);
+  acc_m = _mm512_fmadd_ps(halves(h2f(x0.m) * dy0, h2f(x1.m) * dy1), _mm512_cvtepi32_ps(sum_r), acc_m);
 }
 
 }  // namespace
@@ -56,6 +82,23 @@ void vec_dot_q4_0(int64_t n, float* s, const void* vx, const void* vy) {
   if (i < nb) {  // up to 3 blocks left
     float rest;
     ymm::vec_dot_q4_0((nb - i) * qk8_0, &rest, x + i, y + i);
+    sum += rest;
+  }
+  *s = sum;
+}
+
+void vec_dot_q4_1(int64_t n, float* s, const void* vx, const void* vy) {
+  const block_q4_1* x = static_cast<const block_q4_1*>(vx);
+  const block_q8_1* y = static_cast<const block_q8_1*>(vy);
+  const int64_t nb = n / qk8_1;
+  __m512 acc = _mm512_setzero_ps();
+  __m512 acc_m = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 1 < nb; i += 2) step2_q4_1(x[i], x[i + 1], y[i], y[i + 1], acc, acc_m);
+  float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc, acc_m));
+  if (i < nb) {  // an odd block count: the last block
+    float rest;
+    ymm::vec_dot_q4_1(qk8_1, &rest, x + i, y + i);
     sum += rest;
   }
   *s = sum;
@@ -144,5 +187,14 @@ void vec_dot_f32(int64_t n, float* s, const void* x, const void* y) {
 void vec_dot_f16(int64_t n, float* s, const void* x, const void* y) {
   *s = dot_floats<uint16_t, load_f16, load_f16_tail>(n, x, y);
 }
+
+TROUPE_SIMD_ROWS(vec_dot_f32)
+TROUPE_SIMD_ROWS(vec_dot_f16)
+TROUPE_SIMD_ROWS(vec_dot_q4_0)
+TROUPE_SIMD_ROWS(vec_dot_q4_1)
+TROUPE_SIMD_ROWS(vec_dot_q5_0)
+TROUPE_SIMD_ROWS(vec_dot_q5_1)
+TROUPE_SIMD_ROWS(vec_dot_q8_0)
+TROUPE_SIMD_ROWS(vec_dot_q4_K)
 
 }  // namespace troupe::cpu::simd::avx512

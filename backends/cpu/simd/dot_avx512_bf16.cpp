@@ -36,4 +36,6 @@ void vec_dot_bf16(int64_t n, float* s, const void* vx, const void* vy) {
   *s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
+TROUPE_SIMD_ROWS(vec_dot_bf16)
+
 }  // namespace troupe::cpu::simd::avx512bf16

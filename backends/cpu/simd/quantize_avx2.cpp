@@ -17,7 +17,10 @@ namespace troupe::cpu::simd::avx2 {
 
 namespace {
 
-inline uint16_t f2h(float f) { return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
+// vcvtps2ph of one float (clang's _cvtss_sh is a macro that -Wpedantic rejects).
+inline uint16_t f2h(float f) {
+  return static_cast<uint16_t>(_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT), 0));
+}
 
 inline __m256 abs_ps(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
 

@@ -10,12 +10,17 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 
 #include "backends/cpu/cpu_features.h"
 #include "runtime/types.h"
 
 namespace troupe::cpu::simd {
+
+// s[r] = vec_dot(n, row r of x, y) for r < nrows, the rows of x x_stride bytes apart (one call per chunk of
+// a matrix-vector product instead of one per row).
+using vec_dot_rows_fn = void (*)(int64_t n, int64_t nrows, float* s, const void* x, size_t x_stride, const void* y);
 
 // y[i] = exp(y[i] - max) for n values; returns their sum.
 using exp_row_fn = float (*)(int64_t n, float* y, float max);
@@ -29,6 +34,7 @@ struct kernel_table {
   bool bf16_native = false;  // vec_dot[bf16] uses AVX512_BF16 (vdpbf16ps)
   // vec_dot[w]: row of weights of type w . row of traits(w).vec_dot_type.
   std::array<vec_dot_fn, type_id_count> vec_dot{};
+  std::array<vec_dot_rows_fn, type_id_count> vec_dot_rows{};  // the same dot over several rows of weights
   // from_float[t]: f32 -> t, bit-identical to traits(t).from_float_ref (used for the activation types).
   std::array<from_float_fn, type_id_count> from_float{};
   // to_float[t]: t -> f32, bit-identical to traits(t).to_float.
@@ -40,6 +46,7 @@ struct kernel_table {
   swiglu_row_fn swiglu_row = nullptr;
 
   vec_dot_fn dot(type t) const { return vec_dot[static_cast<size_t>(t)]; }
+  vec_dot_rows_fn dot_rows(type t) const { return vec_dot_rows[static_cast<size_t>(t)]; }
   from_float_fn quantize(type t) const { return from_float[static_cast<size_t>(t)]; }
   to_float_fn dequantize(type t) const { return to_float[static_cast<size_t>(t)]; }
 };

@@ -4,6 +4,7 @@
 #include "backends/cpu/simd/simd.h"
 
 #include <cmath>
+#include <utility>
 
 #if defined(__x86_64__)
 #include "backends/cpu/simd/x86_kernels.h"
@@ -30,6 +31,19 @@ void swiglu_row_scalar(int64_t n, const float* x, const float* g, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i])) * g[i];
 }
 
+// The reference vec_dot of type id over several rows.
+template <uint32_t id>
+void reference_rows(int64_t n, int64_t nrows, float* s, const void* x, size_t x_stride, const void* y) {
+  const vec_dot_fn dot = traits(static_cast<type>(id)).vec_dot;
+  const char* row = static_cast<const char*>(x);
+  for (int64_t r = 0; r < nrows; ++r, row += x_stride) dot(n, s + r, row, y);
+}
+
+template <uint32_t... ids>
+std::array<vec_dot_rows_fn, type_id_count> reference_rows_table(std::integer_sequence<uint32_t, ids...>) {
+  return {{reference_rows<ids>...}};
+}
+
 kernel_table reference_table() {
   kernel_table t;
   t.level = isa::scalar;
@@ -39,35 +53,39 @@ kernel_table reference_table() {
     t.from_float[id] = tr.from_float_ref;
     t.to_float[id] = tr.to_float;
   }
+  t.vec_dot_rows = reference_rows_table(std::make_integer_sequence<uint32_t, type_id_count>{});
   t.exp_row = exp_row_scalar;
   t.silu_row = silu_row_scalar;
   t.swiglu_row = swiglu_row_scalar;
   return t;
 }
 
-void set(std::array<vec_dot_fn, type_id_count>& a, type t, vec_dot_fn f) { a[static_cast<size_t>(t)] = f; }
+#if defined(__x86_64__)
+
+void set_dot(kernel_table& k, type t, vec_dot_fn f, vec_dot_rows_fn rows) {
+  k.vec_dot[static_cast<size_t>(t)] = f;
+  k.vec_dot_rows[static_cast<size_t>(t)] = rows;
+}
 void set(std::array<from_float_fn, type_id_count>& a, type t, from_float_fn f) { a[static_cast<size_t>(t)] = f; }
 void set(std::array<to_float_fn, type_id_count>& a, type t, to_float_fn f) { a[static_cast<size_t>(t)] = f; }
-
-#if defined(__x86_64__)
 
 kernel_table avx2_table() {
   kernel_table t = reference_table();
   t.level = isa::avx2;
   using namespace avx2;
-  set(t.vec_dot, type::f32, vec_dot_f32);
-  set(t.vec_dot, type::f16, vec_dot_f16);
-  set(t.vec_dot, type::bf16, vec_dot_bf16);
-  set(t.vec_dot, type::q4_0, vec_dot_q4_0);
-  set(t.vec_dot, type::q4_1, vec_dot_q4_1);
-  set(t.vec_dot, type::q5_0, vec_dot_q5_0);
-  set(t.vec_dot, type::q5_1, vec_dot_q5_1);
-  set(t.vec_dot, type::q8_0, vec_dot_q8_0);
-  set(t.vec_dot, type::q2_K, vec_dot_q2_K);
-  set(t.vec_dot, type::q3_K, vec_dot_q3_K);
-  set(t.vec_dot, type::q4_K, vec_dot_q4_K);
-  set(t.vec_dot, type::q5_K, vec_dot_q5_K);
-  set(t.vec_dot, type::q6_K, vec_dot_q6_K);
+  set_dot(t, type::f32, vec_dot_f32, vec_dot_f32_rows);
+  set_dot(t, type::f16, vec_dot_f16, vec_dot_f16_rows);
+  set_dot(t, type::bf16, vec_dot_bf16, vec_dot_bf16_rows);
+  set_dot(t, type::q4_0, vec_dot_q4_0, vec_dot_q4_0_rows);
+  set_dot(t, type::q4_1, vec_dot_q4_1, vec_dot_q4_1_rows);
+  set_dot(t, type::q5_0, vec_dot_q5_0, vec_dot_q5_0_rows);
+  set_dot(t, type::q5_1, vec_dot_q5_1, vec_dot_q5_1_rows);
+  set_dot(t, type::q8_0, vec_dot_q8_0, vec_dot_q8_0_rows);
+  set_dot(t, type::q2_K, vec_dot_q2_K, vec_dot_q2_K_rows);
+  set_dot(t, type::q3_K, vec_dot_q3_K, vec_dot_q3_K_rows);
+  set_dot(t, type::q4_K, vec_dot_q4_K, vec_dot_q4_K_rows);
+  set_dot(t, type::q5_K, vec_dot_q5_K, vec_dot_q5_K_rows);
+  set_dot(t, type::q6_K, vec_dot_q6_K, vec_dot_q6_K_rows);
 
   set(t.from_float, type::q8_0, quantize_row_q8_0);
   set(t.from_float, type::q8_1, quantize_row_q8_1);
@@ -92,16 +110,16 @@ kernel_table avx512_table() {
   kernel_table t = avx2_table();
   t.level = isa::avx512;
   using namespace avx512;
-  set(t.vec_dot, type::f32, vec_dot_f32);
-  set(t.vec_dot, type::f16, vec_dot_f16);
-  set(t.vec_dot, type::q4_0, vec_dot_q4_0);
-  set(t.vec_dot, type::q4_1, vec_dot_q4_1);
-  set(t.vec_dot, type::q5_0, vec_dot_q5_0);
-  set(t.vec_dot, type::q5_1, vec_dot_q5_1);
-  set(t.vec_dot, type::q8_0, vec_dot_q8_0);
-  set(t.vec_dot, type::q4_K, vec_dot_q4_K);
+  set_dot(t, type::f32, vec_dot_f32, vec_dot_f32_rows);
+  set_dot(t, type::f16, vec_dot_f16, vec_dot_f16_rows);
+  set_dot(t, type::q4_0, vec_dot_q4_0, vec_dot_q4_0_rows);
+  set_dot(t, type::q4_1, vec_dot_q4_1, vec_dot_q4_1_rows);
+  set_dot(t, type::q5_0, vec_dot_q5_0, vec_dot_q5_0_rows);
+  set_dot(t, type::q5_1, vec_dot_q5_1, vec_dot_q5_1_rows);
+  set_dot(t, type::q8_0, vec_dot_q8_0, vec_dot_q8_0_rows);
+  set_dot(t, type::q4_K, vec_dot_q4_K, vec_dot_q4_K_rows);
   if (host_cpu_features().avx512bf16) {
-    set(t.vec_dot, type::bf16, avx512bf16::vec_dot_bf16);
+    set_dot(t, type::bf16, avx512bf16::vec_dot_bf16, avx512bf16::vec_dot_bf16_rows);
     t.bf16_native = true;
   }
   return t;

@@ -15,11 +15,15 @@
 
 // GCC 12's AVX-512 headers initialize "undefined" registers from themselves (_mm512_undefined_*), which
 // -Wuninitialized reports at every use after inlining (GCC bug 105593, fixed in GCC 13).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 #include <cstdint>
 #include <cstring>
@@ -98,5 +102,21 @@ inline __m256i k4_shuffle(int i) { return _mm256_set_m128i(shuffle_i16(i), shuff
 // consecutive 16-value sub-blocks against the 32 values (16 int16 pair sums) of one 256-bit register.
 inline __m256i k16_shuffle(int i) { return _mm256_set_m128i(shuffle_i16(2 * i + 1), shuffle_i16(2 * i)); }
 
+// s[r] = dot(row r of x, y) for r < nrows, rows x_stride bytes apart. flatten inlines the dot function
+// (defined in the same translation unit) into the loop, so the per-row call and the setup of its constants
+// go away: that matters for short rows (k = 576: 18 blocks per row).
+template <void (*dot)(int64_t, float*, const void*, const void*)>
+__attribute__((flatten)) void dot_rows(int64_t n, int64_t nrows, float* s, const void* x, size_t x_stride,
+                                       const void* y) {
+  const char* row = static_cast<const char*>(x);
+  for (int64_t r = 0; r < nrows; ++r, row += x_stride) dot(n, s + r, row, y);
+}
+
 }  // namespace
 }  // namespace troupe::cpu::simd
+
+// Defines name_rows(n, nrows, s, x, x_stride, y) from name(n, s, x, y), both in the current namespace.
+#define TROUPE_SIMD_ROWS(name)                                                                            \
+  void name##_rows(int64_t n, int64_t nrows, float* s, const void* x, size_t x_stride, const void* y) { \
+    dot_rows<name>(n, nrows, s, x, x_stride, y);                                                          \
+  }

@@ -11,11 +11,15 @@
 // VL/DQ + VNNI) and dot_avx512_bf16.cpp (avx512 + AVX512_BF16). x86-64 builds only.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace troupe::cpu::simd {
 
-#define TROUPE_SIMD_DOT(name) void name(int64_t n, float* s, const void* x, const void* y)
+// Each dot product comes with name_rows: s[r] = dot(row r of x, y) for nrows rows x_stride bytes apart.
+#define TROUPE_SIMD_DOT(name)                                  \
+  void name(int64_t n, float* s, const void* x, const void* y); \
+  void name##_rows(int64_t n, int64_t nrows, float* s, const void* x, size_t x_stride, const void* y)
 #define TROUPE_SIMD_QUANT(name) void name(const float* x, void* y, int64_t n)
 #define TROUPE_SIMD_DEQUANT(name) void name(const void* x, float* y, int64_t n)
 

@@ -1,0 +1,54 @@
+// The CPU op workloads measured by bench_cpu_ops (Google Benchmark) and `troupe bench ops`: each is set up
+// once, then run() is one timed iteration; bytes / flops / items say what one run() processes.
+//
+//   auto w = bench::make_matvec(type::q4_0, 4096, 4096, 2);   // weights rotate through >= 256 MiB
+//   w->run();                                                  // one mul_mat through the CPU backend
+//   double gbs = w->bytes / seconds_per_run / 1e9;
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "runtime/types.h"
+
+namespace troupe::bench {
+
+struct workload {
+  virtual ~workload() = default;
+  virtual void run() = 0;
+  double bytes = 0;  // bytes one run moves (memcpy: copied; read: summed; matvec: weight bytes read)
+  double flops = 0;  // floating-point operations of one run (matmul, sgemm: 2 m k n)
+  double items = 0;  // ops of one run (dispatch: 1; graph_nodes: the node count)
+};
+
+constexpr size_t stream_bytes = size_t{256} << 20;  // memcpy / read buffers, matvec weight rotation
+
+// Copy / sum of a 256 MiB buffer split across nth threads of a troupe thread pool.
+std::unique_ptr<workload> make_memcpy(int nth);
+std::unique_ptr<workload> make_read(int nth);
+
+// mul_mat of m x k weights of type t by one f32 vector on the CPU backend with nth threads. The weights
+// rotate through copies filling >= 256 MiB, so they come from memory, never from the last-level cache.
+std::unique_ptr<workload> make_matvec(type t, int64_t m, int64_t k, int nth);
+
+// How a matrix-matrix product is computed: the backend's choice, the SIMD dot products (BLAS off), or
+// dequantize + sgemm (BLAS forced, where built).
+enum class mm_path { automatic, quant, blas };
+std::string_view path_name(mm_path p);
+
+// mul_mat of m x k weights of type t by n f32 vectors on the CPU backend with nth threads.
+std::unique_ptr<workload> make_matmul(type t, mm_path path, int64_t m, int64_t k, int64_t n, int nth);
+
+// OpenBLAS cblas_sgemm of the same shape on nth OpenBLAS threads; null when built without BLAS.
+std::unique_ptr<workload> make_sgemm(int64_t m, int64_t k, int64_t n, int nth);
+
+// thread_pool::run of an empty job on nth threads (items = 1).
+std::unique_ptr<workload> make_dispatch(int nth);
+// A graph of 64 trivial nodes on the CPU backend with nth threads (items = 64: kernel + barrier each).
+std::unique_ptr<workload> make_graph_nodes(int nth);
+
+// "OpenBLAS <core name>" or "none": what the sgemm baseline runs.
+std::string blas_description();
+
+}  // namespace troupe::bench
