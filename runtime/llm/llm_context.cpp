@@ -31,7 +31,22 @@ llm_context::llm_context(const model& m, const context_params& p) : m_(m), param
   params_.n_ctx = kv_->size();
   params_.n_ubatch = std::min(params_.n_ubatch, params_.n_ctx);
   cpu_ = cpu::make_cpu_backend({.n_threads = params_.n_threads});
-  sched_ = std::make_unique<scheduler>(std::vector<sched_backend>{{cpu_.get(), nullptr}}, graph_tensors(m.hp()) * 2);
+  // Devices other than the host that hold weights (layers placed on a GPU or a remote peer) get a backend
+  // each, ahead of the CPU in the scheduler's priority order.
+  std::vector<sched_backend> backends;
+  auto add_device = [&](buffer_type_i* bt) {
+    if (bt == nullptr || bt->is_host()) return;
+    device_i& dev = bt->device();
+    for (const auto& be : device_backends_) {
+      if (&be->device() == &dev) return;
+    }
+    device_backends_.push_back(dev.init_backend());
+    backends.push_back({device_backends_.back().get(), nullptr});
+  };
+  for (const auto& l : m.layers()) add_device(l.buft);
+  for (const auto& [bt, bytes] : m.weight_bytes()) add_device(bt);
+  backends.push_back({cpu_.get(), nullptr});
+  sched_ = std::make_unique<scheduler>(std::move(backends), graph_tensors(m.hp()) * 2);
   reserve();
 }
 

@@ -73,6 +73,7 @@ class llm_context {
   context_params params_;
   std::unique_ptr<kv_cache> kv_;
   std::unique_ptr<cpu::cpu_backend> cpu_;
+  std::vector<backend_ptr> device_backends_;  // devices holding weights, other than the host
   std::unique_ptr<scheduler> sched_;
   std::vector<float> logits_;
   size_t n_outputs_ = 0;

@@ -14,9 +14,15 @@ using command_fn = std::function<int()>;
 command_fn add_inspect(CLI::App& app);
 // troupe bench -m MODEL [-p 128] [-n 64] [-t THREADS] [-r 5] [-o table|json]
 command_fn add_bench(CLI::App& app);
+// troupe bench ops [-t 1,2] [--types q4_0,q8_0,q4_K] [--shape 4096x4096] [--batch 512] [--min-time 0.5]
+command_fn add_bench_ops(CLI::App& app);
 // troupe quantize IN.gguf OUT.gguf TYPE [THREADS]
 command_fn add_quantize(CLI::App& app);
 // troupe perplexity -m MODEL -f TEXT [-c 512] [-t THREADS]
 command_fn add_perplexity(CLI::App& app);
+
+// troupe peer [--host 127.0.0.1] [--port 50052] [--device cpu|vulkan|cuda] [--cache-dir D] [--auth-key-file F]
+//             [--tls-cert C --tls-key K] [--insecure] [-t THREADS]
+command_fn add_peer(CLI::App& app);
 
 }  // namespace troupe::cli

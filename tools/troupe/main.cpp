@@ -3,6 +3,7 @@
 //   troupe inspect MODEL.gguf      metadata, tensors, placement and memory plan
 //   troupe bench -m MODEL          prompt and generation throughput
 //   troupe quantize IN OUT TYPE    quantize a model's weight matrices
+//   troupe peer --port 50052       serve this machine's devices to other troupe processes
 //   troupe perplexity -m M -f T    perplexity over a text file
 //
 // Every subcommand prints a clear message and exits 1 on bad input; nothing aborts.
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   add("bench", "prompt-processing and generation throughput (llama-bench style)", troupe::cli::add_bench);
   add("quantize", "rewrite a model with its weight matrices in another type", troupe::cli::add_quantize);
   add("perplexity", "perplexity of a model over a text file", troupe::cli::add_perplexity);
+  add("peer", "serve this machine's devices to other troupe processes (remote peers)", troupe::cli::add_peer);
   CLI11_PARSE(app, argc, argv);
   try {
     troupe::register_builtin_backends();

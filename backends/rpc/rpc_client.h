@@ -1,0 +1,138 @@
+// A connection to one peer server: synchronous request/response with timeouts, plain C++ (the remote-peer
+// actor wraps it; rpc_device.h builds the runtime's device interfaces on it).
+//
+//   rpc::client c({.host = "127.0.0.1", .port = 50052, .key = key});
+//   c.connect();                                   // TCP (or TLS), greeting, hello with authentication
+//   auto devs = c.devices();                       // what the peer serves
+//   remote_buffer b = c.alloc_buffer(0, 1 << 20);
+//   c.set_tensor(b, 0, data, n, false);
+//   c.health_check(std::chrono::seconds(1));       // false when the peer is gone
+//   c.reconnect();                                 // a new connection: buffers of the old one are lost
+//
+// Every failure throws backend_error naming the peer ("peer 127.0.0.1:50052: connection lost: ..."); nothing
+// aborts. A lost connection marks the client disconnected; the next request that does not name a buffer
+// reconnects once by itself (auto_reconnect), and requests naming a buffer of an earlier connection throw
+// ("buffer lost when the connection dropped"): handles carry the connection's epoch, so a stale handle can
+// never reach a buffer of the new connection. One request at a time per client (a mutex serialises them).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "net/rpc/protocol.h"
+#include "runtime/backend.h"
+
+namespace troupe::rpc {
+
+struct client_options {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  std::string key;                                    // shared key; empty: none
+  bool tls = false;
+  std::filesystem::path tls_ca_file;                  // CA certificates to verify the peer; empty: system's
+  bool tls_verify = true;                             // false: accept any certificate (tests only)
+  std::chrono::milliseconds connect_timeout{5000};
+  std::chrono::milliseconds io_timeout{300000};       // one request, bulk transfers included
+  bool auto_reconnect = true;
+  uint64_t hash_threshold = rpc::hash_threshold;      // cacheable uploads from this size go by hash first
+  version client_version = protocol_version;          // tests: pretend another version
+};
+
+struct client_stats {
+  uint64_t bytes_sent = 0;        // frames, headers included
+  uint64_t bytes_received = 0;
+  uint64_t requests = 0;          // frames sent
+  uint64_t round_trips = 0;       // requests that waited for a reply
+  uint64_t cache_hits = 0;        // uploads the peer served from its cache
+  uint64_t cache_misses = 0;
+  uint64_t graphs_sent = 0;
+  uint64_t graphs_recomputed = 0;
+  uint64_t outputs_served = 0;    // get_tensor answered from a graph reply's outputs
+  uint64_t connects = 0;
+};
+
+// The peer answered with an error status.
+class remote_error : public backend_error {
+ public:
+  remote_error(status st, const std::string& msg) : backend_error(msg), st_(st) {}
+  status code() const { return st_; }
+
+ private:
+  status st_;
+};
+
+// A buffer on the peer: its handle on the connection (epoch) that allocated it.
+struct remote_buffer {
+  uint64_t epoch = 0;
+  uint64_t handle = 0;
+};
+
+class client {
+ public:
+  explicit client(client_options opts);
+  ~client();
+  client(const client&) = delete;
+  client& operator=(const client&) = delete;
+
+  // Connects and says hello (version check, authentication). Throws backend_error.
+  void connect();
+  void close();
+  bool connected() const;
+  // A new connection (the old one's buffers are gone on the peer).
+  void reconnect();
+  // Whether the peer answers a cheap request within timeout; never throws. Does not reconnect.
+  bool health_check(std::chrono::milliseconds timeout);
+  // Increments with every successful connect.
+  uint64_t epoch() const;
+  std::string address() const;  // "host:port"
+  version server_version() const;
+
+  // ---- commands ----
+  std::vector<device_info> devices();
+  remote_buffer alloc_buffer(uint32_t device, uint64_t size);
+  uint64_t alignment(uint32_t device);
+  uint64_t max_size(uint32_t device);
+  device_memory memory(uint32_t device);
+  uint64_t buffer_base(remote_buffer b);
+  void free_buffer(remote_buffer b);
+  void buffer_clear(remote_buffer b, uint8_t value);
+  // No round trip: errors surface with the next reply. With cacheable (weights) and size >= hash_threshold,
+  // the hash goes first and the bytes only when the peer's cache misses.
+  void set_tensor(remote_buffer b, uint64_t offset, const void* data, uint64_t size, bool cacheable);
+  void get_tensor(remote_buffer b, uint64_t offset, void* out, uint64_t size);
+  void copy_tensor(remote_buffer src, uint64_t src_offset, remote_buffer dst, uint64_t dst_offset, uint64_t size);
+  // A byte range of a buffer to read back with a graph's reply.
+  struct output_request {
+    remote_buffer buffer;
+    uint64_t offset = 0;
+    uint64_t size = 0;
+  };
+  // Runs a graph message (u32 entry count, entries) on a device; when it is byte-identical to the last one
+  // sent to that device on this connection, asks the peer to run its copy again instead (graph_recompute).
+  // The reply carries the bytes of `outputs` (up to 64 ranges, 64 MiB): get_tensor within them is answered
+  // here, without a round trip, until anything else is sent.
+  void compute(uint32_t device, std::vector<uint8_t> graph, const std::vector<output_request>& outputs = {});
+  void init_tensor(const wire_tensor& t);
+  uint64_t alloc_size(uint32_t device, const wire_tensor& t);
+
+  // ---- raw frames (tests) ----
+  // Sends one frame and waits for the reply: (status, payload). Throws backend_error on a lost connection.
+  std::pair<status, std::vector<uint8_t>> request(command c, std::span<const uint8_t> payload);
+  // Sends one frame and does not wait.
+  void send(command c, std::span<const uint8_t> payload);
+
+  client_stats stats() const;
+  void reset_stats();
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace troupe::rpc

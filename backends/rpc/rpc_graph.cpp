@@ -1,0 +1,153 @@
+// Graphs to graph_compute messages (see net/rpc/validate.h for how the peer reads them back).
+#include <algorithm>
+#include <bit>
+#include <string>
+
+#include "backends/rpc/rpc_device.h"
+#include "runtime/error.h"
+
+namespace troupe::rpc {
+namespace {
+
+bool is_view_op(op o) { return o == op::view || o == op::reshape || o == op::permute || o == op::transpose; }
+
+// Entry index of each tensor already in the message: open addressing over pointers (std::unordered_map
+// allocates a node per tensor, and a message is built for every graph run).
+class tensor_index {
+ public:
+  explicit tensor_index(size_t n) { rehash(std::max<size_t>(16, std::bit_ceil(n * 2))); }
+  int32_t find(const tensor* t) const {
+    for (size_t i = slot(t);; i = (i + 1) & mask_) {
+      if (slots_[i].first == t) return slots_[i].second;
+      if (slots_[i].first == nullptr) return -1;
+    }
+  }
+  void insert(const tensor* t, int32_t v) {
+    if ((size_ + 1) * 2 > slots_.size()) rehash(slots_.size() * 2);
+    size_t i = slot(t);
+    while (slots_[i].first != nullptr) i = (i + 1) & mask_;
+    slots_[i] = {t, v};
+    ++size_;
+  }
+
+ private:
+  size_t slot(const tensor* t) const {
+    return static_cast<size_t>((reinterpret_cast<uintptr_t>(t) >> 4) * 0x9e3779b97f4a7c15ull) & mask_;
+  }
+  void rehash(size_t cap) {
+    std::vector<std::pair<const tensor*, int32_t>> old = std::move(slots_);
+    slots_.assign(cap, {nullptr, -1});
+    mask_ = cap - 1;
+    size_ = 0;
+    for (const auto& [t, v] : old) {
+      if (t != nullptr) insert(t, v);
+    }
+  }
+  std::vector<std::pair<const tensor*, int32_t>> slots_;
+  size_t mask_ = 0;
+  size_t size_ = 0;
+};
+
+class serializer {
+ public:
+  serializer(const rpc_device& dev, size_t n_nodes) : dev_(dev), epoch_(dev.conn().epoch()), index_(n_nodes * 2) {
+    out_.reserve(4 + n_nodes * 2 * wire_tensor::wire_size);
+    writer(out_).u32(0);  // the entry count, set by finish()
+  }
+
+  // A node of the graph: its sources first (leafs, or views rebuilt on the peer), then itself.
+  void node(const tensor* t) {
+    if (index_.find(t) >= 0) return;
+    for (const tensor* s : t->src) {
+      if (s != nullptr && index_.find(s) < 0) outside(s);
+    }
+    add(t, wire_tensor::kind::node);
+  }
+
+  std::vector<uint8_t> finish() {
+    store_le(out_.data(), static_cast<uint32_t>(n_));
+    return std::move(out_);
+  }
+
+ private:
+  // A tensor the graph reads but does not compute. Views are sent as view nodes over their source (the peer
+  // rebuilds them, which costs nothing), so a transposed or permuted view needs no special leaf layout.
+  void outside(const tensor* t) {
+    if (is_view_op(t->op) && t->src[0] != nullptr) {
+      node(t);
+      return;
+    }
+    add(t, wire_tensor::kind::leaf);
+  }
+
+  const rpc_buffer& buffer_of(const tensor& t) {
+    if (t.data == nullptr || t.buffer == nullptr) {
+      throw backend_error(std::string(dev_.name()) + ": tensor " + describe(t) + " has no memory (graph not allocated)");
+    }
+    if (t.buffer == last_) return *last_rpc_;
+    const auto* b = dynamic_cast<const rpc_buffer*>(t.buffer);
+    if (b == nullptr || &b->owner() != &dev_.conn()) {
+      throw backend_error(std::string(dev_.name()) + ": tensor " + describe(t) + " lives in buffer type " +
+                          std::string(t.buffer->type().name()) + ", not on this peer");
+    }
+    if (b->remote().epoch != epoch_) {
+      throw backend_error(std::string(dev_.name()) + ": tensor " + describe(t) +
+                          " is in a buffer that was lost when the connection to the peer dropped");
+    }
+    last_ = t.buffer;
+    last_rpc_ = b;
+    return *b;
+  }
+
+  void add(const tensor* t, wire_tensor::kind k) {
+    if (n_ >= max_graph_entries) {
+      throw backend_error(std::string(dev_.name()) + ": graph of more than " + std::to_string(max_graph_entries) +
+                          " tensors");
+    }
+    wire_tensor w = to_wire(*t, &buffer_of(*t));
+    w.k = k;
+    if (k == wire_tensor::kind::leaf) {
+      w.op = static_cast<uint8_t>(op::none);
+      w.op_params = {};
+    } else {
+      for (size_t i = 0; i < max_src; ++i) w.src[i] = t->src[i] ? index_.find(t->src[i]) : -1;
+    }
+    index_.insert(t, static_cast<int32_t>(n_));
+    writer wr(out_);
+    w.write(wr);
+    ++n_;
+  }
+
+  const rpc_device& dev_;
+  uint64_t epoch_;
+  tensor_index index_;
+  std::vector<uint8_t> out_;
+  size_t n_ = 0;
+  const buffer_i* last_ = nullptr;
+  const rpc_buffer* last_rpc_ = nullptr;
+};
+
+}  // namespace
+
+wire_tensor to_wire(const tensor& t, const rpc_buffer* buf) {
+  wire_tensor w;
+  w.op = static_cast<uint8_t>(t.op);
+  w.type = static_cast<uint32_t>(t.type);
+  w.ne = t.ne;
+  for (size_t i = 0; i < max_dims; ++i) w.nb[i] = t.nb[i];
+  w.op_params = t.op_params;
+  w.flags = t.flags;
+  if (buf != nullptr) {
+    w.buffer = buf->remote().handle;
+    w.offset = buf->offset_of(t);
+  }
+  return w;
+}
+
+std::vector<uint8_t> serialize_graph(const graph& g, const rpc_device& dev) {
+  serializer s(dev, g.n_nodes());
+  for (const tensor* n : g.nodes()) s.node(n);
+  return s.finish();
+}
+
+}  // namespace troupe::rpc

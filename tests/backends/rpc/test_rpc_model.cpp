@@ -1,0 +1,174 @@
+// Models with their layers on a remote peer: the same greedy tokens as on the local CPU. The peer runs in this
+// process (a server on loopback) or as a real `troupe peer` process.
+#include <catch2/catch.hpp>
+
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <string>
+
+#include "backends/rpc/rpc.h"
+#include "runtime/llm/llm_context.h"
+#include "tests/net/test_server.h"
+#include "tests/test_models.h"
+
+extern char** environ;
+
+using namespace troupe;
+using namespace troupe::llm;
+
+namespace {
+
+int32_t argmax_of(std::span<const float> l) {
+  return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+}
+
+std::vector<int32_t> greedy(llm_context& ctx, const std::vector<int32_t>& prompt, int n) {
+  batch b;
+  for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], static_cast<int32_t>(i), 0, i + 1 == prompt.size());
+  ctx.decode(b);
+  std::vector<int32_t> out;
+  int32_t pos = static_cast<int32_t>(prompt.size());
+  for (int i = 0; i < n; ++i) {
+    const int32_t t = argmax_of(ctx.logits(0));
+    out.push_back(t);
+    b.clear();
+    b.add(t, pos++, 0, true);
+    ctx.decode(b);
+  }
+  return out;
+}
+
+const std::vector<int32_t> stories_prompt = {1, 403, 407, 261, 378};
+const std::vector<int32_t> stories_ref = {432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337,
+                                          410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394};
+
+// `troupe peer` on an ephemeral port of 127.0.0.1, killed (SIGTERM) and reaped with the object.
+class peer_process {
+ public:
+  explicit peer_process(std::vector<std::string> extra = {}) {
+    int out[2];
+    REQUIRE(::pipe(out) == 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_addclose(&fa, out[0]);
+    std::vector<std::string> args = {TROUPE_PEER_BIN, "peer", "--host", "127.0.0.1", "--port", "0", "--threads", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    REQUIRE(posix_spawn(&pid_, TROUPE_PEER_BIN, &fa, nullptr, argv.data(), environ) == 0);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(out[1]);
+    // The first line names the address: "troupe peer: serving ... on 127.0.0.1:PORT".
+    std::string line;
+    pollfd p{out[0], POLLIN, 0};
+    while (line.find('\n') == std::string::npos && ::poll(&p, 1, 20000) == 1) {
+      char buf[256];
+      const ssize_t n = ::read(out[0], buf, sizeof buf);
+      if (n <= 0) break;
+      line.append(buf, static_cast<size_t>(n));
+    }
+    out_ = out[0];
+    const auto at = line.rfind("127.0.0.1:");
+    REQUIRE(at != std::string::npos);
+    port_ = static_cast<uint16_t>(std::stoi(line.substr(at + 10)));
+  }
+  ~peer_process() {
+    if (pid_ > 0) stop();
+    if (out_ >= 0) ::close(out_);
+  }
+  // SIGTERM; returns the exit status.
+  int stop() {
+    ::kill(pid_, SIGTERM);
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+    pid_ = -1;
+    return st;
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  uint16_t port_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("stories260K with every layer on a loopback peer: the 32 greedy tokens of the reference", "[rpc][llm]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  auto srv = rpc::testing::start_server();
+  const auto devs = rpc::add_peer("127.0.0.1:" + std::to_string(srv->port()));
+  REQUIRE(devs.size() == 1);
+  auto m = model::load(*path, {.devices = {{devs[0], 99}}});
+  for (const auto& l : m->layers()) CHECK(&l.buft->device() == devs[0]);
+  llm_context ctx(*m, {.n_ctx = 256, .n_threads = 2});
+  REQUIRE(ctx.sched().n_backends() == 2);
+  CHECK(&ctx.sched().backend(0).device() == devs[0]);
+  auto client = rpc::client_of(*devs[0]);
+  client->reset_stats();
+  CHECK(greedy(ctx, stories_prompt, 32) == stories_ref);
+  const auto s = client->stats();
+  // 33 decodes: the prompt, then one per token.
+  WARN("stories260K on a loopback peer: " << static_cast<double>(s.round_trips) / 33 << " round trips and "
+                                          << static_cast<double>(s.requests) / 33 << " frames per token; "
+                                          << s.graphs_sent << " graphs sent, " << s.graphs_recomputed << " recomputed");
+  CHECK(s.round_trips <= 33 * 3);
+  CHECK(srv->stats().error_replies == 0);
+}
+
+TEST_CASE("a model layer on a real `troupe peer` process", "[rpc][llm][process]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  peer_process peer;
+  const auto devs = rpc::add_peer("127.0.0.1:" + std::to_string(peer.port()));
+  REQUIRE(devs.size() == 1);
+  CHECK_THAT(devs[0]->description(), Catch::Contains("CPU"));
+  auto m = model::load(*path, {.devices = {{devs[0], 99}}});
+  {
+    llm_context ctx(*m, {.n_ctx = 64, .n_threads = 1});
+    CHECK(greedy(ctx, stories_prompt, 8) == std::vector<int32_t>(stories_ref.begin(), stories_ref.begin() + 8));
+  }
+  m.reset();
+  const int st = peer.stop();
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  // The peer is gone: the device answers with errors, it does not take the process down.
+  auto c = rpc::client_of(*devs[0]);
+  CHECK_FALSE(c->health_check(std::chrono::milliseconds(500)));
+  CHECK_THROWS_AS(devs[0]->buffer_type().alloc_buffer(1024), backend_error);
+}
+
+TEST_CASE("`troupe peer` refuses a non-loopback address without a key", "[rpc][process]") {
+  int err[2];
+  REQUIRE(::pipe(err) == 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+  posix_spawn_file_actions_addclose(&fa, err[0]);
+  // A documentation address (never this machine's): refused before any socket is opened.
+  std::vector<std::string> args = {TROUPE_PEER_BIN, "peer", "--host", "192.0.2.1", "--port", "0"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  REQUIRE(posix_spawn(&pid, TROUPE_PEER_BIN, &fa, nullptr, argv.data(), environ) == 0);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(err[1]);
+  std::string text;
+  char buf[512];
+  for (ssize_t n; (n = ::read(err[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
+  ::close(err[0]);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 1);
+  CHECK_THAT(text, Catch::Contains("--auth-key-file") && Catch::Contains("--insecure"));
+}

@@ -1,0 +1,131 @@
+// troupe peer: serve this machine's devices to troupe clients (rpc::add_peer on the other side).
+//
+//   troupe peer --host 127.0.0.1 --port 50052
+//   troupe peer --host 0.0.0.0 --port 50052 --auth-key-file key --tls-cert cert.pem --tls-key key.pem
+//
+// Binding to an address that is not loopback needs --auth-key-file (a shared key, at least 16 bytes) unless
+// --insecure is given. The first line printed names the address (with the bound port when --port 0).
+// SIGINT or SIGTERM stop it: every connection is closed and its buffers freed.
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "net/rpc/auth.h"
+#include "net/rpc/server.h"
+#include "runtime/error.h"
+#include "tools/troupe/commands.h"
+
+namespace troupe::cli {
+namespace {
+
+struct peer_options {
+  std::string host = "127.0.0.1";
+  uint16_t port = 50052;
+  std::vector<std::string> devices;  // cpu, vulkan, cuda; empty: every device
+  std::string cache_dir;
+  std::string key_file;
+  std::string tls_cert;
+  std::string tls_key;
+  bool insecure = false;
+  int threads = 0;
+  int io_threads = 2;
+  uint32_t max_connections = 64;
+};
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+std::vector<device_i*> pick_devices(const std::vector<std::string>& kinds) {
+  std::vector<device_i*> all = registry::instance().devices();
+  if (kinds.empty()) return all;
+  std::vector<device_i*> out;
+  for (const std::string& k : kinds) {
+    const std::string want = lower(k);
+    size_t found = 0;
+    for (device_i* d : all) {
+      const bool match = want == "cpu" ? d->type() == device_type::cpu : lower(std::string(d->name())).rfind(want, 0) == 0;
+      if (match && std::find(out.begin(), out.end(), d) == out.end()) {
+        out.push_back(d);
+        ++found;
+      }
+    }
+    if (found == 0) throw error("no " + k + " device in this build or on this machine");
+  }
+  return out;
+}
+
+int run_peer(const peer_options& o) {
+  // Signals are taken by sigwait below: block them before any thread starts, so every thread inherits it.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  rpc::server_options so;
+  so.host = o.host;
+  so.port = o.port;
+  so.devices = pick_devices(o.devices);
+  so.make_backend = [threads = o.threads](device_i& d) -> backend_ptr {
+    if (&d == &cpu::cpu_device()) return cpu::make_cpu_backend({.n_threads = threads});
+    return d.init_backend();
+  };
+  if (!o.key_file.empty()) so.key = rpc::load_key_file(o.key_file);
+  so.insecure = o.insecure;
+  so.cache_dir = o.cache_dir;
+  so.tls_cert = o.tls_cert;
+  so.tls_key = o.tls_key;
+  so.io_threads = o.io_threads;
+  so.max_connections = o.max_connections;
+  if (!o.insecure && so.key.empty() && !rpc::is_loopback_host(o.host)) {
+    throw error("peer: refusing to listen on " + o.host + " without --auth-key-file: anyone who can reach it could "
+                "use this machine. Give --auth-key-file FILE (and, on a network you do not control, --tls-cert and "
+                "--tls-key), or --insecure to accept the risk");
+  }
+  if (o.insecure && so.key.empty() && !rpc::is_loopback_host(o.host)) {
+    std::fprintf(stderr, "troupe peer: WARNING: serving %s without authentication: anyone who can reach it can "
+                         "use this machine\n", o.host.c_str());
+  }
+  rpc::server srv(so);
+  srv.start();
+  std::string names;
+  for (device_i* d : so.devices) names += (names.empty() ? "" : ", ") + std::string(d->name());
+  std::printf("troupe peer: listening on %s (devices: %s; auth: %s; tls: %s; cache: %s)\n", srv.address().c_str(),
+              names.c_str(), so.key.empty() ? "off" : "shared key", srv.tls() ? "on" : "off",
+              o.cache_dir.empty() ? "none" : o.cache_dir.c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  std::printf("troupe peer: %s, stopping\n", sig == SIGINT ? "interrupted" : "terminated");
+  std::fflush(stdout);
+  srv.stop();
+  return 0;
+}
+
+}  // namespace
+
+command_fn add_peer(CLI::App& app) {
+  auto o = std::make_shared<peer_options>();
+  app.add_option("--host", o->host, "address to listen on (anything but loopback needs --auth-key-file)");
+  app.add_option("--port", o->port, "TCP port (0: any free port, printed at start)");
+  app.add_option("--device", o->devices, "devices to serve: cpu, vulkan or cuda (repeatable; default: all)");
+  app.add_option("--cache-dir", o->cache_dir, "keep uploaded weights (10 MiB and more) here, by hash");
+  app.add_option("--auth-key-file", o->key_file, "file holding the shared key clients must know");
+  app.add_option("--tls-cert", o->tls_cert, "PEM certificate chain: serve over TLS (with --tls-key)");
+  app.add_option("--tls-key", o->tls_key, "PEM private key for --tls-cert");
+  app.add_flag("--insecure", o->insecure, "allow a non-loopback address without an auth key");
+  app.add_option("-t,--threads", o->threads, "CPU threads per client graph (0: all)");
+  app.add_option("--io-threads", o->io_threads, "threads serving connections");
+  app.add_option("--max-connections", o->max_connections, "connections served at once");
+  return [o] { return run_peer(*o); };
+}
+
+}  // namespace troupe::cli
