@@ -9,30 +9,14 @@
 #include "backends/cpu/cpu_backend.h"
 #include "loader/gguf_writer.h"
 #include "loader/model_loader.h"
+#include "tests/support/copy_device.h"
 #include "tests/test_models.h"
 
 using namespace troupe;
 
 namespace {
 
-// A device whose default buffer type cannot wrap host memory: its weights are copied.
-class copy_device final : public device_i {
- public:
-  explicit copy_device(std::string name) : name_(std::move(name)), buft_(cpu::make_host_buffer_type(name_ + "_buf")) {}
-  std::string_view name() const override { return name_; }
-  std::string description() const override { return "copying test device"; }
-  device_type type() const override { return device_type::accel; }
-  device_memory memory() const override { return {}; }
-  device_caps caps() const override { return {}; }
-  backend_ptr init_backend() override { return nullptr; }
-  buffer_type_i& buffer_type() override { return *buft_; }
-  bool supports_op(const tensor&) const override { return true; }
-  bool supports_buft(const buffer_type_i& b) const override { return &b == buft_.get(); }
-
- private:
-  std::string name_;
-  std::unique_ptr<buffer_type_i> buft_;
-};
+using testing::copy_device;
 
 std::vector<float> iota_floats(size_t n, float start) {
   std::vector<float> v(n);
