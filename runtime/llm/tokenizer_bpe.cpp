@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/llm/detail/symbol_merge.h"
 #include "runtime/llm/detail/vocab_impl.h"
 #include "runtime/llm/pretokenizer.h"
 #include "runtime/llm/unicode.h"
@@ -15,10 +16,7 @@
 namespace troupe::llm::detail {
 namespace {
 
-struct symbol {
-  int prev, next;
-  size_t offset, n;  // bytes of the byte-level word; n == 0 once merged into the left neighbour
-};
+using symbol = merge_symbol;  // bytes of the byte-level word
 
 struct bigram {
   int left, right;
@@ -50,27 +48,10 @@ class bpe_session {
 
     symbols_.clear();
     queue_ = {};
-    for (size_t off = 0; off < word_.size();) {
-      const size_t n = std::min(utf8_sequence_length(static_cast<uint8_t>(word_[off])), word_.size() - off);
-      const int index = static_cast<int>(symbols_.size());
-      symbols_.push_back({index - 1, off + n == word_.size() ? -1 : index + 1, off, n});
-      off += n;
-    }
-    for (int i = 1; i < static_cast<int>(symbols_.size()); ++i) try_add_bigram(i - 1, i);
-
-    while (!queue_.empty()) {
-      const bigram b = queue_.top();
-      queue_.pop();
-      symbol& left = symbols_[b.left];
-      symbol& right = symbols_[b.right];
-      if (left.n == 0 || right.n == 0 || left.n + right.n != b.size) continue;  // stale
-      left.n += right.n;
-      right.n = 0;
-      left.next = right.next;
-      if (right.next >= 0) symbols_[right.next].prev = b.left;
-      try_add_bigram(left.prev, b.left);
-      try_add_bigram(b.left, left.next);
-    }
+    merge_symbols(
+        symbols_, queue_, word_.size(),
+        [this](size_t off) { return std::min(utf8_sequence_length(static_cast<uint8_t>(word_[off])), word_.size() - off); },
+        [this](int left, int right) { try_add_bigram(left, right); });
 
     if (symbols_.empty()) return;
     for (int i = 0; i != -1; i = symbols_[i].next) emit(symbols_[i], out);

@@ -7,6 +7,7 @@
 #include <queue>
 #include <vector>
 
+#include "runtime/llm/detail/symbol_merge.h"
 #include "runtime/llm/detail/vocab_impl.h"
 #include "runtime/llm/unicode.h"
 #include "runtime/log.h"
@@ -19,12 +20,7 @@ namespace {
 // invalid bytes this keeps a following '▁' whole so that the text round-trips.)
 size_t char_length(std::string_view text, size_t offset) { return utf8_decode(text, offset).len; }
 
-struct symbol {
-  int prev;       // index of the previous live symbol, -1 at the start
-  int next;       // index of the next live symbol, -1 at the end
-  size_t offset;  // bytes [offset, offset + n) of the text
-  size_t n;       // 0 once merged into its left neighbour
-};
+using symbol = merge_symbol;
 
 struct bigram {
   int left, right;
@@ -45,28 +41,9 @@ class spm_session {
 
   void tokenize(std::vector<token_id>& out) {
     if (text_.empty()) return;
-    for (size_t off = 0; off < text_.size();) {
-      const size_t n = char_length(text_, off);
-      const int index = static_cast<int>(symbols_.size());
-      symbols_.push_back({index - 1, off + n == text_.size() ? -1 : index + 1, off, n});
-      off += n;
-    }
-    for (int i = 1; i < static_cast<int>(symbols_.size()); ++i) try_add_bigram(i - 1, i);
-
-    while (!queue_.empty()) {
-      const bigram b = queue_.top();
-      queue_.pop();
-      symbol& left = symbols_[b.left];
-      symbol& right = symbols_[b.right];
-      if (left.n == 0 || right.n == 0 || left.n + right.n != b.size) continue;  // stale
-      left.n += right.n;
-      right.n = 0;
-      left.next = right.next;
-      if (right.next >= 0) symbols_[right.next].prev = b.left;
-      try_add_bigram(left.prev, b.left);
-      try_add_bigram(b.left, left.next);
-    }
-
+    merge_symbols(
+        symbols_, queue_, text_.size(), [this](size_t off) { return char_length(text_, off); },
+        [this](int left, int right) { try_add_bigram(left, right); });
     for (int i = 0; i != -1; i = symbols_[i].next) emit(symbols_[i], out);
   }
 
