@@ -13,9 +13,13 @@
 //
 // Fast path: the same conversion, with the active SIMD table's quantizer (bit-identical to the reference),
 // then the threads take chunks of dst from a shared counter (so a thread slowed down by the OS does not hold
-// the others up) and use the table's SIMD vec_dot. Matrix-vector products (token generation) are chunks of
-// rows of a; matrix-matrix products are tiles of tile_m rows of a against tile_n rows of b, so a's rows
-// stay in L1 and the b tile in L2 while they are reused.
+// the others up) and use the table's SIMD vec_dot. Matrix-vector products (token generation, also of a few
+// sequences at once) are chunks of rows of a against all rows of b; matrix-matrix products are tiles of
+// tile_m rows of a against tile_n rows of b, so a's rows stay in L1 and the b tile in L2 while they are
+// reused. Where the table has a tile kernel for a's type (the common quantized types), a chunk runs as
+// register tiles of a few rows of a x up to 4 rows of b: each block of a is decoded once for several rows
+// of b, each block of b prepared once for several rows of a. Its elements are bit-identical to vec_dot's,
+// so a sequence's logits do not depend on which other sequences were decoded in the same batch.
 //
 // BLAS path (TROUPE_HAVE_BLAS, not reference, n >= blas_min_batch(a.type)): each thread takes a range of
 // a's rows, dequantizes it into the work buffer (unless a is f32 that sgemm can read in place) and calls a
@@ -210,6 +214,7 @@ struct mm_ctx {
   const uint8_t* b_conv;  // converted rows of b, or null when b is used as is
   vec_dot_fn dot;
   simd::vec_dot_rows_fn dot_rows;  // fast path: several rows of a per call; null on the reference path
+  simd::vec_dot_tile_fn dot_tile;  // fast path: rows of a x rows of b per call; null where the type has none
   int64_t k, m, n, ne2b, r2, r3;
 
   const void* b_row(int64_t plane, int64_t j, int64_t i2, int64_t i3) const {
@@ -222,6 +227,15 @@ struct mm_ctx {
     const int64_t i2 = plane % ne2b;
     const int64_t i3 = plane / ne2b;
     const char* a_plane = addr(a, 0, 0, i2 / r2, i3 / r3);
+    if (dot_tile != nullptr && b_conv != nullptr) {
+      // Register tiles of a few rows of a x up to 4 rows of b (one sequence's token, a few sequences decoding
+      // at once, or a tile of a prompt): each block of a is decoded once for the rows of b, each block of b
+      // once for the rows of a. Converted rows of b are b_row_bytes apart, dst's columns nb[1].
+      dot_tile(k, i_end - i_begin, j_end - j_begin, reinterpret_cast<float*>(addr(dst, i_begin, j_begin, i2, i3)),
+               dst.nb[1] / sizeof(float), a_plane + i_begin * static_cast<int64_t>(a.nb[1]), a.nb[1],
+               b_row(plane, j_begin, i2, i3), p.b_row_bytes);
+      return;
+    }
     if (dot_rows != nullptr) {
       // Column by column: the tile's rows of a (a few KiB each) stay in cache across the columns, and dst's
       // rows are dense, so each call writes i_end - i_begin consecutive floats.
@@ -262,8 +276,8 @@ void mul_mat_reference(const compute_params& params, tensor& node, const mm_plan
   const type_traits& ta = traits(a.type);
   const uint8_t* b_conv = convert_b(params, b, ta.vec_dot_type, traits(ta.vec_dot_type).from_float_ref, p);
   if (p.convert_b) params.sync();  // every thread reads every converted row
-  const mm_ctx c{a, b, node, p, b_conv, ta.vec_dot, nullptr, a.ne[0], a.ne[1], b.ne[1], b.ne[2], b.ne[2] / a.ne[2],
-                 b.ne[3] / a.ne[3]};
+  const mm_ctx c{a,       b,       node,    p,       b_conv,  ta.vec_dot,        nullptr,          nullptr,
+                 a.ne[0], a.ne[1], b.ne[1], b.ne[2], b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]};
 
   // Tiles in order (plane, tile of b rows, tile of a rows); each thread takes a contiguous range of them.
   const int64_t n_planes = b.ne[2] * b.ne[3];
@@ -284,7 +298,8 @@ void mul_mat_fast(const compute_params& params, tensor& node, const mm_plan& p) 
   const simd::kernel_table& kt = simd::active_table();
   const type vdt = traits(a.type).vec_dot_type;
   const uint8_t* b_conv = convert_b(params, b, vdt, kt.quantize(vdt), p);
-  const mm_ctx c{a,       b,       node,    p,       b_conv,  kt.dot(a.type), kt.dot_rows(a.type),
+  const mm_ctx c{a,      b,      node,           p,
+                 b_conv, kt.dot(a.type), kt.dot_rows(a.type), kt.dot_tile(a.type),
                  a.ne[0], a.ne[1], b.ne[1], b.ne[2], b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]};
 
   // Chunk geometry: rows of a per chunk (rows_per) against b rows per chunk (cols_per).

@@ -753,6 +753,41 @@ TEST_CASE("kernels: mul_mat for every supported weight type, broadcast over plan
   CHECK(n_types >= 15);  // f32, f16, bf16, q4_0 ... q8_1, q2_K ... q8_K
 }
 
+TEST_CASE("kernels: mul_mat of a few rows of b (batched decode) equals each row alone, bit for bit",
+          "[cpu][kernels][mul_mat]") {
+  // Several sequences decoding at once multiply the weights by 2..8 activation rows; the quantized types
+  // have tile kernels for that (each weight block decoded once for several rows). Each column must be
+  // within the reference's bound and identical to the product of its row alone, whatever the batch and
+  // the thread count, so that a sequence's tokens do not depend on the others in its batch.
+  const int64_t k = 512, m = 70;  // 70 rows: several chunks per thread, a partial last chunk
+  for (type t : {type::q4_0, type::q4_1, type::q5_0, type::q5_1, type::q8_0, type::q2_K, type::q3_K, type::q4_K,
+                 type::q5_K, type::q6_K, type::f16, type::f32}) {
+    context ctx(arena(32));
+    tensor* a = weights(ctx, t, k, m, 1, 31);
+    for (int64_t n : {2, 3, 4, 5, 8}) {
+      INFO("weights " << type_name(t) << ", batch " << n);
+      tensor* b = ctx.new_tensor_2d(type::f32, k, n);
+      fill_random(*b, 32 + static_cast<uint32_t>(n), -2.0, 2.0);
+      tensor* d = mul_mat(ctx, a, b);
+      const mm_expect want = mul_mat_ref(*a, *b);
+      std::vector<uint8_t> alone;  // column j: the product of b's row j alone (a matrix-vector product)
+      for (int64_t j = 0; j < n; ++j) {
+        tensor* dj = mul_mat(ctx, a, view_2d(ctx, b, k, 1, b->nb[1], static_cast<size_t>(j) * b->nb[1]));
+        compute(*dj, 1, /*reference=*/false);
+        const std::vector<uint8_t> col = bytes_of(*dj);
+        alone.insert(alone.end(), col.begin(), col.end());
+      }
+      for (int nth : {1, 2, 3}) {
+        INFO("threads " << nth);
+        std::memset(d->data, 0, nbytes(*d));
+        compute(*d, nth, /*reference=*/false);
+        CHECK(within(*d, want));
+        CHECK(bytes_of(*d) == alone);
+      }
+    }
+  }
+}
+
 TEST_CASE("kernels: mul_mat with strided a rows and permuted / transposed b", "[cpu][kernels][mul_mat]") {
   for (type t : {type::f32, type::f16, type::q4_0, type::q4_K}) {
     INFO("weights " << type_name(t));

@@ -235,3 +235,48 @@ TEST_CASE("simd vec_dot_rows equals one vec_dot per row, bit for bit", "[cpu][si
     }
   }
 }
+
+TEST_CASE("simd vec_dot_tile equals one vec_dot per element, bit for bit, for batches 1..8", "[cpu][simd]") {
+  int checked = 0;
+  for (isa level : simd_levels()) {
+    const simd::kernel_table& kt = simd::table(level);
+    for (type w : weight_types) {
+      if (kt.dot_tile(w) == nullptr) continue;
+      const type vt = traits(w).vec_dot_type;
+      for (int64_t n : lengths_for(w)) {
+        const int64_t rows = 7;  // whole register tiles of 1, 2 or 4 weight rows, and rows left over
+        const size_t x_stride = row_size(w, n) + 32;  // rows need not be adjacent
+        const size_t y_stride = row_size(vt, n) + 96;
+        std::vector<uint8_t> x(x_stride * rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          const float hi = r % 3 == 2 ? 8.0f : 1.0f;  // rows of larger, skewed values
+          const std::vector<uint8_t> row =
+              quantize_ref(w, random_floats(static_cast<size_t>(n), 60 + static_cast<uint32_t>(r), -0.5f, hi));
+          std::memcpy(x.data() + x_stride * static_cast<size_t>(r), row.data(), row.size());
+        }
+        for (int64_t cols : {1, 2, 3, 4, 5, 6, 7, 8}) {
+          INFO("level " << cpu::isa_name(level) << ", weights " << type_name(w) << ", n " << n << ", batch " << cols);
+          std::vector<uint8_t> y(y_stride * static_cast<size_t>(cols));
+          for (int64_t c = 0; c < cols; ++c) {
+            const std::vector<uint8_t> col =
+                quantize_ref(vt, random_floats(static_cast<size_t>(n), 70 + static_cast<uint32_t>(c)));
+            std::memcpy(y.data() + y_stride * static_cast<size_t>(c), col.data(), col.size());
+          }
+          const size_t s_stride = rows + 2;  // gaps between dst columns stay untouched
+          std::vector<float> got(s_stride * static_cast<size_t>(cols), -7.0f), want = got;
+          kt.dot_tile(w)(n, rows, cols, got.data(), s_stride, x.data(), x_stride, y.data(), y_stride);
+          for (int64_t c = 0; c < cols; ++c) {
+            for (int64_t r = 0; r < rows; ++r) {
+              kt.dot(w)(n, &want[static_cast<size_t>(c) * s_stride + static_cast<size_t>(r)],
+                        x.data() + x_stride * static_cast<size_t>(r), y.data() + y_stride * static_cast<size_t>(c));
+            }
+          }
+          CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0);
+          ++checked;
+        }
+      }
+    }
+  }
+  if (simd_levels().empty()) WARN("no SIMD level on this CPU: nothing to compare");
+  else CHECK(checked >= 8 * 4 * 8);  // q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K at least at one level
+}

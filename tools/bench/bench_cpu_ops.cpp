@@ -6,6 +6,9 @@
 //                                  backend (activation quantized once per op); bytes/s = weight bytes read.
 //                                  The weights rotate through >= 256 MiB of copies, so they stream from
 //                                  memory as in token generation, never from the last-level cache.
+//   matvec_batch/<w>/<m>x<k>/b<n>/threads:N  the same by n f32 vectors (n sequences decoding at once);
+//                                  bytes/s = weight bytes read per second (the effective weight bandwidth:
+//                                  n times the tokens per byte of weights). b1 is the matvec above.
 //   matmul/<w>/<path>/b<n>/threads:N  mul_mat of 4096 x 4096 weights by n f32 vectors; GFLOPS = 2 m k n per
 //                                  second. path: auto (the backend's choice), quant (SIMD dot products,
 //                                  BLAS off), blas (dequantize + sgemm forced).
@@ -85,6 +88,24 @@ void register_all() {
                                      [t, m, k, nth] { return bench::make_matvec(t, m, k, nth); })
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+  // Batched matrix-vector products for the types of common models, at SmolLM2-135M's widest shape and a 7B
+  // one; batch 1 registered next to the others so that the ratios compare numbers of the same run.
+  const type batch_types[] = {type::q4_0, type::q4_1, type::q8_0, type::q4_K, type::q6_K, type::f16};
+  for (type t : batch_types) {
+    for (auto [m, k] : {std::pair<int64_t, int64_t>{1536, 576}, std::pair<int64_t, int64_t>{4096, 4096}}) {
+      if (k % traits(t).block_size != 0) continue;
+      for (int nth : threads) {
+        for (int64_t n : {1, 2, 4, 8}) {
+          const std::string name = "matvec_batch/" + std::string(type_name(t)) + "/" + std::to_string(m) + "x" +
+                                   std::to_string(k) + "/b" + std::to_string(n) + "/threads:" + std::to_string(nth);
+          benchmark::RegisterBenchmark(name.c_str(), bm_workload,
+                                       [t, m, k, nth, n] { return bench::make_matvec(t, m, k, nth, n); })
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
       }
     }
   }

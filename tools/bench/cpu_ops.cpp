@@ -166,10 +166,10 @@ struct matvec_workload final : workload {
   mm_graph mg;
   cpu::cpu_backend& be;
   int64_t copy = 0;
-  matvec_workload(type t, int64_t m, int64_t k, int nth)
-      : w(weights(t, m, k, stream_bytes)), mg(t, m, k, 1), be(backend(nth)) {
+  matvec_workload(type t, int64_t m, int64_t k, int nth, int64_t n)
+      : w(weights(t, m, k, stream_bytes)), mg(t, m, k, n), be(backend(nth)) {
     bytes = static_cast<double>(w->matrix_bytes);
-    flops = 2.0 * static_cast<double>(m) * static_cast<double>(k);
+    flops = 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
   }
   void run() override {
     mg.a->data = w->buf->p + w->matrix_bytes * static_cast<size_t>(copy);
@@ -248,8 +248,8 @@ struct graph_nodes_workload final : workload {
 std::unique_ptr<workload> make_memcpy(int nth) { return std::make_unique<memcpy_workload>(nth); }
 std::unique_ptr<workload> make_read(int nth) { return std::make_unique<read_workload>(nth); }
 
-std::unique_ptr<workload> make_matvec(type t, int64_t m, int64_t k, int nth) {
-  return std::make_unique<matvec_workload>(t, m, k, nth);
+std::unique_ptr<workload> make_matvec(type t, int64_t m, int64_t k, int nth, int64_t n) {
+  return std::make_unique<matvec_workload>(t, m, k, nth, n);
 }
 
 std::string_view path_name(mm_path p) {

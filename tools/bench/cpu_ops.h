@@ -28,9 +28,11 @@ constexpr size_t stream_bytes = size_t{256} << 20;  // memcpy / read buffers, ma
 std::unique_ptr<workload> make_memcpy(int nth);
 std::unique_ptr<workload> make_read(int nth);
 
-// mul_mat of m x k weights of type t by one f32 vector on the CPU backend with nth threads. The weights
-// rotate through copies filling >= 256 MiB, so they come from memory, never from the last-level cache.
-std::unique_ptr<workload> make_matvec(type t, int64_t m, int64_t k, int nth);
+// mul_mat of m x k weights of type t by n f32 vectors (1: one sequence's token generation; 2..8: several
+// sequences decoding at once) on the CPU backend with nth threads. The weights rotate through copies
+// filling >= 256 MiB, so they come from memory, never from the last-level cache. bytes = the weight bytes,
+// whatever n (the effective weight bandwidth).
+std::unique_ptr<workload> make_matvec(type t, int64_t m, int64_t k, int nth, int64_t n = 1);
 
 // How a matrix-matrix product is computed: the backend's choice, the SIMD dot products (BLAS off), or
 // dequantize + sgemm (BLAS forced, where built).

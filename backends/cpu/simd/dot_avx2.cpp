@@ -57,10 +57,5 @@ void vec_dot_bf16(int64_t n, float* s, const void* x, const void* y) {
 TROUPE_SIMD_ROWS(vec_dot_f32)
 TROUPE_SIMD_ROWS(vec_dot_f16)
 TROUPE_SIMD_ROWS(vec_dot_bf16)
-TROUPE_SIMD_ROWS(vec_dot_q4_0)
-TROUPE_SIMD_ROWS(vec_dot_q4_1)
-TROUPE_SIMD_ROWS(vec_dot_q5_0)
-TROUPE_SIMD_ROWS(vec_dot_q5_1)
-TROUPE_SIMD_ROWS(vec_dot_q8_0)
 
 }  // namespace troupe::cpu::simd::avx2

@@ -125,97 +125,143 @@ void vec_dot_q3_K(int64_t n, float* s, const void* vx, const void* vy) {
 namespace {
 
 // q4_K and q5_K: chunk c (64 values) = sub-blocks 2c (low nibbles of qs[32 c ..]) and 2c + 1 (high
-// nibbles); q5_K adds bit 4 from bits 2c / 2c + 1 of qh[l].
+// nibbles); q5_K adds bit 4 from bits 2c / 2c + 1 of qh[l]. NC activation rows at once (dot_tile in
+// x86_common.h): each chunk's quants and scales are decoded once and used for every row.
 template <bool five>
-float dot_k4(int64_t n, const void* vx, const void* vy) {
-  using block = std::conditional_t<five, block_q5_K, block_q4_K>;
-  const block* x = static_cast<const block*>(vx);
-  const block_q8_K* y = static_cast<const block_q8_K*>(vy);
-  const int64_t nb = n / qk_k;
-  const __m256i m4 = _mm256_set1_epi8(0xF);
-  __m256 acc = _mm256_setzero_ps();
-  __m128 acc_m = _mm_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i) {
-    const float d = y[i].d * h2f(x[i].d);
-    const float dmin = -y[i].d * h2f(x[i].dmin);
-    const __m256i sm = k4_scales_mins(x[i].scales);
-    acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_min_products(sm, y[i].bsums)), acc_m);
-    const __m256i scales = _mm256_permute2x128_si256(sm, sm, 0x00);  // scales 0..7 in both lanes
-    __m256i hbits = _mm256_setzero_si256();
-    if constexpr (five) hbits = load256(x[i].qh);
-    __m256i sumi = _mm256_setzero_si256();
-    for (int c = 0; c < 4; ++c) {
-      const __m256i bits = load256(x[i].qs + 32 * c);
-      __m256i q_lo = _mm256_and_si256(bits, m4);
-      __m256i q_hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-      if constexpr (five) {
-        // bit 2c (2c + 1) of each qh byte to bit 4 of the byte, within the byte.
-        const __m256i one = _mm256_set1_epi8(1);
-        q_lo = _mm256_or_si256(q_lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * c), one), 4));
-        q_hi = _mm256_or_si256(q_hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * c + 1), one), 4));
-      }
-      const __m256i p_lo = _mm256_maddubs_epi16(q_lo, load256(y[i].qs + 64 * c));
-      const __m256i p_hi = _mm256_maddubs_epi16(q_hi, load256(y[i].qs + 64 * c + 32));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_shuffle_epi8(scales, k4_shuffle(2 * c)), p_lo));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_shuffle_epi8(scales, k4_shuffle(2 * c + 1)), p_hi));
+struct k4_tile {
+  static constexpr int max_rows = 1;
+  template <int MR, int NC>
+  static constexpr bool fits = MR == 1;
+
+  template <int MR, int NC>
+  static void run(int64_t n, const void* const* vx, const void* const* vy, float* out) {
+    static_assert(MR == 1);
+    using block = std::conditional_t<five, block_q5_K, block_q4_K>;
+    const block* x = static_cast<const block*>(vx[0]);
+    const block_q8_K* y[NC];
+    __m256 acc[NC];
+    __m128 acc_m[NC];
+    for (int c = 0; c < NC; ++c) {
+      y[c] = static_cast<const block_q8_K*>(vy[c]);
+      acc[c] = _mm256_setzero_ps();
+      acc_m[c] = _mm_setzero_ps();
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    const int64_t nb = n / qk_k;
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    for (int64_t i = 0; i < nb; ++i) {
+      const float xd = h2f(x[i].d);
+      const float xdmin = h2f(x[i].dmin);
+      const __m256i sm = k4_scales_mins(x[i].scales);
+      for (int c = 0; c < NC; ++c) {
+        const float dmin = -y[c][i].d * xdmin;
+        acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_min_products(sm, y[c][i].bsums)), acc_m[c]);
+      }
+      const __m256i scales = _mm256_permute2x128_si256(sm, sm, 0x00);  // scales 0..7 in both lanes
+      __m256i hbits = _mm256_setzero_si256();
+      if constexpr (five) hbits = load256(x[i].qh);
+      __m256i sumi[NC];
+      for (int c = 0; c < NC; ++c) sumi[c] = _mm256_setzero_si256();
+      for (int k = 0; k < 4; ++k) {
+        const __m256i bits = load256(x[i].qs + 32 * k);
+        __m256i q_lo = _mm256_and_si256(bits, m4);
+        __m256i q_hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+        if constexpr (five) {
+          // bit 2k (2k + 1) of each qh byte to bit 4 of the byte, within the byte.
+          const __m256i one = _mm256_set1_epi8(1);
+          q_lo = _mm256_or_si256(q_lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * k), one), 4));
+          q_hi =
+              _mm256_or_si256(q_hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * k + 1), one), 4));
+        }
+        const __m256i s_lo = _mm256_shuffle_epi8(scales, k4_shuffle(2 * k));
+        const __m256i s_hi = _mm256_shuffle_epi8(scales, k4_shuffle(2 * k + 1));
+        for (int c = 0; c < NC; ++c) {
+          const __m256i p_lo = _mm256_maddubs_epi16(q_lo, load256(y[c][i].qs + 64 * k));
+          const __m256i p_hi = _mm256_maddubs_epi16(q_hi, load256(y[c][i].qs + 64 * k + 32));
+          sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(s_lo, p_lo));
+          sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(s_hi, p_hi));
+        }
+      }
+      for (int c = 0; c < NC; ++c) {
+        const float d = y[c][i].d * xd;
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+      }
+    }
+    for (int c = 0; c < NC; ++c) {
+      __m128 r = _mm_add_ps(acc_m[c], _mm_movehl_ps(acc_m[c], acc_m[c]));
+      r = _mm_add_ss(r, _mm_movehdup_ps(r));
+      out[c] = hsum(acc[c]) + _mm_cvtss_f32(r);
+    }
   }
-  __m128 r = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-  r = _mm_add_ss(r, _mm_movehdup_ps(r));
-  return hsum(acc) + _mm_cvtss_f32(r);
-}
+};
+
+// q6_K: q + 32 in [0, 63] against y, minus 32 * y (maddubs of a constant 32), per 16-value sub-block scale
+// (signed int8 -> int16). NC activation rows at once, each half-block's quants decoded once.
+struct q6_K_tile {
+  static constexpr int max_rows = 1;
+  template <int MR, int NC>
+  static constexpr bool fits = MR == 1;
+
+  template <int MR, int NC>
+  static void run(int64_t n, const void* const* vx, const void* const* vy, float* out) {
+    static_assert(MR == 1);
+    const block_q6_K* x = static_cast<const block_q6_K*>(vx[0]);
+    const block_q8_K* y[NC];
+    __m256 acc[NC];
+    for (int c = 0; c < NC; ++c) {
+      y[c] = static_cast<const block_q8_K*>(vy[c]);
+      acc[c] = _mm256_setzero_ps();
+    }
+    const int64_t nb = n / qk_k;
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m256i m2 = _mm256_set1_epi8(3);
+    const __m256i m32 = _mm256_set1_epi8(32);
+    for (int64_t i = 0; i < nb; ++i) {
+      const float xd = h2f(x[i].d);
+      const __m256i all_scales = _mm256_cvtepi8_epi16(load128(x[i].scales));
+      const __m256i half_scales[2] = {_mm256_permute2x128_si256(all_scales, all_scales, 0x00),
+                                      _mm256_permute2x128_si256(all_scales, all_scales, 0x11)};
+      __m256i sumi[NC];
+      for (int c = 0; c < NC; ++c) sumi[c] = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        const __m256i ql0 = load256(x[i].ql + 64 * h);
+        const __m256i ql1 = load256(x[i].ql + 64 * h + 32);
+        const __m256i qh = load256(x[i].qh + 32 * h);
+        // value 128 h + 32 k + l: low 4 bits from ql (k = 0, 1: low nibbles of ql0 / ql1; k = 2, 3: high
+        // nibbles), high 2 bits from bits 2k of qh[l].
+        const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4)),
+        };
+        for (int k = 0; k < 4; ++k) {
+          const __m256i sc = _mm256_shuffle_epi8(half_scales[h], k16_shuffle(k));
+          for (int c = 0; c < NC; ++c) {
+            const __m256i r = load256(y[c][i].qs + 128 * h + 32 * k);
+            const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], r), _mm256_maddubs_epi16(m32, r));
+            sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(sc, p));
+          }
+        }
+      }
+      for (int c = 0; c < NC; ++c) {
+        const float d = y[c][i].d * xd;
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+      }
+    }
+    for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]);
+  }
+};
 
 }  // namespace
 
-void vec_dot_q4_K(int64_t n, float* s, const void* x, const void* y) { *s = dot_k4<false>(n, x, y); }
-void vec_dot_q5_K(int64_t n, float* s, const void* x, const void* y) { *s = dot_k4<true>(n, x, y); }
-
-// q6_K: q + 32 in [0, 63] against y, minus 32 * y (maddubs of a constant 32), per 16-value sub-block scale
-// (signed int8 -> int16).
-void vec_dot_q6_K(int64_t n, float* s, const void* vx, const void* vy) {
-  const block_q6_K* x = static_cast<const block_q6_K*>(vx);
-  const block_q8_K* y = static_cast<const block_q8_K*>(vy);
-  const int64_t nb = n / qk_k;
-  const __m256i m4 = _mm256_set1_epi8(0xF);
-  const __m256i m2 = _mm256_set1_epi8(3);
-  const __m256i m32 = _mm256_set1_epi8(32);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i) {
-    const float d = y[i].d * h2f(x[i].d);
-    const __m256i all_scales = _mm256_cvtepi8_epi16(load128(x[i].scales));
-    const __m256i half_scales[2] = {_mm256_permute2x128_si256(all_scales, all_scales, 0x00),
-                                    _mm256_permute2x128_si256(all_scales, all_scales, 0x11)};
-    __m256i sumi = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-      const __m256i ql0 = load256(x[i].ql + 64 * h);
-      const __m256i ql1 = load256(x[i].ql + 64 * h + 32);
-      const __m256i qh = load256(x[i].qh + 32 * h);
-      // value 128 h + 32 k + l: low 4 bits from ql (k = 0, 1: low nibbles of ql0 / ql1; k = 2, 3: high
-      // nibbles), high 2 bits from bits 2k of qh[l].
-      const __m256i q[4] = {
-          _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4)),
-          _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4)),
-      };
-      for (int k = 0; k < 4; ++k) {
-        const __m256i r = load256(y[i].qs + 128 * h + 32 * k);
-        const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], r), _mm256_maddubs_epi16(m32, r));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_shuffle_epi8(half_scales[h], k16_shuffle(k)), p));
-      }
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-  }
-  *s = hsum(acc);
-}
+TROUPE_SIMD_TILE(vec_dot_q4_K, k4_tile<false>)
+TROUPE_SIMD_TILE(vec_dot_q5_K, k4_tile<true>)
+TROUPE_SIMD_TILE(vec_dot_q6_K, q6_K_tile)
 
 TROUPE_SIMD_ROWS(vec_dot_q2_K)
 TROUPE_SIMD_ROWS(vec_dot_q3_K)
-TROUPE_SIMD_ROWS(vec_dot_q4_K)
-TROUPE_SIMD_ROWS(vec_dot_q5_K)
-TROUPE_SIMD_ROWS(vec_dot_q6_K)
 
 }  // namespace troupe::cpu::simd::avx2

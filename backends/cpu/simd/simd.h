@@ -22,6 +22,13 @@ namespace troupe::cpu::simd {
 // a matrix-vector product instead of one per row).
 using vec_dot_rows_fn = void (*)(int64_t n, int64_t nrows, float* s, const void* x, size_t x_stride, const void* y);
 
+// s[c * s_stride + r] = vec_dot(n, row r of x, row c of y) for r < nrows, c < ncols: rows of x x_stride bytes
+// apart, rows of y y_stride bytes apart, s_stride in floats. Each block of x is decoded once for several rows
+// of y (a matrix product with a few activation rows, e.g. several sequences decoding at once), and every
+// element is bit-identical to vec_dot's, so a result does not depend on the batch it was computed in.
+using vec_dot_tile_fn = void (*)(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x,
+                                 size_t x_stride, const void* y, size_t y_stride);
+
 // y[i] = exp(y[i] - max) for n values; returns their sum.
 using exp_row_fn = float (*)(int64_t n, float* y, float max);
 // y[i] = silu(x[i]) = x[i] / (1 + exp(-x[i])).
@@ -35,6 +42,9 @@ struct kernel_table {
   // vec_dot[w]: row of weights of type w . row of traits(w).vec_dot_type.
   std::array<vec_dot_fn, type_id_count> vec_dot{};
   std::array<vec_dot_rows_fn, type_id_count> vec_dot_rows{};  // the same dot over several rows of weights
+  // The same dot over rows of weights x rows of activations; null where the level has no batched kernel for
+  // the type (then one vec_dot_rows call per activation row does the same).
+  std::array<vec_dot_tile_fn, type_id_count> vec_dot_tile{};
   // from_float[t]: f32 -> t, bit-identical to traits(t).from_float_ref (used for the activation types).
   std::array<from_float_fn, type_id_count> from_float{};
   // to_float[t]: t -> f32, bit-identical to traits(t).to_float.
@@ -47,6 +57,7 @@ struct kernel_table {
 
   vec_dot_fn dot(type t) const { return vec_dot[static_cast<size_t>(t)]; }
   vec_dot_rows_fn dot_rows(type t) const { return vec_dot_rows[static_cast<size_t>(t)]; }
+  vec_dot_tile_fn dot_tile(type t) const { return vec_dot_tile[static_cast<size_t>(t)]; }
   from_float_fn quantize(type t) const { return from_float[static_cast<size_t>(t)]; }
   to_float_fn dequantize(type t) const { return to_float[static_cast<size_t>(t)]; }
 };

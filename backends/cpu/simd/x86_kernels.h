@@ -20,6 +20,11 @@ namespace troupe::cpu::simd {
 #define TROUPE_SIMD_DOT(name)                                  \
   void name(int64_t n, float* s, const void* x, const void* y); \
   void name##_rows(int64_t n, int64_t nrows, float* s, const void* x, size_t x_stride, const void* y)
+// Batched dot products (dot_tile in x86_common.h): s[c * s_stride + r] = name(row r of x, row c of y) for
+// r < nrows, c < ncols, each element bit-identical to name's.
+#define TROUPE_SIMD_TILE_DECL(name)                                                                         \
+  void name##_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x,       \
+                   size_t x_stride, const void* y, size_t y_stride)
 #define TROUPE_SIMD_QUANT(name) void name(const float* x, void* y, int64_t n)
 #define TROUPE_SIMD_DEQUANT(name) void name(const void* x, float* y, int64_t n)
 
@@ -37,6 +42,14 @@ TROUPE_SIMD_DOT(vec_dot_q3_K);
 TROUPE_SIMD_DOT(vec_dot_q4_K);
 TROUPE_SIMD_DOT(vec_dot_q5_K);
 TROUPE_SIMD_DOT(vec_dot_q6_K);
+TROUPE_SIMD_TILE_DECL(vec_dot_q4_0);
+TROUPE_SIMD_TILE_DECL(vec_dot_q4_1);
+TROUPE_SIMD_TILE_DECL(vec_dot_q5_0);
+TROUPE_SIMD_TILE_DECL(vec_dot_q5_1);
+TROUPE_SIMD_TILE_DECL(vec_dot_q8_0);
+TROUPE_SIMD_TILE_DECL(vec_dot_q4_K);
+TROUPE_SIMD_TILE_DECL(vec_dot_q5_K);
+TROUPE_SIMD_TILE_DECL(vec_dot_q6_K);
 
 TROUPE_SIMD_QUANT(quantize_row_q8_0);
 TROUPE_SIMD_QUANT(quantize_row_q8_1);
@@ -65,6 +78,12 @@ TROUPE_SIMD_DOT(vec_dot_q5_0);
 TROUPE_SIMD_DOT(vec_dot_q5_1);
 TROUPE_SIMD_DOT(vec_dot_q8_0);
 TROUPE_SIMD_DOT(vec_dot_q4_K);
+TROUPE_SIMD_TILE_DECL(vec_dot_q4_0);
+TROUPE_SIMD_TILE_DECL(vec_dot_q4_1);
+TROUPE_SIMD_TILE_DECL(vec_dot_q5_0);
+TROUPE_SIMD_TILE_DECL(vec_dot_q5_1);
+TROUPE_SIMD_TILE_DECL(vec_dot_q8_0);
+TROUPE_SIMD_TILE_DECL(vec_dot_q4_K);
 }  // namespace avx512
 
 namespace avx512bf16 {
@@ -72,6 +91,7 @@ TROUPE_SIMD_DOT(vec_dot_bf16);
 }  // namespace avx512bf16
 
 #undef TROUPE_SIMD_DOT
+#undef TROUPE_SIMD_TILE_DECL
 #undef TROUPE_SIMD_QUANT
 #undef TROUPE_SIMD_DEQUANT
 
