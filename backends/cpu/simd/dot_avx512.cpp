@@ -73,9 +73,9 @@ inline void halves_f16x2(const uint16_t* p, const uint16_t* q, __m512& d, __m512
   m = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), f4);
 }
 
-// q4_0 (x = d (q - 8)) against q8_0 (y = dy r): the quants are used unsigned (0..15) with vpdpbusd, and
-// 8 * sum(r) (another vpdpbusd, of the constant 8: activation side) is subtracted: sum (q - 8) r exactly,
-// per block in 8 int32 lanes. Four blocks per iteration (two per zmm, two accumulators per pair), up to 3
+// q4_0 (x = d (q - 8)) against q8_0 (y = dy r): the quants are used unsigned (0..15) with vpdpbusd, whose
+// accumulator starts at -8 sum(r) (another vpdpbusd, of the constant 8: activation side): sum (q - 8) r
+// exactly, per block in 8 int32 lanes. Four blocks per iteration (two per zmm, two accumulators per pair), up to 3
 // blocks left through the ymm kernel. A register tile of MR weight rows x NC activation rows (dot_tile in
 // x86_common.h): 2 x MR x NC accumulators of 32 zmm registers.
 struct q4_0_tile {
@@ -111,13 +111,16 @@ struct q4_0_tile {
         const block_q8_0* yc = y[c] + i;
         const __m512i r0 = quants_64(yc[0], yc[1]);
         const __m512i r1 = quants_64(yc[2], yc[3]);
-        const __m512i e0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), r0);
-        const __m512i e1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), r1);
+        // -8 sum(r) per lane, the accumulator the byte products of every weight row start from.
+        const __m512i e0 = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), r0));
+        const __m512i e1 = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), r1));
         const __m512 dy0 = halves_f16(&yc[0].d, &yc[1].d);
         const __m512 dy1 = halves_f16(&yc[2].d, &yc[3].d);
         for (int r = 0; r < MR; ++r) {
-          const __m512i s0 = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q0[r], r0), e0);
-          const __m512i s1 = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q1[r], r1), e1);
+          const __m512i s0 = _mm512_dpbusd_epi32(e0, q0[r], r0);
+          const __m512i s1 = _mm512_dpbusd_epi32(e1, q1[r], r1);
           acc0[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(d0[r], dy0), _mm512_cvtepi32_ps(s0), acc0[r][c]);
           acc1[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(d1[r], dy1), _mm512_cvtepi32_ps(s1), acc1[r][c]);
         }
@@ -139,9 +142,10 @@ struct q4_0_tile {
   }
 };
 
-// q4_1 (x = dx q + m) against q8_1 (y = dy r): dx dy sum(q r) + m dy sum(r), sum(r) from the quants (a
-// vpdpbusd of the constant 1: activation side), as the reference does. Two blocks per iteration, an odd last
-// block through the ymm kernel; a register tile of MR x NC pairs, 2 accumulators each.
+// q4_1 (x = dx q + m) against q8_1 (y = dy r): dx dy sum(q r) + m (dy sum(r)), sum(r) from the quants (a
+// vpdpbusd of the constant 1), as the reference does; dy sum(r) is activation side. Two blocks per
+// iteration, an odd last block through the ymm kernel; a register tile of MR x NC pairs, 2 accumulators
+// each.
 struct q4_1_tile {
   static constexpr int max_rows = 2;
   template <int MR, int NC>
@@ -171,12 +175,13 @@ struct q4_1_tile {
       }
       for (int c = 0; c < NC; ++c) {
         const __m512i rq = quants_64(y[c][i], y[c][i + 1]);
-        const __m512 sum_r = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), rq));
+        const __m512i sum_r = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), rq);
         const __m512 dy = halves_f16(&y[c][i].d, &y[c][i + 1].d);
+        const __m512 dy_sum_r = _mm512_mul_ps(dy, _mm512_cvtepi32_ps(sum_r));
         for (int r = 0; r < MR; ++r) {
           const __m512i sum_qr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[r], rq);
           acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(dx[r], dy), _mm512_cvtepi32_ps(sum_qr), acc[r][c]);
-          acc_m[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(mx[r], dy), sum_r, acc_m[r][c]);
+          acc_m[r][c] = _mm512_fmadd_ps(mx[r], dy_sum_r, acc_m[r][c]);
         }
       }
     }
@@ -197,9 +202,10 @@ struct q4_1_tile {
 };
 
 // q8_0 against q8_0: two blocks per zmm. The weight quants are made unsigned by adding 128 (an xor of the
-// sign bit) for vpdpbusd, and 128 * sum(r) (a vpdpbusd of the constant 128: activation side) is subtracted:
-// sum q r exactly, per block in 8 int32 lanes. An odd last block through the ymm kernel. A register tile of
-// up to 4 weight rows x 4 activation rows, one accumulator per pair (the pairs are independent chains).
+// sign bit) for vpdpbusd, whose accumulator starts at -128 sum(r) (a vpdpbusd of the constant 128:
+// activation side): sum q r exactly, per block in 8 int32 lanes. An odd last block through the ymm kernel.
+// A register tile of up to 4 weight rows x 4 activation rows, one accumulator per pair (the pairs are
+// independent chains).
 struct q8_0_tile {
   static constexpr int max_rows = 4;
   template <int MR, int NC>
@@ -227,10 +233,11 @@ struct q8_0_tile {
       }
       for (int c = 0; c < NC; ++c) {
         const __m512i rq = quants_64(y[c][i], y[c][i + 1]);
-        const __m512i e = _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, rq);
+        const __m512i e =
+            _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, rq));
         const __m512 dy = halves_f16(&y[c][i].d, &y[c][i + 1].d);
         for (int r = 0; r < MR; ++r) {
-          const __m512i sumi = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u[r], rq), e);
+          const __m512i sumi = _mm512_dpbusd_epi32(e, u[r], rq);
           acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(dx[r], dy), _mm512_cvtepi32_ps(sumi), acc[r][c]);
         }
       }
