@@ -5,7 +5,8 @@
 // with maddubs -> 16 int16 pair sums; madd of those with the sub-block scales (int16, broadcast by a byte
 // shuffle) -> 8 int32, summed exactly over the super-block; then one float FMA per super-block with
 // d(x) * d(y). Signed quants are made unsigned by an offset whose contribution (offset * sum of y, per
-// sub-block) is subtracted in int16, or, for the mins of q2_K / q4_K / q5_K, taken from y's bsums.
+// sub-block) is subtracted in int16 (q3_K) or taken from y's bsums (q6_K, and the mins of q2_K / q4_K /
+// q5_K).
 //
 // Value v of a q2_K / q3_K / q6_K super-block lies in sub-block v / 16. With v = 128 h + 32 k + l, a
 // register holding the 32 values of (h, k) spans sub-blocks 8 h + 2 k (its low 128-bit lane, l < 16) and
@@ -194,8 +195,9 @@ struct k4_tile {
   }
 };
 
-// q6_K: q + 32 in [0, 63] against y, minus 32 * y (maddubs of a constant 32), per 16-value sub-block scale
-// (signed int8 -> int16). NC activation rows at once, each half-block's quants decoded once.
+// q6_K: q + 32 in [0, 63] against y, per 16-value sub-block scale (signed int8 -> int16), minus the offset
+// 32 * sum_j scale_j * (sum of y over sub-block j), from y's bsums once per block. NC activation rows at
+// once, each half-block's quants decoded once.
 struct q6_K_tile {
   static constexpr int max_rows = 1;
   template <int MR, int NC>
@@ -214,7 +216,6 @@ struct q6_K_tile {
     const int64_t nb = n / qk_k;
     const __m256i m4 = _mm256_set1_epi8(0xF);
     const __m256i m2 = _mm256_set1_epi8(3);
-    const __m256i m32 = _mm256_set1_epi8(32);
     for (int64_t i = 0; i < nb; ++i) {
       const float xd = h2f(x[i].d);
       const __m256i all_scales = _mm256_cvtepi8_epi16(load128(x[i].scales));
@@ -240,11 +241,15 @@ struct q6_K_tile {
         for (int k = 0; k < 4; ++k) {
           const __m256i sc = _mm256_shuffle_epi8(half_scales[h], k16_shuffle(k));
           for (int c = 0; c < NC; ++c) {
-            const __m256i r = load256(y[c][i].qs + 128 * h + 32 * k);
-            const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], r), _mm256_maddubs_epi16(m32, r));
+            const __m256i p = _mm256_maddubs_epi16(q[k], load256(y[c][i].qs + 128 * h + 32 * k));
             sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(sc, p));
           }
         }
+      }
+      // The offset: 32 sum_j scale_j bsum_j (bsums: y's sums over its 16-value sub-blocks).
+      for (int c = 0; c < NC; ++c) {
+        const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(all_scales, load256(y[c][i].bsums)), 5);
+        sumi[c] = _mm256_sub_epi32(sumi[c], offset);
       }
       for (int c = 0; c < NC; ++c) {
         const float d = y[c][i].d * xd;
