@@ -73,7 +73,9 @@ void complete(loader_ptr self, const std::string& name) {
     lm->model = std::move(f.load->opened);
     lm->model->attach(f.load->job->finish());
     lm->vocab = std::make_unique<llm::vocab>(lm->model->meta());
-    lm->chat = std::make_unique<llm::chat_template>(lm->model->meta());
+    lm->chat = f.request.chat_template.empty()
+                   ? std::make_unique<llm::chat_template>(lm->model->meta())
+                   : std::make_unique<llm::chat_template>(llm::chat_template::named(f.request.chat_template));
     lm->request = f.request;
     lm->request.progress = nullptr;
     model_info& info = lm->info;
@@ -165,6 +167,25 @@ loader_actor::behavior_type loader(loader_ptr self, runtime_env_ptr env, memory_
             return make_error(errc::not_found, "load " + r.name + ": no device actor for device '" + d.device + "'");
           }
           mp.devices.emplace_back(dev, d.layers);
+        }
+        for (const tensor_override& o : r.overrides) {
+          device_i* dev = registry::instance().find(o.device);
+          if (dev == nullptr || !st.devices.count(o.device)) {
+            return make_error(errc::not_found, "load " + r.name + ": tensor override '" + o.pattern +
+                                                   "': no device actor for device '" + o.device + "'");
+          }
+          mp.overrides.emplace_back(o.pattern, dev);
+        }
+        if (!r.chat_template.empty()) {
+          try {
+            (void)llm::chat_template::named(r.chat_template);
+          } catch (const std::exception& e) {
+            return make_error(errc::bad_request, "load " + r.name + ": " + e.what());
+          }
+        }
+        if (r.kv_type != "f16" && r.kv_type != "f32" && r.kv_type != "q8_0") {
+          return make_error(errc::bad_request, "load " + r.name + ": kv_type must be \"f16\", \"f32\" or \"q8_0\", not \"" +
+                                                   r.kv_type + "\"");
         }
         auto load = std::make_shared<staged_load>();
         load->model = r.name;

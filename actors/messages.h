@@ -167,6 +167,14 @@ struct device_layers {
   friend bool operator==(const device_layers&, const device_layers&) = default;
 };
 
+// Tensors whose name matches `pattern` (an ECMAScript regex, anywhere in the name) go to `device`,
+// whatever layer they belong to (as llama.cpp's --override-tensor).
+struct tensor_override {
+  std::string pattern;
+  std::string device;
+  friend bool operator==(const tensor_override&, const tensor_override&) = default;
+};
+
 struct load_request {
   std::string name;                    // the model's name in this runtime (unique)
   std::string path;                    // GGUF file
@@ -178,6 +186,10 @@ struct load_request {
   uint32_t n_ubatch = 512;
   uint32_t n_seq_max = 4;              // sessions that may be open at once
   int32_t n_threads = 0;               // CPU threads for decoding; 0: all
+  uint32_t n_ctx_seq = 0;              // most cells one session may use (prompt + answer); 0: n_ctx
+  std::string kv_type = "f16";         // KV cache element type: "f16", "f32" or "q8_0"
+  std::string chat_template;           // a template family name overriding the model's own; "": the model's
+  std::vector<tensor_override> overrides;
   caf::actor progress;                 // optional: receives (progress_atom, load_progress)
   friend bool operator==(const load_request&, const load_request&) = default;
 };
@@ -406,7 +418,11 @@ typename Inspector::result_type inspect(Inspector& f, device_layers& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, load_request& x) {
   return f(caf::meta::type_name("load_request"), x.name, x.path, x.devices, x.use_mmap, x.parallel, x.n_ctx, x.n_batch,
-           x.n_ubatch, x.n_seq_max, x.n_threads, x.progress);
+           x.n_ubatch, x.n_seq_max, x.n_threads, x.n_ctx_seq, x.kv_type, x.chat_template, x.overrides, x.progress);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tensor_override& x) {
+  return f(caf::meta::type_name("tensor_override"), x.pattern, x.device);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, load_progress& x) {

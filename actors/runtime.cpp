@@ -77,6 +77,10 @@ actors::model_info engine::load_model(const std::string& name, const std::string
   r.n_ubatch = o.n_ubatch;
   r.n_seq_max = o.n_seq_max;
   r.n_threads = o.n_threads;
+  r.n_ctx_seq = o.n_ctx_seq;
+  r.kv_type = o.kv_type;
+  r.chat_template = o.chat_template;
+  r.overrides = o.overrides;
   if (!o.progress) return ask<actors::model_info>(*sys_, supervisor_, actors::load_atom_v, r);
   // Progress messages come to this thread's scoped actor, with the reply.
   caf::scoped_actor self{*sys_};

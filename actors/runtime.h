@@ -57,6 +57,10 @@ struct load_options {
   uint32_t n_ubatch = 512;
   uint32_t n_seq_max = 4;  // sessions at once
   int32_t n_threads = 0;   // decode threads; 0: all
+  uint32_t n_ctx_seq = 0;  // most cells one session may use; 0: n_ctx
+  std::string kv_type = "f16";  // "f16", "f32" or "q8_0"
+  std::string chat_template;    // a family name overriding the model's template ("raw" for base models)
+  std::vector<actors::tensor_override> overrides;  // tensor-name regex -> device
   progress_callback progress;
 };
 

@@ -2,11 +2,14 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/llm/chat_template.h"
 
 namespace troupe::actors {
 
@@ -48,14 +51,17 @@ T get(const toml::table& t, const char* key, T fallback, const std::string& wher
 
 }  // namespace
 
-runtime_config parse_runtime_config(std::string_view text, const std::string& source) {
+runtime_config parse_runtime_config(std::string_view text, const std::string& source,
+                                    const std::vector<std::string>& extra_sections) {
   toml::table root;
   try {
     root = toml::parse(text, source);
   } catch (const toml::parse_error& e) {
     fail(source, std::string(e.description()), e.source());
   }
-  check_keys(root, {"runtime", "model"}, "the top level", source);
+  std::set<std::string> top = {"runtime", "model"};
+  top.insert(extra_sections.begin(), extra_sections.end());
+  check_keys(root, top, "the top level", source);
   runtime_config c;
   if (const toml::node* rn = root.get("runtime")) {
     const toml::table* r = rn->as_table();
@@ -90,7 +96,9 @@ runtime_config parse_runtime_config(std::string_view text, const std::string& so
       const toml::table* t = node.as_table();
       if (t == nullptr) fail(source, "[[model]] must be an array of tables", node.source());
       const std::string where = "[[model]]";
-      check_keys(*t, {"name", "path", "devices", "use_mmap", "n_ctx", "n_batch", "n_ubatch", "n_seq_max", "threads"}, where, source);
+      check_keys(*t, {"name", "path", "devices", "use_mmap", "n_ctx", "n_batch", "n_ubatch", "n_seq_max", "threads",
+                      "n_ctx_seq", "kv_type", "chat_template", "overrides"},
+                 where, source);
       model_config m;
       m.name = get<std::string>(*t, "name", "", "model", source);
       m.path = get<std::string>(*t, "path", "", "model", source);
@@ -101,6 +109,47 @@ runtime_config parse_runtime_config(std::string_view text, const std::string& so
       m.n_ubatch = get<uint32_t>(*t, "n_ubatch", m.n_ubatch, "model", source);
       m.n_seq_max = get<uint32_t>(*t, "n_seq_max", m.n_seq_max, "model", source);
       m.n_threads = get<int32_t>(*t, "threads", m.n_threads, "model", source);
+      m.n_ctx_seq = get<uint32_t>(*t, "n_ctx_seq", m.n_ctx_seq, "model", source);
+      m.kv_type = get<std::string>(*t, "kv_type", m.kv_type, "model", source);
+      if (m.kv_type != "f16" && m.kv_type != "f32" && m.kv_type != "q8_0") {
+        fail(source, "model.kv_type must be \"f16\", \"f32\" or \"q8_0\", not \"" + m.kv_type + "\"",
+             t->get("kv_type")->source());
+      }
+      m.chat_template = get<std::string>(*t, "chat_template", m.chat_template, "model", source);
+      if (!m.chat_template.empty()) {
+        try {
+          (void)llm::chat_template::named(m.chat_template);
+        } catch (const std::exception& e) {
+          fail(source, "model.chat_template: " + std::string(e.what()), t->get("chat_template")->source());
+        }
+      }
+      if (m.n_ctx == 0 || m.n_seq_max == 0 || m.n_batch == 0 || m.n_ubatch == 0) {
+        fail(source, "model.n_ctx, n_batch, n_ubatch and n_seq_max must be positive", t->source());
+      }
+      if (m.n_ctx_seq > m.n_ctx) {
+        fail(source, "model.n_ctx_seq (" + std::to_string(m.n_ctx_seq) + ") is larger than model.n_ctx (" +
+                         std::to_string(m.n_ctx) + ")", t->get("n_ctx_seq")->source());
+      }
+      if (const toml::node* o = t->get("overrides")) {
+        const toml::array* a = o->as_array();
+        if (a == nullptr) fail(source, "model.overrides must be an array of {pattern, device} tables", o->source());
+        for (const toml::node& e : *a) {
+          const toml::table* ot = e.as_table();
+          if (ot == nullptr) fail(source, "model.overrides must be an array of {pattern, device} tables", e.source());
+          check_keys(*ot, {"pattern", "device"}, "model.overrides", source);
+          tensor_override ov{get<std::string>(*ot, "pattern", "", "model.overrides", source),
+                             get<std::string>(*ot, "device", "", "model.overrides", source)};
+          if (ov.pattern.empty() || ov.device.empty()) {
+            fail(source, "model.overrides entries need a pattern and a device", ot->source());
+          }
+          try {
+            (void)std::regex(ov.pattern);
+          } catch (const std::regex_error& re) {
+            fail(source, "model.overrides: invalid regex '" + ov.pattern + "': " + re.what(), ot->source());
+          }
+          m.overrides.push_back(std::move(ov));
+        }
+      }
       if (const toml::node* d = t->get("devices")) {
         const toml::array* a = d->as_array();
         if (a == nullptr) fail(source, "model.devices must be an array of {device, layers} tables", d->source());
@@ -137,6 +186,10 @@ load_request to_load_request(const model_config& m) {
   r.n_ubatch = m.n_ubatch;
   r.n_seq_max = m.n_seq_max;
   r.n_threads = m.n_threads;
+  r.n_ctx_seq = m.n_ctx_seq > 0 ? m.n_ctx_seq : std::max<uint32_t>(1, m.n_ctx / std::max<uint32_t>(1, m.n_seq_max));
+  r.kv_type = m.kv_type;
+  r.chat_template = m.chat_template;
+  r.overrides = m.overrides;
   return r;
 }
 

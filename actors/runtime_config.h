@@ -18,7 +18,11 @@
 //   n_seq_max = 4                  # sessions at once
 //   threads = 2                    # decode threads; 0: all
 //   use_mmap = true
+//   n_ctx_seq = 0                  # cells one session may use; 0: n_ctx / n_seq_max
+//   kv_type = "f16"                # KV cache type: "f16", "f32" or "q8_0"
+//   chat_template = ""             # "": the model's own; or a family ("chatml", "llama3", "raw", ...)
 //   devices = [{ device = "CPU1", layers = 4 }]
+//   overrides = [{ pattern = "ffn_.*", device = "CPU" }]   # tensor-name regex -> device
 //
 // Unknown tables and keys are errors naming the key (a typo must not silently fall back to a default).
 #pragma once
@@ -43,6 +47,10 @@ struct model_config {
   uint32_t n_ubatch = 512;
   uint32_t n_seq_max = 4;
   int32_t n_threads = 0;
+  uint32_t n_ctx_seq = 0;         // cells one session may use; 0: n_ctx / n_seq_max (no session can starve another)
+  std::string kv_type = "f16";    // "f16", "f32", "q8_0"
+  std::string chat_template;      // "": the model's own; a family name ("chatml", "llama3", "raw", ...)
+  std::vector<tensor_override> overrides;
 };
 
 struct runtime_config {
@@ -61,7 +69,9 @@ struct runtime_config {
 };
 
 // Parses TOML text; `source` names it in error messages. Throws troupe::error naming the key and where.
-runtime_config parse_runtime_config(std::string_view toml, const std::string& source = "config");
+// Top-level tables named in `extra_sections` are left to the caller (the daemon's [server], [logging]).
+runtime_config parse_runtime_config(std::string_view toml, const std::string& source = "config",
+                                    const std::vector<std::string>& extra_sections = {});
 runtime_config load_runtime_config(const std::filesystem::path& path);
 
 // The load request for a configured model.

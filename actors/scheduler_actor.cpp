@@ -102,12 +102,20 @@ void report_compute(scheduler_ptr self, std::function<void()> done = {}) {
   finish();
 }
 
+// The loader checked the name; anything else is f16.
+type kv_type(const std::string& name) {
+  if (name == "f32") return type::f32;
+  if (name == "q8_0") return type::q8_0;
+  return type::f16;
+}
+
 void create_context(scheduler_ptr self) {
   auto& st = self->state;
   const load_request& r = st.model->request;
   st.ctx = std::make_unique<llm::llm_context>(
       *st.model->model, llm::context_params{.n_ctx = r.n_ctx, .n_batch = r.n_batch, .n_ubatch = r.n_ubatch,
-                                            .n_seq_max = r.n_seq_max, .n_threads = r.n_threads});
+                                            .n_seq_max = r.n_seq_max, .type_k = kv_type(r.kv_type),
+                                            .type_v = kv_type(r.kv_type), .n_threads = r.n_threads});
   st.dec = std::make_unique<llm::batch_decoder>(*st.ctx);
   st.seqs.assign(st.ctx->params().n_seq_max, caf::actor_addr{});
   for (const auto& [bt, bytes] : st.ctx->kv().bytes_by_buft()) {

@@ -2,6 +2,8 @@
 
 #include <caf/all.hpp>
 
+#include <algorithm>
+
 #include "actors/errors.h"
 #include "runtime/llm/sequence.h"
 
@@ -108,16 +110,9 @@ session_actor::behavior_type session(session_ptr self, std::shared_ptr<const loa
         if (st.current) return make_error(errc::busy, "session " + std::to_string(st.id) + " is already answering");
         if (st.seq < 0) return make_error(errc::down, "session " + std::to_string(st.id) + " has no sequence");
         try {
-          std::vector<llm::token_id> prompt;
-          if (r.chat) {
-            std::vector<llm::chat_message> chat;
-            for (const chat_message& m : r.messages) chat.push_back({m.role, m.content});
-            prompt = st.model->vocab->tokenize(st.model->chat->apply(chat, true), true, true);
-          } else {
-            prompt = st.model->vocab->tokenize(r.prompt, true);
-          }
+          const std::vector<llm::token_id> prompt = prompt_tokens(*st.model, r);
           st.current = std::make_unique<llm::sequence>(*st.model->vocab, st.cached, prompt, to_params(r.params),
-                                                       st.model->request.n_ctx);
+                                                       session_context(*st.model));
         } catch (const std::exception& e) {
           st.current.reset();
           return error_from(e);
@@ -166,6 +161,17 @@ session_actor::behavior_type session(session_ptr self, std::shared_ptr<const loa
 }
 
 }  // namespace
+
+std::vector<llm::token_id> prompt_tokens(const loaded_model& m, const generate_request& r) {
+  if (!r.chat) return m.vocab->tokenize(r.prompt, true);
+  std::vector<llm::chat_message> chat;
+  for (const chat_message& c : r.messages) chat.push_back({c.role, c.content});
+  return m.vocab->tokenize(m.chat->apply(chat, true), true, true);
+}
+
+uint32_t session_context(const loaded_model& m) {
+  return m.request.n_ctx_seq > 0 ? std::min(m.request.n_ctx_seq, m.request.n_ctx) : m.request.n_ctx;
+}
 
 session_actor spawn_session_actor(caf::actor_system& sys, std::shared_ptr<const loaded_model> model,
                                   scheduler_actor scheduler, uint64_t id) {

@@ -15,6 +15,7 @@
 #include <caf/typed_actor.hpp>
 
 #include <memory>
+#include <vector>
 
 #include "actors/runtime_env.h"
 #include "actors/scheduler_actor.h"
@@ -33,6 +34,12 @@ using session_actor = caf::typed_actor<
     caf::replies_to<close_atom>::with<bool>,
     // The session's sequence on the model's scheduler (from the supervisor, before the handle is handed out).
     caf::reacts_to<attach_atom, int32_t>>;
+
+// The prompt tokens of a request on a model, as the session decodes them (chat: through the model's
+// template). Throws troupe::error for text the tokenizer refuses.
+std::vector<llm::token_id> prompt_tokens(const loaded_model& m, const generate_request& r);
+// The cells one session of the model may use (prompt and answer together).
+uint32_t session_context(const loaded_model& m);
 
 // A session on the model's scheduler; it serves requests once it got its sequence (attach_atom).
 session_actor spawn_session_actor(caf::actor_system& sys, std::shared_ptr<const loaded_model> model,

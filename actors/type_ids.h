@@ -40,6 +40,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(troupe, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::allocator_usage))
   // loading
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::device_layers))
+  CAF_ADD_TYPE_ID(troupe, (troupe::actors::tensor_override))
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::load_request))
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::load_progress))
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::model_info))

@@ -21,6 +21,7 @@ constexpr named_kind kind_names[] = {
     {"llama2-sys-strip", chat_template_kind::llama2_sys_strip},
     {"llama3", chat_template_kind::llama3},
     {"gemma", chat_template_kind::gemma},
+    {"raw", chat_template_kind::raw},
 };
 
 std::string trim(std::string_view s) {
@@ -158,6 +159,22 @@ std::string_view chat_template_name(chat_template_kind kind) {
 
 chat_template::chat_template(std::string_view source) { init(source); }
 
+chat_template chat_template::named(std::string_view name) {
+  for (const named_kind& n : kind_names) {
+    if (n.name == name) return chat_template(name);
+  }
+  throw error("unknown chat template '" + std::string(name) + "' (known: " + known_names() + ")");
+}
+
+std::string chat_template::known_names() {
+  std::string out;
+  for (const named_kind& n : kind_names) {
+    if (!out.empty()) out += ", ";
+    out += n.name;
+  }
+  return out;
+}
+
 chat_template::chat_template(const gguf_file& file) {
   const auto t = file.get<std::string>("tokenizer.chat_template");
   if (!t) {
@@ -201,6 +218,12 @@ std::string chat_template::apply(std::span<const chat_message> messages, bool ad
       break;
     case chat_template_kind::gemma:
       apply_gemma(out, messages, add_assistant_prompt);
+      break;
+    case chat_template_kind::raw:
+      for (const chat_message& m : messages) {
+        if (!out.empty()) out += '\n';
+        out += m.content;
+      }
       break;
   }
   return out;

@@ -45,6 +45,8 @@ enum class chat_template_kind {
   llama2_sys_strip,  // and contents trimmed
   llama3,
   gemma,
+  raw,      // no markup: the messages' contents one after another, separated by newlines (base models);
+            // chosen by name only, never detected
   unknown,  // detect_chat_template only: nothing matched
 };
 
@@ -59,6 +61,11 @@ class chat_template {
   explicit chat_template(std::string_view source);
   // From tokenizer.chat_template of a GGUF file (absent: ChatML and a warning).
   explicit chat_template(const gguf_file& file);
+  // A family by name ("chatml", "llama3", "raw", ...); throws troupe::error naming the known names for
+  // anything else (a configuration's explicit choice must not silently fall back).
+  static chat_template named(std::string_view name);
+  // The names named() accepts, comma-separated.
+  static std::string known_names();
 
   chat_template_kind kind() const { return kind_; }
   std::string_view name() const { return chat_template_name(kind_); }

@@ -219,11 +219,12 @@ TEST_CASE("every message type crosses a middleman connection between two process
   lr.n_ctx = 256;
   lr.n_seq_max = 2;
   lr.n_threads = 1;
+  lr.overrides = {{"^output_norm", "CPU1"}};
   lr.progress = events;
   const auto info = ask<model_info>(self, sup, load_atom_v, lr);
   REQUIRE(info);
   CHECK(info->uploads.size() == 2);
-  mark({"load_request", "device_layers", "model_info", "upload_result"});
+  mark({"load_request", "device_layers", "tensor_override", "model_info", "upload_result"});
   self->send(loader, cancel_atom_v, std::string("not-loading"));
   const auto bad = ask<model_info>(self, sup, load_atom_v, load_request{.name = "bad", .path = "/nonexistent.gguf"});
   REQUIRE_FALSE(bad);

@@ -206,3 +206,16 @@ TEST_CASE("chat template: from the models' GGUF files", "[chat][models]") {
     CHECK(std::count(ids.begin(), ids.end(), 2) == 2);  // <|im_end|>
   }
 }
+
+TEST_CASE("chat template: raw (no markup) and templates chosen by name", "[chat]") {
+  const chat_template raw = chat_template::named("raw");
+  CHECK(raw.kind() == chat_template_kind::raw);
+  const std::vector<chat_message> one = {{"user", "Once upon a time"}};
+  CHECK(raw.apply(one, true) == "Once upon a time");
+  const std::vector<chat_message> two = {{"system", "Be kind."}, {"user", "Hello"}};
+  CHECK(raw.apply(two, true) == "Be kind.\nHello");
+  CHECK(llm::detect_chat_template("{{ raw }}") == chat_template_kind::unknown);  // a name, never detected in a template
+  CHECK(chat_template::named("llama3").kind() == chat_template_kind::llama3);
+  CHECK_THROWS_WITH(chat_template::named("jinja"), Catch::Matchers::Contains("unknown chat template 'jinja'") &&
+                                                       Catch::Matchers::Contains("raw"));
+}

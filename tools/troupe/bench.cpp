@@ -157,6 +157,9 @@ command_fn add_bench(CLI::App& app) {
   // `troupe bench ops`: kernel throughput without a model (bench_ops.cpp); -m is required otherwise.
   CLI::App* ops = app.add_subcommand("ops", "CPU kernel throughput: memcpy, matrix-vector, matrix-matrix, dispatch");
   const command_fn run_ops = add_bench_ops(*ops);
+  // `troupe bench http`: a load test against a running daemon (bench_http.cpp).
+  CLI::App* http = app.add_subcommand("http", "load test of a running daemon: latency percentiles, tokens/s");
+  const command_fn run_http = add_bench_http(*http);
   app.add_option("-m,--model", o->model, "GGUF model file");
   app.add_option("-p,--n-prompt", o->n_prompt, "prompt tokens (0: skip the pp test)");
   app.add_option("-n,--n-gen", o->n_gen, "generated tokens (0: skip the tg test)");
@@ -164,10 +167,11 @@ command_fn add_bench(CLI::App& app) {
   app.add_option("-r,--repetitions", o->reps, "repetitions of each test");
   app.add_option("-b,--ubatch-size", o->n_batch, "tokens per graph");
   app.add_option("-o,--output", o->output, "table or json")->check(CLI::IsMember({"table", "json"}));
-  return [o, ops, run_ops] {
+  return [o, ops, run_ops, http, run_http] {
     if (ops->parsed()) return run_ops();
+    if (http->parsed()) return run_http();
     if (o->model.empty()) {
-      std::fprintf(stderr, "troupe bench: -m MODEL is required (or use `troupe bench ops`)\n");
+      std::fprintf(stderr, "troupe bench: -m MODEL is required (or use `troupe bench ops` / `troupe bench http`)\n");
       return 1;
     }
     return run_bench(*o);

@@ -16,6 +16,8 @@ command_fn add_inspect(CLI::App& app);
 command_fn add_bench(CLI::App& app);
 // troupe bench ops [-t 1,2] [--types q4_0,q8_0,q4_K] [--shape 4096x4096] [--batch 512] [--min-time 0.5]
 command_fn add_bench_ops(CLI::App& app);
+// troupe bench http --model M [--port 8080] [-c 16] [-n 200] [--max-tokens 32] [--stream] [--completions]
+command_fn add_bench_http(CLI::App& app);
 // troupe quantize IN.gguf OUT.gguf TYPE [THREADS]
 command_fn add_quantize(CLI::App& app);
 // troupe perplexity -m MODEL -f TEXT [-c 512] [-t THREADS]
@@ -24,5 +26,9 @@ command_fn add_perplexity(CLI::App& app);
 // troupe peer [--host 127.0.0.1] [--port 50052] [--device cpu|vulkan|cuda] [--cache-dir D] [--auth-key-file F]
 //             [--tls-cert C --tls-key K] [--insecure] [-t THREADS]
 command_fn add_peer(CLI::App& app);
+
+// troupe serve [--config FILE] [-m MODEL] [--name N] [--host H] [--port P] [--api-key K]... [-t THREADS]
+//              [--parallel N] [--ctx N] [--log-level L]
+command_fn add_serve(CLI::App& app);
 
 }  // namespace troupe::cli

@@ -4,6 +4,7 @@
 //   troupe bench -m MODEL          prompt and generation throughput
 //   troupe quantize IN OUT TYPE    quantize a model's weight matrices
 //   troupe peer --port 50052       serve this machine's devices to other troupe processes
+//   troupe serve --config F.toml   the daemon: OpenAI-compatible HTTP API over the actor runtime
 //   troupe perplexity -m M -f T    perplexity over a text file
 //
 // Every subcommand prints a clear message and exits 1 on bad input; nothing aborts.
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   add("bench", "prompt-processing and generation throughput (llama-bench style)", troupe::cli::add_bench);
   add("quantize", "rewrite a model with its weight matrices in another type", troupe::cli::add_quantize);
   add("perplexity", "perplexity of a model over a text file", troupe::cli::add_perplexity);
+  add("serve", "the daemon: an OpenAI-compatible HTTP API (configured by a TOML file)", troupe::cli::add_serve);
   add("peer", "serve this machine's devices to other troupe processes (remote peers)", troupe::cli::add_peer);
   CLI11_PARSE(app, argc, argv);
   try {

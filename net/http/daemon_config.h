@@ -1,0 +1,72 @@
+// The daemon's configuration (`troupe serve --config FILE`): the runtime and its models (actors/
+// runtime_config.h: [runtime], [[model]], [[peer]]) plus the HTTP server and logging:
+//
+//   [server]
+//   host = "127.0.0.1"            # address to listen on
+//   port = 8080                   # 0: any free port (printed at startup)
+//   api_keys = []                 # accepted bearer keys; empty (and no api_key_file): no authentication
+//   api_key_file = ""             # a file with one key per line (added to api_keys)
+//   http_threads = 0              # HTTP worker threads; 0: parallel sessions + queue_limit + 4
+//   queue_limit = 64              # requests waiting for a free session; more get 503
+//   queue_timeout_s = 60          # longest wait for a free session (then 503)
+//   request_timeout_s = 600       # longest generation; 0: none (then the answer ends with "length")
+//   read_timeout_s = 30           # socket read / write timeouts
+//   write_timeout_s = 30
+//   max_body_bytes = 8388608      # largest request body
+//   shutdown_grace_s = 10         # on SIGTERM/SIGINT: how long in-flight answers may finish before cancel
+//
+//   [logging]
+//   level = "info"                # debug, info, warn, error
+//   access_log = true             # one line per HTTP request
+//
+// Every key has the default shown; unknown keys and wrong types are errors naming the file, line and key.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "actors/runtime_config.h"
+
+namespace troupe::http {
+
+struct server_config {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8080;
+  std::vector<std::string> api_keys;
+  std::string api_key_file;
+  uint32_t http_threads = 0;
+  uint32_t queue_limit = 64;
+  uint32_t queue_timeout_s = 60;
+  uint32_t request_timeout_s = 600;
+  uint32_t read_timeout_s = 30;
+  uint32_t write_timeout_s = 30;
+  uint64_t max_body_bytes = 8u << 20;
+  uint32_t shutdown_grace_s = 10;
+};
+
+struct logging_config {
+  std::string level = "info";
+  bool access_log = true;
+};
+
+struct daemon_config {
+  actors::runtime_config runtime;
+  server_config server;
+  logging_config logging;
+  std::string source;  // the file it came from ("" when built from flags)
+};
+
+// Parses a daemon configuration; throws troupe::error "FILE:LINE: what" naming the key. api_key_file is
+// read here (relative paths against the config file's folder, as are model paths).
+daemon_config parse_daemon_config(std::string_view toml, const std::string& source = "config",
+                                  const std::filesystem::path& base_dir = {});
+daemon_config load_daemon_config(const std::filesystem::path& path);
+
+// Checks what parsing cannot: at least one model, unique model names, model files that exist, a known log
+// level. Throws troupe::error naming the model and the file.
+void validate_daemon_config(const daemon_config& c);
+
+}  // namespace troupe::http

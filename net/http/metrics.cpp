@@ -1,0 +1,131 @@
+#include "net/http/metrics.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+namespace troupe::http {
+
+namespace {
+
+constexpr size_t max_durations = 1024;
+constexpr auto window = std::chrono::seconds(10);
+
+// A label value with \, " and newlines escaped (Prometheus text format).
+std::string label(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+std::string num(double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.6g", v);
+  return b;
+}
+
+}  // namespace
+
+void daemon_metrics::request_done(const std::string& endpoint, int status, double seconds) {
+  std::lock_guard l(mutex_);
+  ++requests_[{endpoint, status}];
+  if (endpoint == "chat" || endpoint == "completions") {
+    durations_.push_back(seconds);
+    if (durations_.size() > max_durations) durations_.pop_front();
+  }
+}
+
+void daemon_metrics::tokens(uint64_t prompt, uint64_t generated, double gen_seconds) {
+  std::lock_guard l(mutex_);
+  prompt_tokens_ += prompt;
+  generated_tokens_ += generated;
+  gen_seconds_ += gen_seconds;
+  const auto now = clock::now();
+  recent_.emplace_back(now, generated);
+  while (!recent_.empty() && recent_.front().first < now - window) recent_.pop_front();
+}
+
+uint64_t daemon_metrics::n_requests(const std::string& endpoint, int status) const {
+  std::lock_guard l(mutex_);
+  const auto it = requests_.find({endpoint, status});
+  return it == requests_.end() ? 0 : it->second;
+}
+
+std::string daemon_metrics::render(const std::vector<model_gauges>& models, const actors::memory_breakdown& memory) const {
+  std::ostringstream os;
+  std::lock_guard l(mutex_);
+  os << "# HELP troupe_requests_total HTTP requests answered, by endpoint and status.\n"
+     << "# TYPE troupe_requests_total counter\n";
+  for (const auto& [k, n] : requests_) {
+    os << "troupe_requests_total{endpoint=\"" << label(k.first) << "\",status=\"" << k.second << "\"} " << n << "\n";
+  }
+  os << "# HELP troupe_requests_cancelled_total Answers cut short (client disconnected, timeout, shutdown).\n"
+     << "# TYPE troupe_requests_cancelled_total counter\n"
+     << "troupe_requests_cancelled_total " << cancelled_.load() << "\n";
+  os << "# HELP troupe_prompt_tokens_total Prompt tokens of finished answers.\n"
+     << "# TYPE troupe_prompt_tokens_total counter\n"
+     << "troupe_prompt_tokens_total " << prompt_tokens_ << "\n";
+  os << "# HELP troupe_generated_tokens_total Tokens generated.\n"
+     << "# TYPE troupe_generated_tokens_total counter\n"
+     << "troupe_generated_tokens_total " << generated_tokens_ << "\n";
+  os << "# HELP troupe_generation_seconds_total Time spent generating, summed over answers.\n"
+     << "# TYPE troupe_generation_seconds_total counter\n"
+     << "troupe_generation_seconds_total " << num(gen_seconds_) << "\n";
+  uint64_t recent = 0;
+  const auto now = clock::now();
+  for (const auto& [t, n] : recent_) {
+    if (t >= now - window) recent += n;
+  }
+  os << "# HELP troupe_tokens_per_second Tokens generated over the last 10 seconds, per second.\n"
+     << "# TYPE troupe_tokens_per_second gauge\n"
+     << "troupe_tokens_per_second " << num(static_cast<double>(recent) / 10.0) << "\n";
+  os << "# HELP troupe_request_duration_seconds Completion request latency over the last 1024 requests.\n"
+     << "# TYPE troupe_request_duration_seconds summary\n";
+  if (!durations_.empty()) {
+    std::vector<double> d(durations_.begin(), durations_.end());
+    std::sort(d.begin(), d.end());
+    double sum = 0;
+    for (double x : d) sum += x;
+    for (double q : {0.5, 0.9, 0.99}) {
+      const size_t i = std::min(d.size() - 1, static_cast<size_t>(q * static_cast<double>(d.size())));
+      os << "troupe_request_duration_seconds{quantile=\"" << num(q) << "\"} " << num(d[i]) << "\n";
+    }
+    os << "troupe_request_duration_seconds_sum " << num(sum) << "\n"
+       << "troupe_request_duration_seconds_count " << d.size() << "\n";
+  }
+  os << "# HELP troupe_requests_in_flight Requests being answered now.\n"
+     << "# TYPE troupe_requests_in_flight gauge\n"
+     << "troupe_requests_in_flight " << in_flight.load() << "\n";
+  os << "# HELP troupe_queue_depth Requests waiting for a free session.\n"
+     << "# TYPE troupe_queue_depth gauge\n"
+     << "troupe_queue_depth " << queue_depth.load() << "\n";
+  os << "# HELP troupe_model_ready Whether a configured model is loaded and serving.\n"
+     << "# TYPE troupe_model_ready gauge\n";
+  for (const model_gauges& m : models) os << "troupe_model_ready{model=\"" << label(m.model) << "\"} " << (m.ready ? 1 : 0) << "\n";
+  os << "# HELP troupe_sessions Sessions (parallel slots) of a model by state.\n"
+     << "# TYPE troupe_sessions gauge\n";
+  for (const model_gauges& m : models) {
+    os << "troupe_sessions{model=\"" << label(m.model) << "\",state=\"busy\"} " << m.busy << "\n"
+       << "troupe_sessions{model=\"" << label(m.model) << "\",state=\"idle\"} " << m.idle << "\n"
+       << "troupe_sessions{model=\"" << label(m.model) << "\",state=\"free\"} " << (m.slots - m.busy - m.idle) << "\n";
+  }
+  os << "# HELP troupe_memory_bytes Memory held, by buffer type, device and kind (model, context, compute).\n"
+     << "# TYPE troupe_memory_bytes gauge\n";
+  for (const actors::buft_usage& u : memory.entries) {
+    const std::string lbl = "buft=\"" + label(u.buft) + "\",device=\"" + label(u.device) + "\",host=\"" +
+                            (u.is_host ? "true" : "false") + "\"";
+    os << "troupe_memory_bytes{" << lbl << ",kind=\"model\"} " << u.model << "\n"
+       << "troupe_memory_bytes{" << lbl << ",kind=\"context\"} " << u.context << "\n"
+       << "troupe_memory_bytes{" << lbl << ",kind=\"compute\"} " << u.compute << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace troupe::http

@@ -1,0 +1,64 @@
+// The daemon's counters and gauges, rendered as Prometheus text (GET /metrics):
+//
+//   troupe_requests_total{endpoint="chat",status="200"}   requests answered, by endpoint and HTTP status
+//   troupe_requests_cancelled_total                         answers cut short (client gone, shutdown)
+//   troupe_prompt_tokens_total / troupe_generated_tokens_total
+//   troupe_generation_seconds_total                         time spent generating (all answers together)
+//   troupe_tokens_per_second                                generated tokens over the last 10 s / 10
+//   troupe_request_duration_seconds{quantile="0.5"|"0.99"}  over the last 1024 completion requests
+//   troupe_requests_in_flight, troupe_queue_depth
+//   troupe_sessions{model,state="busy"|"idle"}, troupe_model_ready{model}
+//   troupe_memory_bytes{buft,device,kind}                   the memory breakdown
+//
+// All methods are thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "actors/messages.h"
+
+namespace troupe::http {
+
+struct model_gauges {
+  std::string model;
+  bool ready = false;
+  uint32_t busy = 0;
+  uint32_t idle = 0;
+  uint32_t slots = 0;
+};
+
+class daemon_metrics {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  void request_done(const std::string& endpoint, int status, double seconds);
+  void tokens(uint64_t prompt, uint64_t generated, double gen_seconds);
+  void cancelled() { cancelled_.fetch_add(1, std::memory_order_relaxed); }
+
+  std::atomic<int64_t> in_flight{0};
+  std::atomic<int64_t> queue_depth{0};
+
+  uint64_t n_cancelled() const { return cancelled_.load(); }
+  uint64_t n_requests(const std::string& endpoint, int status) const;
+
+  std::string render(const std::vector<model_gauges>& models, const actors::memory_breakdown& memory) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;
+  std::deque<double> durations_;                          // completion requests, newest last
+  std::deque<std::pair<clock::time_point, uint64_t>> recent_;  // generated tokens per finished answer
+  uint64_t prompt_tokens_ = 0, generated_tokens_ = 0;
+  double gen_seconds_ = 0;
+  std::atomic<uint64_t> cancelled_{0};
+};
+
+}  // namespace troupe::http

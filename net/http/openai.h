@@ -1,0 +1,76 @@
+// The OpenAI-compatible wire format: request bodies of /v1/chat/completions and /v1/completions parsed and
+// checked field by field, and the JSON the daemon answers with (responses, stream chunks, errors).
+//
+//   completion_request r = parse_completion_request(body, /*chat=*/true);   // throws api_error (400)
+//   json j = completion_response(r, "chatcmpl-1", created, reply);
+//
+// Sampling fields: temperature (0: greedy), top_p, top_k, min_p, max_tokens (max_completion_tokens),
+// stop (a string or up to 16 strings), seed (absent: a random one), presence_penalty, frequency_penalty,
+// repeat_penalty, stream, stream_options.include_usage. troupe's additions: return_tokens (the answer's
+// token ids in choices[i].tokens). Unknown fields are ignored (clients send many); a known field with the
+// wrong type or a value out of range is an error naming it. n must be 1.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "actors/messages.h"
+
+namespace troupe::http {
+
+using json = nlohmann::json;
+
+// An error in the OpenAI error shape: {"error": {"message", "type", "param", "code"}}.
+class api_error : public std::runtime_error {
+ public:
+  api_error(int status, std::string type, std::string message, std::string param = {}, std::string code = {})
+      : std::runtime_error(message), status_(status), type_(std::move(type)), param_(std::move(param)), code_(std::move(code)) {}
+  int status() const { return status_; }
+  const std::string& type() const { return type_; }
+  const std::string& param() const { return param_; }
+  const std::string& code() const { return code_; }
+  json body() const;
+
+ private:
+  int status_;
+  std::string type_, param_, code_;
+};
+
+api_error bad_request(std::string message, std::string param = {});
+
+struct completion_request {
+  bool chat = false;
+  std::string model;
+  std::string prompt;                         // /v1/completions
+  std::vector<actors::chat_message> messages; // /v1/chat/completions
+  actors::generation_params params;
+  bool max_tokens_given = false;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool return_tokens = false;
+};
+
+// Throws api_error (400, invalid_request_error) naming the field.
+completion_request parse_completion_request(std::string_view body, bool chat);
+
+// The whole answer (stream false).
+json completion_response(const completion_request& r, const std::string& id, int64_t created,
+                         const actors::generate_reply& reply);
+// One streamed piece: a delta with content (chat) or text (completions); finish_reason null.
+json stream_chunk(const completion_request& r, const std::string& id, int64_t created, std::string_view piece,
+                  bool first);
+// The last chunk of choices: empty delta, the finish reason.
+json stream_finish(const completion_request& r, const std::string& id, int64_t created, const std::string& finish);
+// The usage chunk (stream_options.include_usage): no choices.
+json stream_usage(const completion_request& r, const std::string& id, int64_t created, const actors::generate_reply& reply);
+
+// OpenAI's finish_reason for a reply's finish ("stop", "length"; a cancel by the server is "length").
+std::string finish_reason(const std::string& finish);
+// JSON text with invalid UTF-8 replaced (a model may produce any bytes).
+std::string dump(const json& j);
+
+}  // namespace troupe::http

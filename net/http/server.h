@@ -1,0 +1,91 @@
+// The daemon's HTTP front: an OpenAI-compatible API over an engine (actors/runtime.h).
+//
+//   troupe::engine eng(cfg.runtime);
+//   http::daemon d(eng, cfg);
+//   const int port = d.bind();          // listening; /health answers 503 "loading"
+//   std::thread t([&] { d.serve(); });  // returns once stop() has drained the requests
+//   d.load_models();                    // loads the configured models; /health turns 200
+//   ...  d.stop();                      // from any thread (the signal watcher)
+//
+// Routes: POST /v1/chat/completions, POST /v1/completions (streaming as server-sent events or not), GET
+// /v1/models, GET /health, GET /metrics (Prometheus), GET /v1/memory (the memory breakdown as JSON). Every
+// route but /health needs a bearer key when keys are configured.
+//
+// Concurrency: each model has n_seq_max sessions (its parallel slots), opened on first use and reused (a
+// session keeps its conversation's cached prefix). A request takes a free session or waits for one in a
+// bounded queue (server.queue_limit, server.queue_timeout_s; beyond either: 503). Sessions that decode at
+// the same time are batched by the model's scheduler actor. A client that goes away cancels its answer: a
+// streamed answer notices on the next write; a plain answer is sent with chunked encoding and a space before
+// the JSON every 100 ms while it is generated, so a closed connection is noticed there too (whitespace
+// before a JSON value is valid JSON).
+//
+// Errors use the OpenAI shape: 400 bad JSON or fields (naming the field) and prompts longer than the
+// session's context, 401 missing or wrong key, 404 unknown model or route, 503 queue full, loading or
+// shutting down, 500 anything else. A failure after a streamed answer started is sent as an SSE event with
+// an "error" object; the daemon keeps serving.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/runtime.h"
+#include "net/http/daemon_config.h"
+#include "net/http/metrics.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace troupe::http {
+
+class daemon {
+ public:
+  daemon(engine& eng, daemon_config cfg);
+  ~daemon();
+  daemon(const daemon&) = delete;
+  daemon& operator=(const daemon&) = delete;
+
+  // Binds server.host:server.port (0: any free port); returns the port. Throws troupe::error when it cannot.
+  int bind();
+  // Answers requests until stop(); returns when every in-flight request has ended.
+  void serve();
+  // Loads every configured model (blocking, one after another). Throws actors::request_error naming the
+  // model that failed.
+  void load_models();
+  // Stops accepting, lets in-flight answers finish for server.shutdown_grace_s, then cancels them, closes
+  // the sessions. Safe from any thread, more than once. serve() returns afterwards.
+  void stop();
+
+  bool ready() const { return ready_.load(); }
+  int port() const { return port_; }
+  daemon_metrics& metrics() { return metrics_; }
+  std::vector<model_gauges> gauges() const;
+
+  struct model_slots;  // a model's sessions and queue (server.cpp)
+
+ private:
+  class listener;
+  void routes();
+  void finish_stop();
+
+  engine& eng_;
+  daemon_config cfg_;
+  std::unique_ptr<listener> svr_;
+  std::vector<std::unique_ptr<model_slots>> models_;
+  daemon_metrics metrics_;
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> cancel_all_{false};
+  std::atomic<uint64_t> next_id_{1};
+  int port_ = -1;
+  std::mutex stop_mutex_;
+  bool stopped_ = false;
+  std::thread watchdog_;  // cancels what is still answering when a shutdown's grace period ends
+};
+
+}  // namespace troupe::http

@@ -1,0 +1,256 @@
+// The daemon's configuration, the OpenAI request parser and the metrics text, without a server.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "net/http/daemon_config.h"
+#include "net/http/metrics.h"
+#include "net/http/openai.h"
+#include "runtime/error.h"
+
+using namespace troupe;
+using namespace troupe::http;
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::string config_error(const std::string& text) {
+  try {
+    parse_daemon_config(text, "d.toml");
+  } catch (const troupe::error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+api_error request_error(const std::string& body, bool chat = true) {
+  try {
+    parse_completion_request(body, chat);
+  } catch (const api_error& e) {
+    return e;
+  }
+  FAIL("no error for " << body);
+  return api_error(0, "", "");
+}
+
+}  // namespace
+
+TEST_CASE("daemon config: defaults, every section, and the example file", "[http][config]") {
+  const daemon_config c = parse_daemon_config(R"(
+[server]
+port = 9000
+api_keys = ["k1"]
+queue_limit = 3
+[logging]
+level = "debug"
+access_log = false
+[runtime]
+threads = 2
+[[model]]
+name = "m"
+path = "m.gguf"
+n_ctx = 1024
+n_seq_max = 2
+kv_type = "q8_0"
+chat_template = "raw"
+overrides = [{ pattern = "output", device = "CPU" }]
+)",
+                                              "d.toml", "/etc/troupe");
+  CHECK(c.server.host == "127.0.0.1");
+  CHECK(c.server.port == 9000);
+  CHECK(c.server.api_keys == std::vector<std::string>{"k1"});
+  CHECK(c.server.queue_limit == 3);
+  CHECK(c.server.queue_timeout_s == 60);
+  CHECK(c.logging.level == "debug");
+  CHECK_FALSE(c.logging.access_log);
+  CHECK(c.runtime.n_threads == 2);
+  REQUIRE(c.runtime.models.size() == 1);
+  const actors::model_config& m = c.runtime.models[0];
+  CHECK(m.path == "/etc/troupe/m.gguf");  // relative to the configuration's folder
+  CHECK(m.kv_type == "q8_0");
+  CHECK(m.chat_template == "raw");
+  REQUIRE(m.overrides.size() == 1);
+  CHECK(m.overrides[0].device == "CPU");
+  const actors::load_request lr = actors::to_load_request(m);
+  CHECK(lr.n_ctx_seq == 512);  // n_ctx / n_seq_max by default
+
+  // The shipped example parses (its model may not be downloaded: validation is separate).
+  const daemon_config ex = load_daemon_config(std::filesystem::path(TROUPE_SOURCE_DIR) / "configs/daemon.toml");
+  REQUIRE(ex.runtime.models.size() == 1);
+  CHECK(ex.runtime.models[0].name == "smollm2");
+  CHECK(ex.server.port == 8080);
+}
+
+TEST_CASE("daemon config: errors name the file, the line and the key", "[http][config]") {
+  CHECK_THAT(config_error("[server]\nport = 80\nprot = 1\n"), Contains("d.toml:3") && Contains("unknown key 'prot' in [server]"));
+  CHECK_THAT(config_error("[server]\nport = \"eighty\"\n"), Contains("d.toml:2") && Contains("server.port"));
+  CHECK_THAT(config_error("[server]\nport = 70000\n"), Contains("server.port must be an integer from 0 to 65535"));
+  CHECK_THAT(config_error("[logging]\nlevel = \"loud\"\n"), Contains("d.toml:2") && Contains("logging.level"));
+  CHECK_THAT(config_error("[sever]\nport = 1\n"), Contains("d.toml:1") && Contains("unknown key 'sever'"));
+  CHECK_THAT(config_error("[[model]]\nname = \"m\"\npath = \"m.gguf\"\nkv_type = \"q4\"\n"),
+             Contains("d.toml:4") && Contains("model.kv_type"));
+  CHECK_THAT(config_error("[[model]]\nname = \"m\"\npath = \"m.gguf\"\nchat_template = \"jinja\"\n"),
+             Contains("d.toml:4") && Contains("unknown chat template 'jinja'"));
+  CHECK_THAT(config_error("[[model]]\nname = \"m\"\npath = \"m.gguf\"\noverrides = [{ pattern = \"(\", device = \"CPU\" }]\n"),
+             Contains("invalid regex"));
+  CHECK_THAT(config_error("[server]\napi_key_file = \"/nonexistent/keys\"\n"), Contains("server.api_key_file"));
+  CHECK_THAT(config_error("[server\n"), Contains("d.toml:1"));
+
+  daemon_config none = parse_daemon_config("", "d.toml");
+  CHECK_THROWS_WITH(validate_daemon_config(none), Contains("no model to serve"));
+  daemon_config missing = parse_daemon_config("[[model]]\nname = \"m\"\npath = \"/nonexistent/m.gguf\"\n", "d.toml");
+  CHECK_THROWS_WITH(validate_daemon_config(missing), Contains("model 'm'") && Contains("/nonexistent/m.gguf"));
+}
+
+TEST_CASE("daemon config: api_key_file keys join api_keys", "[http][config]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("troupe-keys-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "keys") << "# comment\n  alpha  \n\nbeta\n";
+  const daemon_config c = parse_daemon_config("[server]\napi_keys = [\"k\"]\napi_key_file = \"keys\"\n", "d.toml", dir);
+  CHECK(c.server.api_keys == std::vector<std::string>{"k", "alpha", "beta"});
+  std::ofstream(dir / "empty") << "# nothing\n";
+  CHECK_THROWS_WITH(parse_daemon_config("[server]\napi_key_file = \"empty\"\n", "d.toml", dir), Contains("holds no key"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("OpenAI requests: fields parsed, defaults kept", "[http][openai]") {
+  const completion_request r = parse_completion_request(R"({
+    "model": "m", "messages": [{"role": "system", "content": "be brief"},
+                               {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}],
+    "temperature": 0, "top_p": 0.5, "top_k": 7, "min_p": 0.1, "max_tokens": 12, "stop": ["\n", "END"], "seed": 42,
+    "presence_penalty": 0.5, "frequency_penalty": -0.5, "stream": true, "stream_options": {"include_usage": true},
+    "user": "ignored", "logit_bias": {}})",
+                                                        true);
+  CHECK(r.model == "m");
+  REQUIRE(r.messages.size() == 2);
+  CHECK(r.messages[1].content == "hi there");
+  CHECK(r.params.temperature == 0.0f);
+  CHECK(r.params.top_p == 0.5f);
+  CHECK(r.params.top_k == 7);
+  CHECK(r.params.min_p == Approx(0.1f));
+  CHECK(r.params.max_tokens == 12);
+  CHECK(r.params.stop == std::vector<std::string>{"\n", "END"});
+  CHECK(r.params.seed == 42u);
+  CHECK(r.params.presence_penalty == 0.5f);
+  CHECK(r.params.frequency_penalty == -0.5f);
+  CHECK(r.stream);
+  CHECK(r.include_usage);
+
+  const completion_request c = parse_completion_request(R"({"model": "m", "prompt": "Once", "stop": "x"})", false);
+  CHECK(c.prompt == "Once");
+  CHECK(c.params.stop == std::vector<std::string>{"x"});
+  CHECK_FALSE(c.stream);
+  CHECK_FALSE(c.max_tokens_given);
+  CHECK(c.params.temperature == actors::generation_params{}.temperature);
+}
+
+TEST_CASE("OpenAI requests: each bad field is a 400 naming it", "[http][openai]") {
+  struct bad {
+    const char* body;
+    const char* param;
+    const char* says;
+  };
+  const bad cases[] = {
+      {"{\"model\": \"m\", ", "", "not valid JSON"},
+      {"[1, 2]", "", "must be a JSON object"},
+      {R"({"messages": []})", "model", "'model' is required"},
+      {R"({"model": "m"})", "messages", "'messages' is required"},
+      {R"({"model": "m", "messages": []})", "messages", "at least one"},
+      {R"({"model": "m", "messages": [{"role": "king", "content": "x"}]})", "messages[0].role", "not 'king'"},
+      {R"({"model": "m", "messages": [{"role": "user"}]})", "messages[0].content", "required"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", "messages[0].content[0].type",
+       "not supported"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"})", "temperature",
+       "must be a number, not a string"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 1.5})", "top_p", "from 0 to 1"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0})", "max_tokens", "from 1"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2.5})", "max_tokens", "integer"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_k": -1})", "top_k", "from 0"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": 5})", "stop", "string or an array"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": [""]})", "stop", "not be empty"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2})", "n", "'n' must be"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"})", "stream", "true or false"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "presence_penalty": 3})", "presence_penalty", "from -2 to 2"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream_options": 1})", "stream_options", "object"},
+  };
+  for (const bad& b : cases) {
+    INFO(b.body);
+    const api_error e = request_error(b.body);
+    CHECK(e.status() == 400);
+    CHECK(e.type() == "invalid_request_error");
+    CHECK(e.param() == b.param);
+    CHECK_THAT(std::string(e.what()), Contains(b.says));
+    const json j = e.body();
+    CHECK(j["error"]["type"] == "invalid_request_error");
+    CHECK(j["error"]["message"] == e.what());
+  }
+  CHECK(request_error(R"({"model": "m"})", false).param() == "prompt");
+  CHECK(request_error(R"({"model": "m", "prompt": ""})", false).param() == "prompt");
+  CHECK(request_error(R"({"model": "m", "prompt": 7})", false).param() == "prompt");
+}
+
+TEST_CASE("OpenAI responses: shapes of answers, chunks and usage", "[http][openai]") {
+  completion_request r;
+  r.chat = true;
+  r.model = "m";
+  r.return_tokens = true;
+  actors::generate_reply reply;
+  reply.text = "hello";
+  reply.finish = "stop";
+  reply.tokens = {5, 6};
+  reply.n_prompt = 4;
+  reply.n_prompt_decoded = 1;
+  const json j = completion_response(r, "chatcmpl-9", 100, reply);
+  CHECK(j["object"] == "chat.completion");
+  CHECK(j["choices"][0]["message"]["content"] == "hello");
+  CHECK(j["choices"][0]["message"]["role"] == "assistant");
+  CHECK(j["choices"][0]["finish_reason"] == "stop");
+  CHECK(j["choices"][0]["tokens"] == json::array({5, 6}));
+  CHECK(j["usage"]["prompt_tokens"] == 4);
+  CHECK(j["usage"]["completion_tokens"] == 2);
+  CHECK(j["usage"]["total_tokens"] == 6);
+  CHECK(j["usage"]["prompt_tokens_details"]["cached_tokens"] == 3);
+
+  const json first = stream_chunk(r, "chatcmpl-9", 100, "he", true);
+  CHECK(first["object"] == "chat.completion.chunk");
+  CHECK(first["choices"][0]["delta"]["role"] == "assistant");
+  CHECK(first["choices"][0]["delta"]["content"] == "he");
+  CHECK(first["choices"][0]["finish_reason"].is_null());
+  CHECK_FALSE(stream_chunk(r, "chatcmpl-9", 100, "llo", false)["choices"][0]["delta"].contains("role"));
+  CHECK(stream_finish(r, "chatcmpl-9", 100, "length")["choices"][0]["finish_reason"] == "length");
+  CHECK(stream_usage(r, "chatcmpl-9", 100, reply)["choices"].empty());
+
+  r.chat = false;
+  CHECK(completion_response(r, "cmpl-1", 1, reply)["choices"][0]["text"] == "hello");
+  CHECK(stream_chunk(r, "cmpl-1", 1, "x", true)["choices"][0]["text"] == "x");
+  // Bytes that are not UTF-8 (a piece cut inside a character) do not break the JSON.
+  CHECK_NOTHROW(json::parse(dump(json{{"t", std::string("\xe2\x82")}})));
+}
+
+TEST_CASE("metrics: Prometheus text with requests, tokens, queue and memory", "[http][metrics]") {
+  daemon_metrics m;
+  m.request_done("chat", 200, 0.5);
+  m.request_done("chat", 200, 1.5);
+  m.request_done("chat", 400, 0.01);
+  m.tokens(10, 32, 0.25);
+  m.cancelled();
+  m.queue_depth = 3;
+  actors::memory_breakdown mem;
+  mem.entries.push_back({"CPU", "CPU", true, 1000, 200, 30});
+  const std::string t = m.render({{"stories", true, 1, 2, 4}}, mem);
+  CHECK_THAT(t, Contains("troupe_requests_total{endpoint=\"chat\",status=\"200\"} 2\n"));
+  CHECK_THAT(t, Contains("troupe_requests_total{endpoint=\"chat\",status=\"400\"} 1\n"));
+  CHECK_THAT(t, Contains("troupe_requests_cancelled_total 1\n"));
+  CHECK_THAT(t, Contains("troupe_generated_tokens_total 32\n"));
+  CHECK_THAT(t, Contains("troupe_prompt_tokens_total 10\n"));
+  CHECK_THAT(t, Contains("troupe_tokens_per_second 3.2\n"));
+  CHECK_THAT(t, Contains("troupe_queue_depth 3\n"));
+  CHECK_THAT(t, Contains("troupe_request_duration_seconds_count 3\n"));
+  CHECK_THAT(t, Contains("troupe_sessions{model=\"stories\",state=\"busy\"} 1\n"));
+  CHECK_THAT(t, Contains("troupe_sessions{model=\"stories\",state=\"free\"} 1\n"));
+  CHECK_THAT(t, Contains("troupe_model_ready{model=\"stories\"} 1\n"));
+  CHECK_THAT(t, Contains("troupe_memory_bytes{buft=\"CPU\",device=\"CPU\",host=\"true\",kind=\"model\"} 1000\n"));
+  CHECK_THAT(t, Contains("troupe_memory_bytes{buft=\"CPU\",device=\"CPU\",host=\"true\",kind=\"compute\"} 30\n"));
+  CHECK(m.n_requests("chat", 200) == 2);
+}

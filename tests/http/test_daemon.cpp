@@ -1,0 +1,406 @@
+// The daemon end to end: a real `troupe serve` process on 127.0.0.1 (tests/http/daemon_process.h), real
+// HTTP over loopback (cpp-httplib's client, and raw sockets where a test must drop a connection itself),
+// stories260K with greedy decoding against the reference tokens of ../shared/models/README.md.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <nlohmann/json.hpp>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <regex>
+#include <thread>
+
+#include "net/http/loadgen.h"
+#include "tests/http/daemon_process.h"
+#include "tests/test_models.h"
+
+using namespace troupe;
+using json = nlohmann::json;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// Reference facts (../shared/models/README.md): "Once upon a time" with BOS, 32 greedy tokens.
+const std::vector<int> reference_tokens = {432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337,
+                                           410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394};
+const std::string reference_text =
+    ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw";
+
+std::string stories_config(const std::string& model, const std::string& extra_server = "", uint32_t n_ctx = 4096,
+                           uint32_t parallel = 4, uint32_t n_ctx_seq = 0) {
+  return "[server]\nport = 0\nshutdown_grace_s = 5\n" + extra_server +
+         "\n[runtime]\nthreads = 2\n"
+         "[[model]]\nname = \"stories\"\npath = \"" + model + "\"\nchat_template = \"raw\"\nthreads = 2\nn_ctx = " +
+         std::to_string(n_ctx) + "\nn_seq_max = " + std::to_string(parallel) + "\nn_ctx_seq = " + std::to_string(n_ctx_seq) + "\n";
+}
+
+json greedy_chat(int max_tokens = 32) {
+  return json{{"model", "stories"},
+              {"messages", json::array({{{"role", "user"}, {"content", "Once upon a time"}}})},
+              {"temperature", 0},
+              {"max_tokens", max_tokens},
+              {"return_tokens", true}};
+}
+
+// The data events of a server-sent event stream, in order ("[DONE]" included).
+std::vector<std::string> sse_events(const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    out.push_back(body.substr(pos + 6, end - pos - 6));
+    pos = end == std::string::npos ? body.size() : end;
+  }
+  return out;
+}
+
+// A value of the daemon's /metrics ("name{labels}" exactly as printed), or -1.
+double metric(httplib::Client& c, const std::string& name) {
+  auto r = c.Get("/metrics");
+  if (!r || r->status != 200) return -1;
+  const size_t at = r->body.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(r->body.substr(at + name.size() + 2));
+}
+
+// A raw HTTP/1.1 request on its own socket, so that the test decides when the connection drops.
+class raw_request {
+ public:
+  raw_request(int port, const std::string& path, const std::string& body) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd_ >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    timeval tv{30, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const std::string req = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+                            std::to_string(body.size()) + "\r\n\r\n" + body;
+    REQUIRE(send(fd_, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size()));
+  }
+  ~raw_request() { close_now(); }
+  // Reads until `text` arrived (true) or the connection ended / 30 s passed (false).
+  bool read_until(const std::string& text) {
+    char buf[4096];
+    while (got_.find(text) == std::string::npos) {
+      const ssize_t n = recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) return false;
+      got_.append(buf, static_cast<size_t>(n));
+    }
+    return true;
+  }
+  void close_now() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+  const std::string& received() const { return got_; }
+
+ private:
+  int fd_ = -1;
+  std::string got_;
+};
+
+// Polls until pred() holds (true) or 20 s passed.
+template <class Pred>
+bool eventually(Pred pred) {
+  for (int i = 0; i < 1000; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("daemon: chat and completions, plain and streamed, equal the reference tokens", "[http][daemon]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  test::daemon_process d(stories_config(model->string()));
+  httplib::Client c("127.0.0.1", d.port());
+  c.set_read_timeout(60, 0);
+
+  auto h = c.Get("/health");
+  REQUIRE(h);
+  CHECK(h->status == 200);
+  CHECK(json::parse(h->body)["status"] == "ok");
+
+  auto m = c.Get("/v1/models");
+  REQUIRE(m);
+  const json models = json::parse(m->body);
+  REQUIRE(models["data"].size() == 1);
+  CHECK(models["data"][0]["id"] == "stories");
+  CHECK(models["data"][0]["meta"]["n_ctx_seq"] == 1024);
+  CHECK(models["data"][0]["meta"]["parallel"] == 4);
+
+  SECTION("plain chat") {
+    auto r = c.Post("/v1/chat/completions", greedy_chat().dump(), "application/json");
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+    const json j = json::parse(r->body);
+    CHECK(j["object"] == "chat.completion");
+    CHECK(j["model"] == "stories");
+    CHECK(j["choices"][0]["tokens"].get<std::vector<int>>() == reference_tokens);
+    CHECK(j["choices"][0]["message"]["content"] == reference_text);
+    CHECK(j["choices"][0]["finish_reason"] == "length");
+    CHECK(j["usage"]["prompt_tokens"] == 5);
+    CHECK(j["usage"]["completion_tokens"] == 32);
+  }
+  SECTION("streamed chat, with usage") {
+    json body = greedy_chat();
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+    CHECK(r->get_header_value("Content-Type") == "text/event-stream");
+    const std::vector<std::string> ev = sse_events(r->body);
+    REQUIRE(ev.size() >= 4);
+    CHECK(ev.back() == "[DONE]");
+    std::string text;
+    for (size_t i = 0; i + 3 < ev.size(); ++i) {
+      const json j = json::parse(ev[i]);
+      CHECK(j["object"] == "chat.completion.chunk");
+      if (i == 0) CHECK(j["choices"][0]["delta"]["role"] == "assistant");
+      text += j["choices"][0]["delta"]["content"].get<std::string>();
+    }
+    CHECK(text == reference_text);
+    CHECK(json::parse(ev[ev.size() - 3])["choices"][0]["finish_reason"] == "length");
+    const json usage = json::parse(ev[ev.size() - 2]);
+    CHECK(usage["choices"].empty());
+    CHECK(usage["usage"]["completion_tokens"] == 32);
+  }
+  SECTION("completions, plain and streamed") {
+    const json body = {{"model", "stories"}, {"prompt", "Once upon a time"}, {"temperature", 0}, {"max_tokens", 32},
+                       {"return_tokens", true}};
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+    const json j = json::parse(r->body);
+    CHECK(j["object"] == "text_completion");
+    CHECK(j["choices"][0]["tokens"].get<std::vector<int>>() == reference_tokens);
+    CHECK(j["choices"][0]["text"] == reference_text);
+
+    json sb = body;
+    sb["stream"] = true;
+    auto s = c.Post("/v1/completions", sb.dump(), "application/json");
+    REQUIRE(s);
+    const std::vector<std::string> ev = sse_events(s->body);
+    REQUIRE(ev.size() >= 3);
+    std::string text;
+    for (size_t i = 0; i + 2 < ev.size(); ++i) text += json::parse(ev[i])["choices"][0]["text"].get<std::string>();
+    CHECK(text == reference_text);
+  }
+  SECTION("stop strings end the answer before them") {
+    json body = greedy_chat();
+    body["stop"] = "Lily";
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    REQUIRE(r);
+    const json j = json::parse(r->body);
+    CHECK(j["choices"][0]["message"]["content"] == ", there was a little girl named ");
+    CHECK(j["choices"][0]["finish_reason"] == "stop");
+  }
+  SECTION("memory and metrics") {
+    c.Post("/v1/chat/completions", greedy_chat(4).dump(), "application/json");
+    auto mem = c.Get("/v1/memory");
+    REQUIRE(mem);
+    REQUIRE(mem->status == 200);
+    const json mj = json::parse(mem->body);
+    CHECK(mj.dump().find("\"model\"") != std::string::npos);
+    auto mt = c.Get("/metrics");
+    REQUIRE(mt);
+    CHECK_THAT(mt->body, Contains("troupe_memory_bytes{buft=\"CPU\""));
+    CHECK(metric(c, "troupe_generated_tokens_total") >= 4);
+    CHECK(metric(c, "troupe_requests_total{endpoint=\"chat\",status=\"200\"}") >= 1);
+    CHECK(metric(c, "troupe_model_ready{model=\"stories\"}") == 1);
+  }
+}
+
+TEST_CASE("daemon: concurrent requests are batched and each answer is right", "[http][daemon]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  test::daemon_process d(stories_config(model->string()));
+  constexpr int n = 8;
+  std::vector<std::vector<int>> tokens(n);
+  std::vector<int> status(n, 0);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", d.port());
+      c.set_read_timeout(120, 0);
+      json body = greedy_chat();
+      body["stream"] = i % 2 == 1;
+      auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+      if (!r) return;
+      status[i] = r->status;
+      if (i % 2 == 0) tokens[i] = json::parse(r->body)["choices"][0]["tokens"].get<std::vector<int>>();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < n; ++i) {
+    INFO("request " << i);
+    CHECK(status[i] == 200);
+    if (i % 2 == 0) CHECK(tokens[i] == reference_tokens);
+  }
+  httplib::Client c("127.0.0.1", d.port());
+  CHECK(metric(c, "troupe_requests_total{endpoint=\"chat\",status=\"200\"}") == n);
+  CHECK(metric(c, "troupe_sessions{model=\"stories\",state=\"busy\"}") == 0);
+}
+
+TEST_CASE("daemon: error cases in the OpenAI shape", "[http][daemon]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  test::daemon_process d(stories_config(model->string(), "api_keys = [\"sesame\"]\n", 256, 2, 64));
+  httplib::Client c("127.0.0.1", d.port());
+  c.set_read_timeout(60, 0);
+  const auto expect = [&](httplib::Result r, int status, const std::string& type, const std::string& says) {
+    REQUIRE(r);
+    CHECK(r->status == status);
+    const json j = json::parse(r->body);
+    CHECK(j["error"]["type"] == type);
+    CHECK_THAT(j["error"]["message"].get<std::string>(), Contains(says));
+    return j;
+  };
+  // No key, a wrong key: 401 (health needs none).
+  expect(c.Post("/v1/chat/completions", greedy_chat().dump(), "application/json"), 401, "invalid_request_error", "missing API key");
+  c.set_bearer_token_auth("open");
+  const json wrong = expect(c.Post("/v1/chat/completions", greedy_chat().dump(), "application/json"), 401,
+                            "invalid_request_error", "invalid API key");
+  CHECK(wrong["error"]["code"] == "invalid_api_key");
+  expect(c.Get("/v1/models"), 401, "invalid_request_error", "invalid API key");
+  httplib::Client anon("127.0.0.1", d.port());
+  auto h = anon.Get("/health");
+  REQUIRE(h);
+  CHECK(h->status == 200);
+
+  c.set_bearer_token_auth("sesame");
+  auto ok = c.Post("/v1/chat/completions", greedy_chat(8).dump(), "application/json");
+  REQUIRE(ok);
+  CHECK(ok->status == 200);
+  // Bad JSON, bad fields: 400 naming the field.
+  expect(c.Post("/v1/chat/completions", "{\"model\": ", "application/json"), 400, "invalid_request_error", "not valid JSON");
+  json hot = greedy_chat();
+  hot["temperature"] = "hot";
+  CHECK(expect(c.Post("/v1/chat/completions", hot.dump(), "application/json"), 400, "invalid_request_error", "temperature")
+            ["error"]["param"] == "temperature");
+  // Unknown model: 404.
+  json other = greedy_chat();
+  other["model"] = "gpt-5";
+  CHECK(expect(c.Post("/v1/chat/completions", other.dump(), "application/json"), 404, "invalid_request_error", "gpt-5")
+            ["error"]["code"] == "model_not_found");
+  // A prompt longer than the session's context (64 tokens here): 400.
+  json longp = greedy_chat();
+  std::string words;
+  for (int i = 0; i < 100; ++i) words += " Once upon a time";
+  longp["messages"][0]["content"] = words;
+  CHECK(expect(c.Post("/v1/chat/completions", longp.dump(), "application/json"), 400, "invalid_request_error", "tokens")
+            ["error"]["code"] == "context_length_exceeded");
+  // Unknown route: 404 in the same shape; a body over the limit: 413.
+  expect(c.Get("/v1/nothing"), 404, "invalid_request_error", "no route");
+  // The daemon still answers after all of it.
+  auto again = c.Post("/v1/chat/completions", greedy_chat(32).dump(), "application/json");
+  REQUIRE(again);
+  REQUIRE(again->status == 200);
+  CHECK(json::parse(again->body)["choices"][0]["tokens"].get<std::vector<int>>() == reference_tokens);
+}
+
+TEST_CASE("daemon: a full queue answers 503; a client that disconnects cancels its answer", "[http][daemon]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  // One session, no queue: a second request while the first generates is refused.
+  test::daemon_process d(stories_config(model->string(), "queue_limit = 0\n", 8192, 1, 8192));
+  httplib::Client c("127.0.0.1", d.port());
+  c.set_read_timeout(60, 0);
+  json long_answer = {{"model", "stories"}, {"prompt", "Once upon a time"}, {"max_tokens", 8000}, {"stream", true}};
+  {
+    raw_request first(d.port(), "/v1/completions", long_answer.dump());
+    REQUIRE(first.read_until("data: "));
+    auto busy = c.Post("/v1/chat/completions", greedy_chat().dump(), "application/json");
+    REQUIRE(busy);
+    CHECK(busy->status == 503);
+    CHECK_THAT(json::parse(busy->body)["error"]["message"].get<std::string>(), Contains("queue is full"));
+    first.close_now();  // the client goes away mid-answer
+  }
+  REQUIRE(eventually([&] { return metric(c, "troupe_requests_cancelled_total") == 1; }));
+  REQUIRE(eventually([&] { return metric(c, "troupe_sessions{model=\"stories\",state=\"busy\"}") == 0; }));
+  CHECK(d.wait_for_log("client went away", std::chrono::seconds(5)));
+  CHECK(metric(c, "troupe_generated_tokens_total") < 8000);
+
+  // A plain (non-streamed) answer notices the disconnect too (by its whitespace heartbeat).
+  {
+    json plain = long_answer;
+    plain["stream"] = false;
+    raw_request second(d.port(), "/v1/completions", plain.dump());
+    REQUIRE(second.read_until("\r\n\r\n"));  // headers sent: generating
+    second.close_now();
+  }
+  REQUIRE(eventually([&] { return metric(c, "troupe_requests_cancelled_total") == 2; }));
+  REQUIRE(eventually([&] { return metric(c, "troupe_sessions{model=\"stories\",state=\"busy\"}") == 0; }));
+
+  // The session is free again: the next answer is whole and right.
+  auto r = c.Post("/v1/chat/completions", greedy_chat().dump(), "application/json");
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  CHECK(json::parse(r->body)["choices"][0]["tokens"].get<std::vector<int>>() == reference_tokens);
+}
+
+TEST_CASE("daemon: SIGTERM drains in-flight answers, frees everything and exits 0", "[http][daemon]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  test::daemon_process d(stories_config(model->string(), "", 8192, 1, 8192));
+  raw_request inflight(d.port(), "/v1/completions",
+                       json{{"model", "stories"}, {"prompt", "Once upon a time"}, {"max_tokens", 2000}, {"stream", true}}.dump());
+  REQUIRE(inflight.read_until("data: "));
+  d.signal(SIGTERM);
+  // The answer in flight still ends properly (finished, or cut at the grace period) with [DONE].
+  CHECK(inflight.read_until("data: [DONE]"));
+  CHECK(d.wait_exit(std::chrono::seconds(30)) == 0);
+  const std::string log = d.log();
+  CHECK_THAT(log, Contains("received SIGTERM"));
+  CHECK_THAT(log, Contains("stopped: 0 bytes still held"));
+  httplib::Client c("127.0.0.1", d.port());
+  c.set_connection_timeout(1, 0);
+  CHECK_FALSE(c.Get("/health"));  // no longer listening
+}
+
+TEST_CASE("daemon: a bad configuration is refused with the file, line and key", "[http][daemon]") {
+  test::daemon_process d("[server]\nport = 0\nbogus = 1\n", {}, false);
+  CHECK(d.wait_exit(std::chrono::seconds(30)) == 1);
+  CHECK_THAT(d.log(), Contains("daemon.toml:3") && Contains("unknown key 'bogus' in [server]"));
+  test::daemon_process m("[server]\nport = 0\n[[model]]\nname = \"m\"\npath = \"/nonexistent/m.gguf\"\n", {}, false);
+  CHECK(m.wait_exit(std::chrono::seconds(30)) == 1);
+  CHECK_THAT(m.log(), Contains("model 'm'") && Contains("/nonexistent/m.gguf"));
+  // A file that is not GGUF: the load fails, the daemon says why and exits 1 (after freeing what it had).
+  const auto junk = std::filesystem::temp_directory_path() / ("troupe-junk-" + std::to_string(getpid()) + ".gguf");
+  std::ofstream(junk) << "this is not a GGUF file at all, just some text that is long enough";
+  test::daemon_process j("[server]\nport = 0\n[[model]]\nname = \"junk\"\npath = \"" + junk.string() + "\"\n", {}, false);
+  const int jrc = j.wait_exit(std::chrono::seconds(30));
+  INFO(j.log());
+  CHECK(jrc == 1);
+  CHECK_THAT(j.log(), Contains("startup failed") && Contains(junk.string()));
+  std::filesystem::remove(junk);
+}
+
+TEST_CASE("daemon: load test, 16 clients and 200 requests on stories260K, none fails", "[http][daemon][load]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  test::daemon_process d(stories_config(model->string(), "", 4096, 4));
+  http::load_params p;
+  p.port = d.port();
+  p.model = "stories";
+  p.clients = 16;
+  p.requests = 200;
+  p.max_tokens = 32;
+  p.stream = true;
+  const http::load_result r = http::run_load(p);
+  INFO(http::format_load_result(p, r));
+  CHECK(r.failed == 0);
+  CHECK(r.ok == 200);
+  CHECK(r.completion_tokens > 0);
+  httplib::Client c("127.0.0.1", d.port());
+  CHECK(metric(c, "troupe_requests_total{endpoint=\"chat\",status=\"200\"}") == 200);
+}

@@ -1,0 +1,34 @@
+// troupe bench http: a bounded load test against a running daemon (net/http/loadgen.h).
+//
+//   troupe serve --config configs/daemon.toml &
+//   troupe bench http --port 8080 --model smollm2 --clients 16 --requests 200
+//
+// Exits 1 when any request failed (the failures are listed).
+#include <cstdio>
+
+#include "net/http/loadgen.h"
+#include "tools/troupe/commands.h"
+
+namespace troupe::cli {
+
+command_fn add_bench_http(CLI::App& app) {
+  auto p = std::make_shared<http::load_params>();
+  app.add_option("--host", p->host, "daemon address (default 127.0.0.1)");
+  app.add_option("--port", p->port, "daemon port (default 8080)");
+  app.add_option("--model", p->model, "model name (the requests' \"model\")")->required();
+  app.add_option("--api-key", p->api_key, "bearer key");
+  app.add_option("-c,--clients", p->clients, "concurrent clients (default 16)")->check(CLI::Range(1, 1024));
+  app.add_option("-n,--requests", p->requests, "requests in all (default 200)")->check(CLI::Range(1, 1000000));
+  app.add_option("--max-tokens", p->max_tokens, "max_tokens of each request (default 32)")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--prompt", p->prompt, "the user message (or prompt)");
+  app.add_option("--temperature", p->temperature, "sampling temperature (request i uses seed i)");
+  app.add_flag("--stream", p->stream, "stream the answers (server-sent events)");
+  app.add_flag("!--chat,--completions", p->chat, "use /v1/completions instead of /v1/chat/completions");
+  return [p] {
+    const http::load_result r = http::run_load(*p);
+    std::printf("%s", http::format_load_result(*p, r).c_str());
+    return r.failed == 0 && r.ok == p->requests ? 0 : 1;
+  };
+}
+
+}  // namespace troupe::cli

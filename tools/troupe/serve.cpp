@@ -1,0 +1,184 @@
+// troupe serve: the daemon. A TOML configuration (net/http/daemon_config.h), command-line flags over it,
+// an engine with the configured devices and models, and the OpenAI-compatible HTTP API (net/http/server.h).
+//
+//   troupe serve --config configs/daemon.toml
+//   troupe serve -m models/SmolLM2-135M-Instruct.Q4_1.gguf --port 8080     (no file: one model from flags)
+//
+// Startup: listens first (GET /health says "loading"), loads the models, prints the memory breakdown and
+// the address, then "ready". SIGTERM/SIGINT: stops accepting, lets in-flight answers finish (up to
+// server.shutdown_grace_s, then cancels them), frees everything, prints the final memory breakdown, exits 0.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "actors/runtime.h"
+#include "net/http/daemon_config.h"
+#include "net/http/server.h"
+#include "runtime/log.h"
+#include "tools/troupe/commands.h"
+
+namespace troupe::cli {
+
+namespace {
+
+struct serve_options {
+  std::string config;
+  std::string model;
+  std::string name;
+  std::string host;
+  int port = -1;
+  std::vector<std::string> api_keys;
+  int threads = -1;
+  int parallel = -1;
+  int ctx = -1;
+  std::string log_level;
+};
+
+int signal_pipe[2] = {-1, -1};
+
+extern "C" void on_signal(int sig) {
+  const unsigned char b = static_cast<unsigned char>(sig);
+  (void)!write(signal_pipe[1], &b, 1);
+}
+
+log_level parse_level(const std::string& s) {
+  if (s == "debug") return log_level::debug;
+  if (s == "warn") return log_level::warn;
+  if (s == "error") return log_level::error;
+  return log_level::info;
+}
+
+// Log lines with a UTC timestamp on stderr, one write per line (threads do not interleave).
+void stderr_sink(log_level level, std::string_view msg) {
+  static std::mutex m;
+  char ts[32];
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  std::lock_guard l(m);
+  std::fprintf(stderr, "%s %-5s %.*s\n", ts, std::string(log_level_name(level)).c_str(), static_cast<int>(msg.size()),
+               msg.data());
+  std::fflush(stderr);
+}
+
+int run_serve(const serve_options& o) {
+  http::daemon_config cfg;
+  if (!o.config.empty()) {
+    cfg = http::load_daemon_config(o.config);
+  }
+  // Flags over the file.
+  if (!o.model.empty()) {
+    actors::model_config m;
+    if (!cfg.runtime.models.empty()) m = cfg.runtime.models.front();
+    m.path = o.model;
+    m.name = !o.name.empty() ? o.name : std::filesystem::path(o.model).stem().string();
+    cfg.runtime.models.clear();
+    cfg.runtime.models.push_back(m);
+  } else if (!o.name.empty()) {
+    if (cfg.runtime.models.size() != 1) throw error("--name needs --model or a configuration with one model");
+    cfg.runtime.models.front().name = o.name;
+  }
+  if (!o.host.empty()) cfg.server.host = o.host;
+  if (o.port >= 0) {
+    if (o.port > 65535) throw error("--port must be from 0 to 65535");
+    cfg.server.port = static_cast<uint16_t>(o.port);
+  }
+  for (const std::string& k : o.api_keys) cfg.server.api_keys.push_back(k);
+  if (o.threads >= 0) {
+    cfg.runtime.n_threads = o.threads;
+    for (actors::model_config& m : cfg.runtime.models) m.n_threads = o.threads;
+  }
+  if (o.parallel > 0) {
+    for (actors::model_config& m : cfg.runtime.models) m.n_seq_max = static_cast<uint32_t>(o.parallel);
+  }
+  if (o.ctx > 0) {
+    for (actors::model_config& m : cfg.runtime.models) m.n_ctx = static_cast<uint32_t>(o.ctx);
+  }
+  if (!o.log_level.empty()) cfg.logging.level = o.log_level;
+  http::validate_daemon_config(cfg);
+
+  set_log_sink(stderr_sink);
+  set_log_level(parse_level(cfg.logging.level));
+
+  const bool loopback = cfg.server.host == "127.0.0.1" || cfg.server.host == "localhost" || cfg.server.host == "::1";
+  if (!loopback && cfg.server.api_keys.empty()) {
+    TROUPE_LOG(warn, "serving on " << cfg.server.host << " without API keys: anyone who can reach it may use it");
+  }
+
+  // SIGINT/SIGTERM: a handler that only writes the signal number into a pipe (async-signal-safe, whichever
+  // thread takes the signal); a watcher thread reads it and stops the daemon.
+  if (pipe(signal_pipe) != 0) throw error("serve: cannot create the signal pipe");
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  engine eng(cfg.runtime);
+  http::daemon d(eng, cfg);
+  const int port = d.bind();
+  std::thread server([&] { d.serve(); });
+
+  std::thread watcher([&] {
+    unsigned char sig = 0;
+    while (read(signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    if (sig != 0) TROUPE_LOG(info, "received " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ": shutting down");
+    d.stop();
+  });
+
+  int rc = 0;
+  try {
+    d.load_models();
+    const actors::memory_breakdown mem = eng.memory();
+    std::fprintf(stderr, "%s", mem.table.c_str());
+    TROUPE_LOG(info, "listening on http://" << cfg.server.host << ":" << port << " (OpenAI API at /v1)");
+    TROUPE_LOG(info, "ready");
+  } catch (const std::exception& e) {
+    TROUPE_LOG(error, "startup failed: " << e.what());
+    rc = 1;
+    d.stop();
+  }
+  server.join();
+  const unsigned char none = 0;  // ends the watcher when no signal came
+  (void)!write(signal_pipe[1], &none, 1);
+  watcher.join();
+  const actors::memory_breakdown final = eng.shutdown();
+  std::fprintf(stderr, "%s", final.table.c_str());
+  TROUPE_LOG(info, "stopped: " << final.model + final.context + final.compute << " bytes still held");
+  return rc;
+}
+
+}  // namespace
+
+command_fn add_serve(CLI::App& app) {
+  auto o = std::make_shared<serve_options>();
+  app.add_option("-c,--config", o->config, "daemon configuration (TOML; see configs/daemon.toml)");
+  app.add_option("-m,--model", o->model, "serve this GGUF file (replaces the configuration's models)");
+  app.add_option("--name", o->name, "the model's name in the API (default: the file name without .gguf)");
+  app.add_option("--host", o->host, "address to listen on (default 127.0.0.1)");
+  app.add_option("--port", o->port, "port to listen on; 0: any free port (default 8080)");
+  app.add_option("--api-key", o->api_keys, "an accepted bearer key (repeatable)");
+  app.add_option("-t,--threads", o->threads, "CPU threads for decoding; 0: all");
+  app.add_option("--parallel", o->parallel, "parallel sessions per model");
+  app.add_option("--ctx", o->ctx, "KV cache cells per model (shared by its parallel sessions)");
+  app.add_option("--log-level", o->log_level, "debug, info, warn or error")
+      ->check(CLI::IsMember({"debug", "info", "warn", "error"}));
+  return [o] {
+    if (o->config.empty() && o->model.empty()) {
+      std::fprintf(stderr, "troupe serve: give --config FILE or --model FILE\n");
+      return 1;
+    }
+    return run_serve(*o);
+  };
+}
+
+}  // namespace troupe::cli
