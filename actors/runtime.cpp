@@ -133,6 +133,16 @@ actors::runtime_status engine::status() {
   return ask<actors::runtime_status>(*sys_, supervisor_, actors::get_atom_v, actors::status_atom_v);
 }
 
+std::vector<actors::sched_stats> engine::scheduler_stats() {
+  const auto dir = ask<actors::actor_directory>(*sys_, supervisor_, actors::get_atom_v, actors::directory_atom_v);
+  std::vector<actors::sched_stats> out;
+  for (const caf::actor& s : dir.schedulers) {
+    out.push_back(ask<actors::sched_stats>(*sys_, caf::actor_cast<actors::scheduler_actor>(s), actors::get_atom_v,
+                                           actors::stats_atom_v));
+  }
+  return out;
+}
+
 actors::memory_breakdown engine::shutdown() {
   if (stopped_) return {};
   stopped_ = true;

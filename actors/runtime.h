@@ -121,6 +121,8 @@ class engine {
   // The memory breakdown now (table, JSON, numbers).
   actors::memory_breakdown memory();
   actors::runtime_status status();
+  // Each loaded model's scheduler counters (batches decoded, steps batched together, KV and compute bytes).
+  std::vector<actors::sched_stats> scheduler_stats();
   // Stops every session and model, frees every buffer, stops the actors; returns the final breakdown (all
   // zero). Later calls return an empty breakdown.
   actors::memory_breakdown shutdown();

@@ -9,6 +9,9 @@
 //   troupe_requests_in_flight, troupe_queue_depth
 //   troupe_sessions{model,state="busy"|"idle"}, troupe_model_ready{model}
 //   troupe_memory_bytes{buft,device,kind}                   the memory breakdown
+//   troupe_decode_batches_total{model}, troupe_decode_steps_total{model}, troupe_decode_batch_max{model}
+//                                                           the schedulers' batching: session steps decoded,
+//                                                           in how many batches, most steps in one
 //
 // All methods are thread-safe.
 #pragma once
@@ -49,7 +52,8 @@ class daemon_metrics {
   uint64_t n_cancelled() const { return cancelled_.load(); }
   uint64_t n_requests(const std::string& endpoint, int status) const;
 
-  std::string render(const std::vector<model_gauges>& models, const actors::memory_breakdown& memory) const;
+  std::string render(const std::vector<model_gauges>& models, const actors::memory_breakdown& memory,
+                     const std::vector<actors::sched_stats>& schedulers = {}) const;
 
  private:
   mutable std::mutex mutex_;

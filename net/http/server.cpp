@@ -421,12 +421,14 @@ void daemon::routes() {
 
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     actors::memory_breakdown mem;
+    std::vector<actors::sched_stats> sched;
     try {
       mem = eng_.memory();
+      sched = eng_.scheduler_stats();
     } catch (const std::exception& e) {
-      TROUPE_LOG(warn, "metrics: no memory breakdown: " << e.what());
+      TROUPE_LOG(warn, "metrics: " << e.what());
     }
-    res.set_content(metrics_.render(gauges(), mem), "text/plain; version=0.0.4");
+    res.set_content(metrics_.render(gauges(), mem, sched), "text/plain; version=0.0.4");
   });
 
   s.Get("/v1/memory", [this](const httplib::Request&, httplib::Response& res) {

@@ -238,7 +238,12 @@ TEST_CASE("metrics: Prometheus text with requests, tokens, queue and memory", "[
   m.queue_depth = 3;
   actors::memory_breakdown mem;
   mem.entries.push_back({"CPU", "CPU", true, 1000, 200, 30});
-  const std::string t = m.render({{"stories", true, 1, 2, 4}}, mem);
+  actors::sched_stats st;
+  st.model = "stories";
+  st.n_steps = 40;
+  st.n_batches = 25;
+  st.max_steps = 3;
+  const std::string t = m.render({{"stories", true, 1, 2, 4}}, mem, {st});
   CHECK_THAT(t, Contains("troupe_requests_total{endpoint=\"chat\",status=\"200\"} 2\n"));
   CHECK_THAT(t, Contains("troupe_requests_total{endpoint=\"chat\",status=\"400\"} 1\n"));
   CHECK_THAT(t, Contains("troupe_requests_cancelled_total 1\n"));
@@ -252,5 +257,8 @@ TEST_CASE("metrics: Prometheus text with requests, tokens, queue and memory", "[
   CHECK_THAT(t, Contains("troupe_model_ready{model=\"stories\"} 1\n"));
   CHECK_THAT(t, Contains("troupe_memory_bytes{buft=\"CPU\",device=\"CPU\",host=\"true\",kind=\"model\"} 1000\n"));
   CHECK_THAT(t, Contains("troupe_memory_bytes{buft=\"CPU\",device=\"CPU\",host=\"true\",kind=\"compute\"} 30\n"));
+  CHECK_THAT(t, Contains("troupe_decode_steps_total{model=\"stories\"} 40\n"));
+  CHECK_THAT(t, Contains("troupe_decode_batches_total{model=\"stories\"} 25\n"));
+  CHECK_THAT(t, Contains("troupe_decode_batch_max{model=\"stories\"} 3\n"));
   CHECK(m.n_requests("chat", 200) == 2);
 }

@@ -249,6 +249,10 @@ TEST_CASE("daemon: concurrent requests are batched and each answer is right", "[
   httplib::Client c("127.0.0.1", d.port());
   CHECK(metric(c, "troupe_requests_total{endpoint=\"chat\",status=\"200\"}") == n);
   CHECK(metric(c, "troupe_sessions{model=\"stories\",state=\"busy\"}") == 0);
+  // The scheduler decoded steps of several sessions together (8 answers of 32 tokens each).
+  CHECK(metric(c, "troupe_decode_steps_total{model=\"stories\"}") >= n * 30);
+  CHECK(metric(c, "troupe_decode_batch_max{model=\"stories\"}") >= 2);
+  CHECK(metric(c, "troupe_decode_batches_total{model=\"stories\"}") < metric(c, "troupe_decode_steps_total{model=\"stories\"}"));
 }
 
 TEST_CASE("daemon: error cases in the OpenAI shape", "[http][daemon]") {
