@@ -147,6 +147,10 @@ struct mm_plan {
   size_t b_row_bytes = 0;  // one converted row
   size_t b_bytes = 0;      // all converted rows, cache-line aligned
   size_t scratch = 0;      // per thread: one strided b row gathered to dense f32 before quantizing
+  // fast path, where a's tile kernel reads prepared rows: every converted row of b prepared (after the
+  // scratch)
+  size_t tile_row_bytes = 0;
+  size_t tile_bytes = 0;
   size_t total = 0;
 };
 
@@ -182,7 +186,18 @@ mm_plan plan_mul_mat(const tensor& node, int nth, bool reference) {
     p.b_bytes = align_up(p.b_row_bytes * static_cast<size_t>(nrows(b)));
     if (!is_float_type(vdt) && !dense_rows(b, 4)) p.scratch = align_up(static_cast<size_t>(k) * sizeof(float));
   }
-  p.total = p.counter + p.b_bytes + p.scratch * static_cast<size_t>(nth);
+  if (p.fast && p.convert_b) {
+    const simd::kernel_table& kt = simd::active_table();
+    if (kt.dot_tile_prepared(a.type) != nullptr) {
+      // Prepared rows pay where a tile's (up to 4 of them) stay in L1.
+      const size_t row_bytes = kt.prepared_size(a.type)(k);
+      if (row_bytes * static_cast<size_t>(std::min<int64_t>(n, 4)) <= simd::tile_prepared_budget) {
+        p.tile_row_bytes = row_bytes;
+        p.tile_bytes = align_up(p.tile_row_bytes * static_cast<size_t>(nrows(b)));
+      }
+    }
+  }
+  p.total = p.counter + p.b_bytes + p.scratch * static_cast<size_t>(nth) + p.tile_bytes;
   return p;
 }
 
@@ -212,9 +227,11 @@ struct mm_ctx {
   tensor& dst;
   const mm_plan& p;
   const uint8_t* b_conv;  // converted rows of b, or null when b is used as is
+  const uint8_t* b_tile;  // fast path: converted rows of b prepared for dot_tile, or null
   vec_dot_fn dot;
   simd::vec_dot_rows_fn dot_rows;  // fast path: several rows of a per call; null on the reference path
   simd::vec_dot_tile_fn dot_tile;  // fast path: rows of a x rows of b per call; null where the type has none
+  simd::vec_dot_tile_fn dot_tile_prepared;  // the same on b_tile's rows (when b_tile is set)
   int64_t k, m, n, ne2b, r2, r3;
 
   const void* b_row(int64_t plane, int64_t j, int64_t i2, int64_t i3) const {
@@ -230,10 +247,14 @@ struct mm_ctx {
     if (dot_tile != nullptr && b_conv != nullptr) {
       // Register tiles of a few rows of a x up to 4 rows of b (one sequence's token, a few sequences decoding
       // at once, or a tile of a prompt): each block of a is decoded once for the rows of b, each block of b
-      // once for the rows of a. Converted rows of b are b_row_bytes apart, dst's columns nb[1].
-      dot_tile(k, i_end - i_begin, j_end - j_begin, reinterpret_cast<float*>(addr(dst, i_begin, j_begin, i2, i3)),
-               dst.nb[1] / sizeof(float), a_plane + i_begin * static_cast<int64_t>(a.nb[1]), a.nb[1],
-               b_row(plane, j_begin, i2, i3), p.b_row_bytes);
+      // once for the rows of a. Rows of b (converted, or prepared) are b_row_bytes (tile_row_bytes) apart,
+      // dst's columns nb[1].
+      const uint8_t* y = b_tile != nullptr ? b_tile + static_cast<size_t>(plane * n + j_begin) * p.tile_row_bytes
+                                           : static_cast<const uint8_t*>(b_row(plane, j_begin, i2, i3));
+      (b_tile != nullptr ? dot_tile_prepared : dot_tile)(
+          k, i_end - i_begin, j_end - j_begin, reinterpret_cast<float*>(addr(dst, i_begin, j_begin, i2, i3)),
+          dst.nb[1] / sizeof(float), a_plane + i_begin * static_cast<int64_t>(a.nb[1]), a.nb[1], y,
+          b_tile != nullptr ? p.tile_row_bytes : p.b_row_bytes);
       return;
     }
     if (dot_rows != nullptr) {
@@ -270,14 +291,28 @@ const uint8_t* convert_b(const compute_params& params, const tensor& b, type vdt
   return out;
 }
 
+// The fast path's prepared rows for the tile kernel (threads split the rows, as for the conversion; the
+// caller syncs before any thread reads them); null when the tile kernel reads converted rows.
+const uint8_t* prepare_b(const compute_params& params, const tensor& b, type a_type, const uint8_t* b_conv,
+                         const mm_plan& p) {
+  if (p.tile_bytes == 0) return nullptr;
+  uint8_t* out = params.wdata + p.counter + p.b_bytes + p.scratch * static_cast<size_t>(params.nth);
+  const simd::tile_prepare_fn prepare = simd::active_table().prepare_tile(a_type);
+  const item_range rows = split_range(nrows(b), params.ith, params.nth);
+  for (int64_t r = rows.begin; r < rows.end; ++r) {
+    prepare(b.ne[0], b_conv + static_cast<size_t>(r) * p.b_row_bytes, out + static_cast<size_t>(r) * p.tile_row_bytes);
+  }
+  return out;
+}
+
 void mul_mat_reference(const compute_params& params, tensor& node, const mm_plan& p) {
   const tensor& a = *node.src[0];
   const tensor& b = *node.src[1];
   const type_traits& ta = traits(a.type);
   const uint8_t* b_conv = convert_b(params, b, ta.vec_dot_type, traits(ta.vec_dot_type).from_float_ref, p);
   if (p.convert_b) params.sync();  // every thread reads every converted row
-  const mm_ctx c{a,       b,       node,    p,       b_conv,  ta.vec_dot,        nullptr,          nullptr,
-                 a.ne[0], a.ne[1], b.ne[1], b.ne[2], b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]};
+  const mm_ctx c{a,       b,       node,    p,       b_conv,  nullptr,           ta.vec_dot,       nullptr, nullptr,
+                 nullptr, a.ne[0], a.ne[1], b.ne[1], b.ne[2], b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]};
 
   // Tiles in order (plane, tile of b rows, tile of a rows); each thread takes a contiguous range of them.
   const int64_t n_planes = b.ne[2] * b.ne[3];
@@ -298,9 +333,11 @@ void mul_mat_fast(const compute_params& params, tensor& node, const mm_plan& p) 
   const simd::kernel_table& kt = simd::active_table();
   const type vdt = traits(a.type).vec_dot_type;
   const uint8_t* b_conv = convert_b(params, b, vdt, kt.quantize(vdt), p);
-  const mm_ctx c{a,      b,      node,           p,
-                 b_conv, kt.dot(a.type), kt.dot_rows(a.type), kt.dot_tile(a.type),
-                 a.ne[0], a.ne[1], b.ne[1], b.ne[2], b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]};
+  // Each thread prepares the rows it converted: no sync between the two.
+  const uint8_t* b_tile = prepare_b(params, b, a.type, b_conv, p);
+  const mm_ctx c{a,       b,       node,    p,       b_conv,  b_tile,           kt.dot(a.type), kt.dot_rows(a.type),
+                 kt.dot_tile(a.type), kt.dot_tile_prepared(a.type), a.ne[0], a.ne[1], b.ne[1], b.ne[2],
+                 b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]};
 
   // Chunk geometry: rows of a per chunk (rows_per) against b rows per chunk (cols_per).
   const int64_t n_planes = b.ne[2] * b.ne[3];

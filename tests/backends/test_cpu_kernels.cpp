@@ -759,13 +759,24 @@ TEST_CASE("kernels: mul_mat of a few rows of b (batched decode) equals each row 
   // have tile kernels for that (each weight block decoded once for several rows). Each column must be
   // within the reference's bound and identical to the product of its row alone, whatever the batch and
   // the thread count, so that a sequence's tokens do not depend on the others in its batch.
-  const int64_t k = 512, m = 70;  // 70 rows: several chunks per thread, a partial last chunk
+  // k = 512: the activation rows prepared for the tile kernels where a type has that (AVX-512 q4_0, q4_1,
+  // q8_0); k = 4096 with 4 or more rows: too big to prepare, the tiles read the converted rows.
+  const int64_t m = 70;  // several chunks per thread, a partial last chunk
+  struct shape {
+    type t;
+    int64_t k;
+  };
+  std::vector<shape> shapes;
   for (type t : {type::q4_0, type::q4_1, type::q5_0, type::q5_1, type::q8_0, type::q2_K, type::q3_K, type::q4_K,
                  type::q5_K, type::q6_K, type::f16, type::f32}) {
+    shapes.push_back({t, 512});
+  }
+  for (type t : {type::q4_0, type::q4_1, type::q8_0}) shapes.push_back({t, 4096});
+  for (const auto [t, k] : shapes) {
     context ctx(arena(32));
     tensor* a = weights(ctx, t, k, m, 1, 31);
     for (int64_t n : {2, 3, 4, 5, 8}) {
-      INFO("weights " << type_name(t) << ", batch " << n);
+      INFO("weights " << type_name(t) << ", k " << k << ", batch " << n);
       tensor* b = ctx.new_tensor_2d(type::f32, k, n);
       fill_random(*b, 32 + static_cast<uint32_t>(n), -2.0, 2.0);
       tensor* d = mul_mat(ctx, a, b);

@@ -244,7 +244,7 @@ TEST_CASE("simd vec_dot_tile equals one vec_dot per element, bit for bit, for ba
       if (kt.dot_tile(w) == nullptr) continue;
       const type vt = traits(w).vec_dot_type;
       for (int64_t n : lengths_for(w)) {
-        const int64_t rows = 7;  // whole register tiles of 1, 2 or 4 weight rows, and rows left over
+        const int64_t rows = 7;
         const size_t x_stride = row_size(w, n) + 32;  // rows need not be adjacent
         const size_t y_stride = row_size(vt, n) + 96;
         std::vector<uint8_t> x(x_stride * rows);
@@ -263,15 +263,30 @@ TEST_CASE("simd vec_dot_tile equals one vec_dot per element, bit for bit, for ba
             std::memcpy(y.data() + y_stride * static_cast<size_t>(c), col.data(), col.size());
           }
           const size_t s_stride = rows + 2;  // gaps between dst columns stay untouched
-          std::vector<float> got(s_stride * static_cast<size_t>(cols), -7.0f), want = got;
-          kt.dot_tile(w)(n, rows, cols, got.data(), s_stride, x.data(), x_stride, y.data(), y_stride);
+          std::vector<float> want(s_stride * static_cast<size_t>(cols), -7.0f);
           for (int64_t c = 0; c < cols; ++c) {
             for (int64_t r = 0; r < rows; ++r) {
               kt.dot(w)(n, &want[static_cast<size_t>(c) * s_stride + static_cast<size_t>(r)],
                         x.data() + x_stride * static_cast<size_t>(r), y.data() + y_stride * static_cast<size_t>(c));
             }
           }
+          std::vector<float> got(want.size(), -7.0f);
+          kt.dot_tile(w)(n, rows, cols, got.data(), s_stride, x.data(), x_stride, y.data(), y_stride);
           CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0);
+          if (kt.dot_tile_prepared(w) != nullptr) {
+            // The same on rows from tile_prepare: the tile reads exactly tile_prepared_size bytes per row (the
+            // bytes between rows are garbage).
+            const size_t p_stride = kt.prepared_size(w)(n) + 64;
+            std::vector<uint8_t> prepared(p_stride * static_cast<size_t>(cols), 0xAB);
+            for (int64_t c = 0; c < cols; ++c) {
+              kt.prepare_tile(w)(n, y.data() + y_stride * static_cast<size_t>(c),
+                                 prepared.data() + p_stride * static_cast<size_t>(c));
+            }
+            std::vector<float> got_p(want.size(), -7.0f);
+            kt.dot_tile_prepared(w)(n, rows, cols, got_p.data(), s_stride, x.data(), x_stride, prepared.data(),
+                                    p_stride);
+            CHECK(std::memcmp(got_p.data(), want.data(), sizeof(float) * got_p.size()) == 0);
+          }
           ++checked;
         }
       }

@@ -7,6 +7,8 @@
 //     them, two blocks per zmm register (below).
 //   - vec_dot_*_tile: the same dot products against several activation rows at once, each weight block
 //     decoded once (dot_tile in x86_common.h), every element bit-identical to the one-row function's.
+#include <type_traits>
+
 #include "backends/cpu/simd/x86_common.h"
 #include "backends/cpu/simd/x86_kernels.h"
 
@@ -43,218 +45,249 @@ inline __m512i nibbles_64(const uint8_t* qs0, const uint8_t* qs1) {
   return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 4, 5, 2, 3, 6, 7), q);
 }
 
-// The 32 activation quants of blocks i and i + 1 (not contiguous: each block starts with its scale).
-template <class BY>
-inline __m512i quants_64(const BY& y0, const BY& y1) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(load256(y0.qs)), load256(y1.qs), 1);
-}
-
-// The fp16 values at p and q as floats, p's in lanes 0..7 and q's in lanes 8..15: the per-block scales of
-// two blocks against their 2 x 8 int32 lanes. (One conversion and a permute; the same floats as two
-// scalar conversions and broadcasts.)
-inline __m512 halves_f16(const uint16_t* p, const uint16_t* q) {
-  uint16_t a, b;
-  std::memcpy(&a, p, 2);
-  std::memcpy(&b, q, 2);
+// fp16 a in lanes 0..7 and b in lanes 8..15, as floats: the scales of two blocks against their 2 x 8 int32
+// lanes (one conversion and a permute; the same floats as two scalar conversions and broadcasts).
+inline __m512 halves_f16(uint16_t a, uint16_t b) {
   const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(a | static_cast<uint32_t>(b) << 16)));
   const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f));
 }
 
-// Two fp16 pairs (d, m) at p and q (the start of two q4_1 blocks): d_p, d_q as halves_f16 into d, and
-// m_p, m_q into m.
-inline void halves_f16x2(const uint16_t* p, const uint16_t* q, __m512& d, __m512& m) {
-  uint32_t a, b;
-  std::memcpy(&a, p, 4);
-  std::memcpy(&b, q, 4);
+// Two fp16 pairs (d, m) a and b (the first 4 bytes of two q4_1 blocks): d_a, d_b as halves into d, m_a,
+// m_b into m.
+inline void halves_f16x2(uint32_t a, uint32_t b, __m512& d, __m512& m) {
   const __m128 f = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(static_cast<int>(a)), static_cast<int>(b), 1));
-  const __m512 f4 = _mm512_castps128_ps512(f);  // d_p, m_p, d_q, m_q
+  const __m512 f4 = _mm512_castps128_ps512(f);  // d_a, m_a, d_b, m_b
   d = _mm512_permutexvar_ps(_mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), f4);
   m = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), f4);
 }
 
-// q4_0 (x = d (q - 8)) against q8_0 (y = dy r): the quants are used unsigned (0..15) with vpdpbusd, whose
-// accumulator starts at -8 sum(r) (another vpdpbusd, of the constant 8: activation side): sum (q - 8) r
-// exactly, per block in 8 int32 lanes. Four blocks per iteration (two per zmm, two accumulators per pair), up to 3
-// blocks left through the ymm kernel. A register tile of MR weight rows x NC activation rows (dot_tile in
-// x86_common.h): 2 x MR x NC accumulators of 32 zmm registers.
-struct q4_0_tile {
-  static constexpr int max_rows = 2;
-  template <int MR, int NC>
-  static constexpr bool fits = MR == 1 || MR * NC <= 8;
+inline uint16_t u16(const uint16_t& h) { return h; }
+inline uint32_t u32_at(const void* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
 
-  template <int MR, int NC>
-  static void run(int64_t n, const void* const* vx, const void* const* vy, float* out) {
-    const block_q4_0* x[MR];
-    const block_q8_0* y[NC];
-    __m512 acc0[MR][NC], acc1[MR][NC];
-    for (int r = 0; r < MR; ++r) x[r] = static_cast<const block_q4_0*>(vx[r]);
-    for (int c = 0; c < NC; ++c) y[c] = static_cast<const block_q8_0*>(vy[c]);
-    for (int r = 0; r < MR; ++r) {
-      for (int c = 0; c < NC; ++c) {
-        acc0[r][c] = _mm512_setzero_ps();
-        acc1[r][c] = _mm512_setzero_ps();
-      }
-    }
-    const int64_t nb = n / qk8_0;
-    int64_t i = 0;
-    for (; i + 3 < nb; i += 4) {
-      __m512i q0[MR], q1[MR];
-      __m512 d0[MR], d1[MR];
-      for (int r = 0; r < MR; ++r) {
-        q0[r] = nibbles_64(x[r][i].qs, x[r][i + 1].qs);
-        q1[r] = nibbles_64(x[r][i + 2].qs, x[r][i + 3].qs);
-        d0[r] = halves_f16(&x[r][i].d, &x[r][i + 1].d);
-        d1[r] = halves_f16(&x[r][i + 2].d, &x[r][i + 3].d);
-      }
-      for (int c = 0; c < NC; ++c) {
-        const block_q8_0* yc = y[c] + i;
-        const __m512i r0 = quants_64(yc[0], yc[1]);
-        const __m512i r1 = quants_64(yc[2], yc[3]);
-        // -8 sum(r) per lane, the accumulator the byte products of every weight row start from.
-        const __m512i e0 = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), r0));
-        const __m512i e1 = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), r1));
-        const __m512 dy0 = halves_f16(&yc[0].d, &yc[1].d);
-        const __m512 dy1 = halves_f16(&yc[2].d, &yc[3].d);
-        for (int r = 0; r < MR; ++r) {
-          const __m512i s0 = _mm512_dpbusd_epi32(e0, q0[r], r0);
-          const __m512i s1 = _mm512_dpbusd_epi32(e1, q1[r], r1);
-          acc0[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(d0[r], dy0), _mm512_cvtepi32_ps(s0), acc0[r][c]);
-          acc1[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(d1[r], dy1), _mm512_cvtepi32_ps(s1), acc1[r][c]);
-        }
-      }
-    }
-    for (int r = 0; r < MR; ++r) {
-      for (int c = 0; c < NC; ++c) out[r * NC + c] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r][c], acc1[r][c]));
-    }
-    if (i < nb) {  // up to 3 blocks left
-      const void* yt[NC];
-      for (int c = 0; c < NC; ++c) yt[c] = y[c] + i;
-      for (int r = 0; r < MR; ++r) {
-        const void* xt[1] = {x[r] + i};
-        float rest[NC];
-        ymm::signed_tile<ymm::q4_0_k>::run<1, NC>((nb - i) * qk8_0, xt, yt, rest);
-        for (int c = 0; c < NC; ++c) out[r * NC + c] += rest[c];
-      }
-    }
+// ---- q4_0, q4_1, q8_0: pairs of blocks per zmm, and prepared activations ------------------------------
+//
+// These kernels work on pairs of blocks (64 values, two per zmm; an odd last block is a pair whose second
+// half is zero, so it adds exactly nothing). Per pair, the activation side, act_i / act_f below (its 64
+// quants, the two scales as halves, and one term per lane that depends only on the activations), comes
+// either from the q8_0 / q8_1 blocks (computed as it goes) or from a row prepared once (tile_prepare_*:
+// vec_dot_*_tile_prepared reads it with three loads instead of recomputing it for every weight row, at the
+// price of 192 bytes per 64 activations instead of 68 to 72, which must stay in L1 to pay). Both compute
+// the same registers with the same operations, so every tile's elements equal vec_dot's bit for bit. One weight row per tile: on the development machine, two or more weight rows streamed from memory
+// side by side read at a fraction of one row's speed (31 GB/s for one stream, 19 for two interleaved, 13
+// for four, in a plain read loop), so tiles span activation rows only.
+
+// One pair of prepared activation blocks: 64 quants, scales (16 lanes), the activation-side term.
+struct prepared_pair {
+  int8_t q[64];
+  float d[16];
+  uint8_t t[64];  // int32 x 16 (q4_0, q8_0) or float x 16 (q4_1)
+};
+static_assert(sizeof(prepared_pair) == 192, "a prepared pair is three zmm");
+
+size_t prepared_row_size(int64_t n) { return static_cast<size_t>((n / 32 + 1) / 2) * sizeof(prepared_pair); }
+
+// Activation side, integer term: the quants, the scales, and -bias * sum(r) per lane (the accumulator the
+// byte products start from when the weights are made unsigned by adding bias).
+struct act_i {
+  __m512i q;
+  __m512 d;
+  __m512i t;
+};
+
+// Activation side, float term: the quants, the scales, and dy * sum(r) per lane (q4_1's m term).
+struct act_f {
+  __m512i q;
+  __m512 d;
+  __m512 t;
+};
+
+// Block p of the row as a pair: blocks 2p and 2p + 1, or 2p alone (half = true).
+template <class BY>
+inline __m512i pair_quants(const BY* y, int64_t p, bool half) {
+  const __m256i lo = load256(y[2 * p].qs);
+  if (half) return _mm512_zextsi256_si512(lo);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), load256(y[2 * p + 1].qs), 1);
+}
+
+template <int bias>
+inline act_i make_act_i(const block_q8_0* y, int64_t p, bool half) {
+  act_i a;
+  a.q = pair_quants(y, p, half);
+  a.d = halves_f16(u16(y[2 * p].d), half ? uint16_t{0} : u16(y[2 * p + 1].d));
+  const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(bias)), a.q);
+  a.t = _mm512_sub_epi32(_mm512_setzero_si512(), s);
+  return a;
+}
+
+inline act_f make_act_f(const block_q8_1* y, int64_t p, bool half) {
+  act_f a;
+  a.q = pair_quants(y, p, half);
+  a.d = halves_f16(u16(y[2 * p].d), half ? uint16_t{0} : u16(y[2 * p + 1].d));
+  const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), a.q);
+  a.t = _mm512_mul_ps(a.d, _mm512_cvtepi32_ps(s));
+  return a;
+}
+
+// Sources of activation pairs: standard blocks, or a prepared row.
+template <int bias>
+struct blocks_q8_0 {
+  using block = block_q8_0;
+  using act = act_i;
+  static act get(const void* y, int64_t p, bool half) {
+    return make_act_i<bias>(static_cast<const block*>(y), p, half);
+  }
+};
+struct blocks_q8_1 {
+  using block = block_q8_1;
+  using act = act_f;
+  static act get(const void* y, int64_t p, bool half) { return make_act_f(static_cast<const block*>(y), p, half); }
+};
+struct prepared_i {
+  using act = act_i;
+  static act get(const void* y, int64_t p, bool) {
+    const prepared_pair& pp = static_cast<const prepared_pair*>(y)[p];
+    return {_mm512_loadu_si512(pp.q), _mm512_loadu_ps(pp.d), _mm512_loadu_si512(pp.t)};
+  }
+};
+struct prepared_f {
+  using act = act_f;
+  static act get(const void* y, int64_t p, bool) {
+    const prepared_pair& pp = static_cast<const prepared_pair*>(y)[p];
+    return {_mm512_loadu_si512(pp.q), _mm512_loadu_ps(pp.d), _mm512_loadu_ps(pp.t)};
   }
 };
 
-// q4_1 (x = dx q + m) against q8_1 (y = dy r): dx dy sum(q r) + m (dy sum(r)), sum(r) from the quants (a
-// vpdpbusd of the constant 1), as the reference does; dy sum(r) is activation side. Two blocks per
-// iteration, an odd last block through the ymm kernel; a register tile of MR x NC pairs, 2 accumulators
-// each.
-struct q4_1_tile {
-  static constexpr int max_rows = 2;
-  template <int MR, int NC>
-  static constexpr bool fits = MR == 1 || MR * NC <= 8;
+template <class Src>
+void prepare_row(int64_t n, const void* y, void* out) {
+  const int64_t nb = n / 32;
+  prepared_pair* o = static_cast<prepared_pair*>(out);
+  for (int64_t p = 0; 2 * p < nb; ++p) {
+    const typename Src::act a = Src::get(y, p, 2 * p + 1 == nb);
+    _mm512_storeu_si512(o[p].q, a.q);
+    _mm512_storeu_ps(o[p].d, a.d);
+    if constexpr (std::is_same_v<typename Src::act, act_f>) {
+      _mm512_storeu_ps(o[p].t, a.t);
+    } else {
+      _mm512_storeu_si512(o[p].t, a.t);
+    }
+  }
+}
 
-  template <int MR, int NC>
-  static void run(int64_t n, const void* const* vx, const void* const* vy, float* out) {
-    const block_q4_1* x[MR];
-    const block_q8_1* y[NC];
-    __m512 acc[MR][NC], acc_m[MR][NC];
-    for (int r = 0; r < MR; ++r) x[r] = static_cast<const block_q4_1*>(vx[r]);
-    for (int c = 0; c < NC; ++c) y[c] = static_cast<const block_q8_1*>(vy[c]);
-    for (int r = 0; r < MR; ++r) {
-      for (int c = 0; c < NC; ++c) {
-        acc[r][c] = _mm512_setzero_ps();
-        acc_m[r][c] = _mm512_setzero_ps();
-      }
-    }
-    const int64_t nb = n / qk8_1;
-    int64_t i = 0;
-    for (; i + 1 < nb; i += 2) {
-      __m512i q[MR];
-      __m512 dx[MR], mx[MR];
-      for (int r = 0; r < MR; ++r) {
-        q[r] = nibbles_64(x[r][i].qs, x[r][i + 1].qs);
-        halves_f16x2(&x[r][i].d, &x[r][i + 1].d, dx[r], mx[r]);
-      }
-      for (int c = 0; c < NC; ++c) {
-        const __m512i rq = quants_64(y[c][i], y[c][i + 1]);
-        const __m512i sum_r = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), rq);
-        const __m512 dy = halves_f16(&y[c][i].d, &y[c][i + 1].d);
-        const __m512 dy_sum_r = _mm512_mul_ps(dy, _mm512_cvtepi32_ps(sum_r));
-        for (int r = 0; r < MR; ++r) {
-          const __m512i sum_qr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[r], rq);
-          acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(dx[r], dy), _mm512_cvtepi32_ps(sum_qr), acc[r][c]);
-          acc_m[r][c] = _mm512_fmadd_ps(mx[r], dy_sum_r, acc_m[r][c]);
-        }
-      }
-    }
-    for (int r = 0; r < MR; ++r) {
-      for (int c = 0; c < NC; ++c) out[r * NC + c] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][c], acc_m[r][c]));
-    }
-    if (i < nb) {  // an odd block count: the last block
-      const void* yt[NC];
-      for (int c = 0; c < NC; ++c) yt[c] = y[c] + i;
-      for (int r = 0; r < MR; ++r) {
-        const void* xt[1] = {x[r] + i};
-        float rest[NC];
-        ymm::unsigned_tile<ymm::q4_1_k>::run<1, NC>(qk8_1, xt, yt, rest);
-        for (int c = 0; c < NC; ++c) out[r * NC + c] += rest[c];
-      }
-    }
+// Weight side of a pair, decoded once for the NC activation rows of a tile.
+struct w_q4_0 {
+  using block = block_q4_0;
+  __m512i q;  // nibbles, unsigned
+  __m512 d;
+  static w_q4_0 decode(const block* x, int64_t p, bool half) {
+    const block& a = x[2 * p];
+    if (half) return {_mm512_zextsi256_si512(nibbles_32(a.qs)), halves_f16(u16(a.d), 0)};
+    const block& b = x[2 * p + 1];
+    return {nibbles_64(a.qs, b.qs), halves_f16(u16(a.d), u16(b.d))};
+  }
+  // sum (q - 8) r: byte products onto -8 sum(r).
+  void apply(const act_i& y, __m512& acc) const {
+    const __m512i sumi = _mm512_dpbusd_epi32(y.t, q, y.q);
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(d, y.d), _mm512_cvtepi32_ps(sumi), acc);
   }
 };
 
-// q8_0 against q8_0: two blocks per zmm. The weight quants are made unsigned by adding 128 (an xor of the
-// sign bit) for vpdpbusd, whose accumulator starts at -128 sum(r) (a vpdpbusd of the constant 128:
-// activation side): sum q r exactly, per block in 8 int32 lanes. An odd last block through the ymm kernel.
-// A register tile of up to 4 weight rows x 4 activation rows, one accumulator per pair (the pairs are
-// independent chains).
-struct q8_0_tile {
-  static constexpr int max_rows = 4;
-  template <int MR, int NC>
-  static constexpr bool fits = MR * NC <= 16;
-
-  template <int MR, int NC>
-  static void run(int64_t n, const void* const* vx, const void* const* vy, float* out) {
-    const block_q8_0* x[MR];
-    const block_q8_0* y[NC];
-    __m512 acc[MR][NC];
-    for (int r = 0; r < MR; ++r) x[r] = static_cast<const block_q8_0*>(vx[r]);
-    for (int c = 0; c < NC; ++c) y[c] = static_cast<const block_q8_0*>(vy[c]);
-    for (int r = 0; r < MR; ++r) {
-      for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
-    }
+struct w_q8_0 {
+  using block = block_q8_0;
+  __m512i u;  // quants + 128 (the sign bit flipped), unsigned
+  __m512 d;
+  static w_q8_0 decode(const block* x, int64_t p, bool half) {
     const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
-    const int64_t nb = n / qk8_0;
-    int64_t i = 0;
-    for (; i + 1 < nb; i += 2) {
-      __m512i u[MR];
-      __m512 dx[MR];
-      for (int r = 0; r < MR; ++r) {
-        u[r] = _mm512_xor_si512(quants_64(x[r][i], x[r][i + 1]), bias);
-        dx[r] = halves_f16(&x[r][i].d, &x[r][i + 1].d);
-      }
+    const block& a = x[2 * p];
+    if (half) return {_mm512_xor_si512(_mm512_zextsi256_si512(load256(a.qs)), bias), halves_f16(u16(a.d), 0)};
+    const block& b = x[2 * p + 1];
+    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(load256(a.qs)), load256(b.qs), 1);
+    return {_mm512_xor_si512(q, bias), halves_f16(u16(a.d), u16(b.d))};
+  }
+  // sum q r: byte products of q + 128 onto -128 sum(r).
+  void apply(const act_i& y, __m512& acc) const {
+    const __m512i sumi = _mm512_dpbusd_epi32(y.t, u, y.q);
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(d, y.d), _mm512_cvtepi32_ps(sumi), acc);
+  }
+};
+
+// q4_1 (x = dx q + m) against q8_1 (y = dy r): dx dy sum(q r) + m (dy sum(r)), sum(r) from the quants, as
+// the reference does. The m term goes into its own accumulator (acc_m below).
+struct w_q4_1 {
+  using block = block_q4_1;
+  __m512i q;
+  __m512 d, m;
+  static w_q4_1 decode(const block* x, int64_t p, bool half) {
+    w_q4_1 w;
+    const block& a = x[2 * p];
+    if (half) {
+      w.q = _mm512_zextsi256_si512(nibbles_32(a.qs));
+      halves_f16x2(u32_at(&a), 0, w.d, w.m);
+    } else {
+      const block& b = x[2 * p + 1];
+      w.q = nibbles_64(a.qs, b.qs);
+      halves_f16x2(u32_at(&a), u32_at(&b), w.d, w.m);
+    }
+    return w;
+  }
+  void apply(const act_f& y, __m512& acc, __m512& acc_m) const {
+    const __m512i sumi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, y.q);
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(d, y.d), _mm512_cvtepi32_ps(sumi), acc);
+    acc_m = _mm512_fmadd_ps(m, y.t, acc_m);
+  }
+};
+
+// The kernels: W's pairs against NC activation rows from Src (see dot_tile in x86_common.h). Two
+// accumulators per activation row, pairs alternating between them (q4_1: the m term's accumulator is the
+// second), so consecutive FMAs do not wait on each other.
+template <class W, class Src>
+struct pair_kernel {
+  static void step(const W& w, const typename Src::act& a, __m512& acc0, __m512& acc1, bool odd) {
+    if constexpr (std::is_same_v<W, w_q4_1>) {
+      w.apply(a, acc0, acc1);
+    } else {
+      w.apply(a, odd ? acc1 : acc0);
+    }
+  }
+
+  static constexpr int max_rows = 1;
+  template <int MR, int NC>
+  static constexpr bool fits = MR == 1;
+
+  template <int MR, int NC>
+  static void run(int64_t n, const void* const* vx, const void* const* vy, float* out) {
+    static_assert(MR == 1);
+    const typename W::block* x = static_cast<const typename W::block*>(vx[0]);
+    __m512 acc0[NC], acc1[NC];
+    for (int c = 0; c < NC; ++c) {
+      acc0[c] = _mm512_setzero_ps();
+      acc1[c] = _mm512_setzero_ps();
+    }
+    const int64_t nb = n / 32;
+    const int64_t full = nb / 2;  // whole pairs; pair p goes into acc0 when p is even, acc1 when odd
+    int64_t p = 0;
+    for (; p + 1 < full; p += 2) {
+      const W w0 = W::decode(x, p, false);
+      const W w1 = W::decode(x, p + 1, false);
       for (int c = 0; c < NC; ++c) {
-        const __m512i rq = quants_64(y[c][i], y[c][i + 1]);
-        const __m512i e =
-            _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, rq));
-        const __m512 dy = halves_f16(&y[c][i].d, &y[c][i + 1].d);
-        for (int r = 0; r < MR; ++r) {
-          const __m512i sumi = _mm512_dpbusd_epi32(e, u[r], rq);
-          acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(dx[r], dy), _mm512_cvtepi32_ps(sumi), acc[r][c]);
-        }
+        step(w0, Src::get(vy[c], p, false), acc0[c], acc1[c], false);
+        step(w1, Src::get(vy[c], p + 1, false), acc0[c], acc1[c], true);
       }
     }
-    for (int r = 0; r < MR; ++r) {
-      for (int c = 0; c < NC; ++c) out[r * NC + c] = _mm512_reduce_add_ps(acc[r][c]);
+    if (p < full) {
+      const W w0 = W::decode(x, p, false);
+      for (int c = 0; c < NC; ++c) step(w0, Src::get(vy[c], p, false), acc0[c], acc1[c], false);
+      ++p;
     }
-    if (i < nb) {  // an odd block count: the last block
-      const void* yt[NC];
-      for (int c = 0; c < NC; ++c) yt[c] = y[c] + i;
-      for (int r = 0; r < MR; ++r) {
-        const void* xt[1] = {x[r] + i};
-        float rest[NC];
-        ymm::signed_tile<ymm::q8_0_k>::run<1, NC>(qk8_0, xt, yt, rest);
-        for (int c = 0; c < NC; ++c) out[r * NC + c] += rest[c];
-      }
+    if (nb % 2 != 0) {  // the last block, a half pair
+      const W w0 = W::decode(x, p, true);
+      for (int c = 0; c < NC; ++c) step(w0, Src::get(vy[c], p, true), acc0[c], acc1[c], p % 2 != 0);
     }
+    for (int c = 0; c < NC; ++c) out[c] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[c], acc1[c]));
   }
 };
 
@@ -337,10 +370,32 @@ struct q4_K_tile {
 
 }  // namespace
 
-TROUPE_SIMD_TILE(vec_dot_q4_0, q4_0_tile)
-TROUPE_SIMD_TILE(vec_dot_q4_1, q4_1_tile)
-TROUPE_SIMD_TILE(vec_dot_q8_0, q8_0_tile)
 TROUPE_SIMD_TILE(vec_dot_q4_K, q4_K_tile)
+
+// q4_0, q4_1, q8_0: vec_dot, vec_dot_rows and the tiles on q8_0 / q8_1 blocks, and the tiles on prepared
+// rows.
+#define TROUPE_SIMD_PAIRS(t, W, Src, Prep)                                                                     \
+  void vec_dot_##t(int64_t n, float* s, const void* x, const void* y) {                                      \
+    pair_kernel<W, Src>::run<1, 1>(n, &x, &y, s);                                                            \
+  }                                                                                                          \
+  void vec_dot_##t##_rows(int64_t n, int64_t nrows, float* s, const void* x, size_t x_stride, const void* y) { \
+    dot_rows_k<pair_kernel<W, Src>>(n, nrows, s, x, x_stride, y);                                            \
+  }                                                                                                          \
+  void vec_dot_##t##_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x, \
+                          size_t x_stride, const void* y, size_t y_stride) {                                 \
+    dot_tile<pair_kernel<W, Src>>(n, nrows, ncols, s, s_stride, x, x_stride, y, y_stride);                   \
+  }                                                                                                          \
+  void vec_dot_##t##_prepared_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride,        \
+                                   const void* x, size_t x_stride, const void* y, size_t y_stride) {         \
+    dot_tile<pair_kernel<W, Prep>>(n, nrows, ncols, s, s_stride, x, x_stride, y, y_stride);                  \
+  }                                                                                                          \
+  void tile_prepare_##t(int64_t n, const void* y, void* out) { prepare_row<Src>(n, y, out); }
+TROUPE_SIMD_PAIRS(q4_0, w_q4_0, blocks_q8_0<8>, prepared_i)
+TROUPE_SIMD_PAIRS(q4_1, w_q4_1, blocks_q8_1, prepared_f)
+TROUPE_SIMD_PAIRS(q8_0, w_q8_0, blocks_q8_0<0x80>, prepared_i)
+#undef TROUPE_SIMD_PAIRS
+
+size_t tile_prepared_size(int64_t n) { return prepared_row_size(n); }
 
 namespace {
 

@@ -29,6 +29,17 @@ using vec_dot_rows_fn = void (*)(int64_t n, int64_t nrows, float* s, const void*
 using vec_dot_tile_fn = void (*)(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x,
                                  size_t x_stride, const void* y, size_t y_stride);
 
+// Some tile kernels read their activation rows in a layout prepared once per row (the activation-side work
+// every weight row would otherwise redo): tile_prepare converts one row of n values of the weight type's
+// vec_dot_type into tile_prepared_size(n) bytes.
+using tile_prepare_fn = void (*)(int64_t n, const void* y, void* out);
+using tile_size_fn = size_t (*)(int64_t n);
+
+// The most bytes of prepared activation rows a tile (up to 4 rows) should read for vec_dot_tile_prepared to
+// beat vec_dot_tile: a third of a 48 KiB L1 (the weights and the rest share it; at 24 KiB q8_0 weights
+// streamed from memory already lost). Measured with tools/bench/bench_cpu_ops (matvec_batch).
+constexpr size_t tile_prepared_budget = 16 << 10;
+
 // y[i] = exp(y[i] - max) for n values; returns their sum.
 using exp_row_fn = float (*)(int64_t n, float* y, float max);
 // y[i] = silu(x[i]) = x[i] / (1 + exp(-x[i])).
@@ -45,6 +56,12 @@ struct kernel_table {
   // The same dot over rows of weights x rows of activations; null where the level has no batched kernel for
   // the type (then one vec_dot_rows call per activation row does the same).
   std::array<vec_dot_tile_fn, type_id_count> vec_dot_tile{};
+  // Where set: the same tiles on activation rows prepared by tile_prepare[t] (tile_prepared_size[t](n) bytes
+  // each) instead of rows of t's vec_dot_type, bit-identical again. Faster where the prepared rows of a tile
+  // stay in L1 (see tile_prepared_budget); otherwise slower than vec_dot_tile.
+  std::array<vec_dot_tile_fn, type_id_count> vec_dot_tile_prepared{};
+  std::array<tile_prepare_fn, type_id_count> tile_prepare{};
+  std::array<tile_size_fn, type_id_count> tile_prepared_size{};
   // from_float[t]: f32 -> t, bit-identical to traits(t).from_float_ref (used for the activation types).
   std::array<from_float_fn, type_id_count> from_float{};
   // to_float[t]: t -> f32, bit-identical to traits(t).to_float.
@@ -58,6 +75,9 @@ struct kernel_table {
   vec_dot_fn dot(type t) const { return vec_dot[static_cast<size_t>(t)]; }
   vec_dot_rows_fn dot_rows(type t) const { return vec_dot_rows[static_cast<size_t>(t)]; }
   vec_dot_tile_fn dot_tile(type t) const { return vec_dot_tile[static_cast<size_t>(t)]; }
+  vec_dot_tile_fn dot_tile_prepared(type t) const { return vec_dot_tile_prepared[static_cast<size_t>(t)]; }
+  tile_prepare_fn prepare_tile(type t) const { return tile_prepare[static_cast<size_t>(t)]; }
+  tile_size_fn prepared_size(type t) const { return tile_prepared_size[static_cast<size_t>(t)]; }
   from_float_fn quantize(type t) const { return from_float[static_cast<size_t>(t)]; }
   to_float_fn dequantize(type t) const { return to_float[static_cast<size_t>(t)]; }
 };

@@ -66,7 +66,14 @@ void set_dot(kernel_table& k, type t, vec_dot_fn f, vec_dot_rows_fn rows) {
   k.vec_dot[static_cast<size_t>(t)] = f;
   k.vec_dot_rows[static_cast<size_t>(t)] = rows;
 }
-void set_tile(kernel_table& k, type t, vec_dot_tile_fn f) { k.vec_dot_tile[static_cast<size_t>(t)] = f; }
+void set_tile(kernel_table& k, type t, vec_dot_tile_fn f, vec_dot_tile_fn prepared = nullptr,
+              tile_prepare_fn prepare = nullptr, tile_size_fn prepared_size = nullptr) {
+  const auto i = static_cast<size_t>(t);
+  k.vec_dot_tile[i] = f;
+  k.vec_dot_tile_prepared[i] = prepared;
+  k.tile_prepare[i] = prepare;
+  k.tile_prepared_size[i] = prepared_size;
+}
 void set(std::array<from_float_fn, type_id_count>& a, type t, from_float_fn f) { a[static_cast<size_t>(t)] = f; }
 void set(std::array<to_float_fn, type_id_count>& a, type t, to_float_fn f) { a[static_cast<size_t>(t)] = f; }
 
@@ -128,11 +135,11 @@ kernel_table avx512_table() {
   set_dot(t, type::q8_0, vec_dot_q8_0, vec_dot_q8_0_rows);
   set_dot(t, type::q4_K, vec_dot_q4_K, vec_dot_q4_K_rows);
   // Every tile of a type whose dot this level replaces (q5_K, q6_K keep the AVX2 ones, with their dots).
-  set_tile(t, type::q4_0, vec_dot_q4_0_tile);
-  set_tile(t, type::q4_1, vec_dot_q4_1_tile);
+  set_tile(t, type::q4_0, vec_dot_q4_0_tile, vec_dot_q4_0_prepared_tile, tile_prepare_q4_0, tile_prepared_size);
+  set_tile(t, type::q4_1, vec_dot_q4_1_tile, vec_dot_q4_1_prepared_tile, tile_prepare_q4_1, tile_prepared_size);
   set_tile(t, type::q5_0, vec_dot_q5_0_tile);
   set_tile(t, type::q5_1, vec_dot_q5_1_tile);
-  set_tile(t, type::q8_0, vec_dot_q8_0_tile);
+  set_tile(t, type::q8_0, vec_dot_q8_0_tile, vec_dot_q8_0_prepared_tile, tile_prepare_q8_0, tile_prepared_size);
   set_tile(t, type::q4_K, vec_dot_q4_K_tile);
   if (host_cpu_features().avx512bf16) {
     set_dot(t, type::bf16, avx512bf16::vec_dot_bf16, avx512bf16::vec_dot_bf16_rows);

@@ -114,7 +114,9 @@ __attribute__((flatten)) void dot_rows(int64_t n, int64_t nrows, float* s, const
 // rows of weights and c < NC rows of activations (a register tile of MR x NC dot products: each weight
 // block is decoded once for the NC activation rows, and each activation block's own work, such as its
 // scale and sums, is done once for the MR weight rows). MR is 1 or K::max_rows, NC is 1..4; where an
-// MR x NC tile would not fit the registers (K::fits), it runs as narrower tiles. Per element it performs
+// MR x NC tile would not fit the registers (K::fits), it runs as narrower tiles. Every kernel has
+// max_rows = 1 at present: tiles over several weight rows computed faster from cache but read weights
+// streamed from memory at a fraction of the speed (see the pair kernels in dot_avx512.cpp). Per element it performs
 // exactly the floating-point operations of K::run<1, 1>, which is what the one-row vec_dot calls, so every
 // element is bit-identical to vec_dot's whatever the tile, i.e. whatever the batch.
 //

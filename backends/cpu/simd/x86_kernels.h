@@ -84,6 +84,14 @@ TROUPE_SIMD_TILE_DECL(vec_dot_q5_0);
 TROUPE_SIMD_TILE_DECL(vec_dot_q5_1);
 TROUPE_SIMD_TILE_DECL(vec_dot_q8_0);
 TROUPE_SIMD_TILE_DECL(vec_dot_q4_K);
+// q4_0, q4_1 and q8_0 tiles on prepared activation rows (simd.h: tile_prepare).
+TROUPE_SIMD_TILE_DECL(vec_dot_q4_0_prepared);
+TROUPE_SIMD_TILE_DECL(vec_dot_q4_1_prepared);
+TROUPE_SIMD_TILE_DECL(vec_dot_q8_0_prepared);
+void tile_prepare_q4_0(int64_t n, const void* y, void* out);
+void tile_prepare_q4_1(int64_t n, const void* y, void* out);
+void tile_prepare_q8_0(int64_t n, const void* y, void* out);
+size_t tile_prepared_size(int64_t n);
 }  // namespace avx512
 
 namespace avx512bf16 {
