@@ -315,6 +315,30 @@ struct pipeline_result {
   friend bool operator==(const pipeline_result&, const pipeline_result&) = default;
 };
 
+// ---- remote peers ----
+
+// A remote peer as its peer actor sees it (actors/peer_actor.h).
+struct peer_status {
+  std::string name;                  // as configured ("gpu-box")
+  std::string address;               // "host:port"
+  std::string state;                 // "connecting", "up" or "down"
+  uint64_t epoch = 0;                // connections made so far: increments on every reconnect
+  uint32_t failures = 0;             // failed attempts since the connection was last up (backoff step)
+  uint64_t retry_in_ms = 0;          // down: time until the next attempt
+  uint64_t health_checks = 0;        // health checks that passed
+  std::string last_error;            // why it went down or failed to connect; kept after a reconnect
+  std::vector<std::string> devices;  // its devices' registry names ("RPC[host:port]#0"); empty until first up
+  std::vector<std::string> models;   // models whose weights are on it
+  friend bool operator==(const peer_status&, const peer_status&) = default;
+};
+
+// The memory of a peer's devices, asked over its connection.
+struct peer_memory {
+  std::string peer;
+  std::vector<device_status> devices;  // in the peer's device order
+  friend bool operator==(const peer_memory&, const peer_memory&) = default;
+};
+
 // ---- supervisor ----
 
 struct actor_status {
@@ -328,6 +352,7 @@ struct actor_status {
 struct runtime_status {
   std::vector<actor_status> actors;
   std::vector<std::string> models;
+  std::vector<peer_status> peers;  // remote peers given to the supervisor
   friend bool operator==(const runtime_status&, const runtime_status&) = default;
 };
 
@@ -341,6 +366,8 @@ struct actor_directory {
   std::vector<std::string> model_names;
   std::vector<caf::actor> schedulers;  // one per loaded model, in model_names order
   caf::actor graphs;                   // the scheduler actor for in-process pipeline jobs
+  std::vector<std::string> peer_names;
+  std::vector<caf::actor> peers;       // peer actors, in peer_names order
   friend bool operator==(const actor_directory&, const actor_directory&) = default;
 };
 
@@ -486,12 +513,21 @@ typename Inspector::result_type inspect(Inspector& f, actor_status& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, runtime_status& x) {
-  return f(caf::meta::type_name("runtime_status"), x.actors, x.models);
+  return f(caf::meta::type_name("runtime_status"), x.actors, x.models, x.peers);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, peer_status& x) {
+  return f(caf::meta::type_name("peer_status"), x.name, x.address, x.state, x.epoch, x.failures, x.retry_in_ms,
+           x.health_checks, x.last_error, x.devices, x.models);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, peer_memory& x) {
+  return f(caf::meta::type_name("peer_memory"), x.peer, x.devices);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, actor_directory& x) {
   return f(caf::meta::type_name("actor_directory"), x.accountant, x.loader, x.device_names, x.devices, x.allocators,
-           x.model_names, x.schedulers, x.graphs);
+           x.model_names, x.schedulers, x.graphs, x.peer_names, x.peers);
 }
 
 }  // namespace troupe::actors

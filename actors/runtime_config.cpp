@@ -51,6 +51,56 @@ T get(const toml::table& t, const char* key, T fallback, const std::string& wher
 
 }  // namespace
 
+namespace {
+
+// [[peer]] tables: name, address = "host:port", key_file, tls, tls_ca.
+void parse_peers(const toml::table& root, runtime_config& c, const std::string& source) {
+  const toml::node* pn = root.get("peer");
+  if (pn == nullptr) return;
+  const toml::array* peers = pn->as_array();
+  if (peers == nullptr) fail(source, "[[peer]] must be an array of tables", pn->source());
+  for (const toml::node& node : *peers) {
+    const toml::table* t = node.as_table();
+    if (t == nullptr) fail(source, "[[peer]] must be an array of tables", node.source());
+    check_keys(*t, {"name", "address", "key_file", "tls", "tls_ca"}, "[[peer]]", source);
+    peer_config p;
+    p.name = get<std::string>(*t, "name", "", "peer", source);
+    const std::string address = get<std::string>(*t, "address", "", "peer", source);
+    if (p.name.empty() || address.empty()) fail(source, "a [[peer]] needs a name and an address (host:port)", t->source());
+    for (const peer_config& q : c.peers) {
+      if (q.name == p.name) fail(source, "peer '" + p.name + "' is configured twice", t->source());
+    }
+    // host:port, or [v6 address]:port
+    std::string host;
+    std::string port;
+    if (address.front() == '[') {
+      const auto close = address.find(']');
+      if (close != std::string::npos && close + 1 < address.size() && address[close + 1] == ':') {
+        host = address.substr(1, close - 1);
+        port = address.substr(close + 2);
+      }
+    } else if (const auto colon = address.rfind(':'); colon != std::string::npos) {
+      host = address.substr(0, colon);
+      port = address.substr(colon + 1);
+    }
+    unsigned long n = 0;
+    const bool digits = !port.empty() && port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos;
+    if (digits) n = std::stoul(port);
+    if (host.empty() || !digits || n == 0 || n > 65535) {
+      fail(source, "peer.address must be host:port (\"[::1]:50052\" for IPv6), not \"" + address + "\"",
+           t->get("address")->source());
+    }
+    p.host = host;
+    p.port = static_cast<uint16_t>(n);
+    p.key_file = get<std::string>(*t, "key_file", "", "peer", source);
+    p.tls = get<bool>(*t, "tls", false, "peer", source);
+    p.tls_ca = get<std::string>(*t, "tls_ca", "", "peer", source);
+    c.peers.push_back(std::move(p));
+  }
+}
+
+}  // namespace
+
 runtime_config parse_runtime_config(std::string_view text, const std::string& source,
                                     const std::vector<std::string>& extra_sections) {
   toml::table root;
@@ -59,7 +109,7 @@ runtime_config parse_runtime_config(std::string_view text, const std::string& so
   } catch (const toml::parse_error& e) {
     fail(source, std::string(e.description()), e.source());
   }
-  std::set<std::string> top = {"runtime", "model"};
+  std::set<std::string> top = {"runtime", "model", "peer"};
   top.insert(extra_sections.begin(), extra_sections.end());
   check_keys(root, top, "the top level", source);
   runtime_config c;
@@ -164,6 +214,7 @@ runtime_config parse_runtime_config(std::string_view text, const std::string& so
       c.models.push_back(std::move(m));
     }
   }
+  parse_peers(root, c, source);
   return c;
 }
 

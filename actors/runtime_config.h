@@ -53,6 +53,23 @@ struct model_config {
   std::vector<tensor_override> overrides;
 };
 
+// A remote peer (`troupe peer` on another machine) whose devices this runtime may use:
+//
+//   [[peer]]
+//   name = "box"                   # for status and messages
+//   address = "10.0.0.2:50052"     # host:port ("[::1]:50052" for IPv6)
+//   key_file = "peer.key"          # the shared key (troupe peer --auth-key-file); optional
+//   tls = false                    # TLS to the peer; tls_ca: CA file to verify it ("": the system's)
+//   tls_ca = ""
+struct peer_config {
+  std::string name;
+  std::string host;
+  uint16_t port = 0;
+  std::string key_file;
+  bool tls = false;
+  std::string tls_ca;
+};
+
 struct runtime_config {
   std::vector<std::string> devices;  // empty: "CPU" and every CPU instance
   int cpu_instances = 0;
@@ -66,6 +83,7 @@ struct runtime_config {
   uint32_t max_restarts = 3;
   uint32_t flush_delay_us = 2000;
   std::vector<model_config> models;
+  std::vector<peer_config> peers;  // [[peer]] tables (actors/peer_actor.h runs one actor per peer)
 };
 
 // Parses TOML text; `source` names it in error messages. Throws troupe::error naming the key and where.

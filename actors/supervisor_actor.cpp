@@ -2,6 +2,7 @@
 
 #include <caf/all.hpp>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -27,6 +28,12 @@ struct model_entry {
   scheduler_actor sched;
   std::set<session_actor> sessions;
   actor_status status;
+  std::map<std::string, uint64_t> peer_epochs;  // peers holding its weights: the connection they are on
+};
+
+struct peer_entry {
+  peer_actor actor;
+  peer_status status;
 };
 
 struct supervisor_state {
@@ -39,6 +46,7 @@ struct supervisor_state {
   std::map<std::string, device_entry> devices;
   std::map<std::string, allocator_actor> allocators;  // by buffer type name
   std::map<std::string, model_entry> models;
+  std::vector<peer_entry> peers;
   actor_status loader_status{"loader"};
   uint64_t next_session = 1;
   bool shutting_down = false;
@@ -115,6 +123,12 @@ void on_down(supervisor_ptr self, const caf::down_msg& dm) {
     start_loader(self);
     return;
   }
+  for (peer_entry& p : st.peers) {
+    if (p.actor.address() != dm.source) continue;
+    p.status.state = "down";
+    p.status.last_error = "its peer actor terminated (" + why + ")";
+    return;
+  }
   for (auto& [name, m] : st.models) {
     if (m.sched.address() == dm.source) {
       m.status.up = false;
@@ -131,6 +145,46 @@ void on_down(supervisor_ptr self, const caf::down_msg& dm) {
   }
 }
 
+// The peer a device is on (its registry name among the peer's devices), or null.
+const peer_entry* peer_of(const supervisor_state& st, const std::string& device) {
+  for (const peer_entry& p : st.peers) {
+    if (std::find(p.status.devices.begin(), p.status.devices.end(), device) != p.status.devices.end()) return &p;
+  }
+  return nullptr;
+}
+
+// A peer's new state: models with weights on it are marked down while it is down, and stay down after it
+// reconnects (the old connection's buffers, their weights, are gone: the model must be loaded again).
+void on_peer_update(supervisor_ptr self, const peer_status& ps) {
+  auto& st = self->state;
+  for (peer_entry& p : st.peers) {
+    if (p.actor.address() != self->current_sender()) continue;
+    p.status = ps;
+  }
+  for (auto& [name, m] : st.models) {
+    const auto it = m.peer_epochs.find(ps.name);
+    if (it == m.peer_epochs.end()) continue;
+    // Down for another reason (its scheduler failed): that stays the news.
+    if (!m.status.up && m.status.last_error.rfind("needs peer " + ps.name + " ", 0) != 0) continue;
+    if (ps.state != "up") {
+      if (!m.status.up) continue;  // already reported
+      m.status.up = false;
+      m.status.last_error = "needs peer " + ps.name + " (" + ps.address + "), which is " + ps.state +
+                            (ps.last_error.empty() ? "" : ": " + ps.last_error);
+    } else if (ps.epoch != it->second) {
+      const std::string was = m.status.last_error;
+      m.status.up = false;
+      m.status.last_error = "needs peer " + ps.name + " (" + ps.address + "), which reconnected (connection " +
+                            std::to_string(ps.epoch) + "): its weights there were lost with the old connection; "
+                            "unload and load the model again";
+      if (m.status.last_error == was) continue;
+    } else {
+      continue;
+    }
+    TROUPE_LOG(warn, "supervisor: model " << name << " is down: " << m.status.last_error);
+  }
+}
+
 // Stops a model's sessions and scheduler and releases its context and weights; `done` runs afterwards.
 void stop_model(supervisor_ptr self, const std::string& name, std::function<void()> done) {
   auto& st = self->state;
@@ -140,6 +194,9 @@ void stop_model(supervisor_ptr self, const std::string& name, std::function<void
     return;
   }
   for (const session_actor& s : it->second.sessions) self->send_exit(s, caf::exit_reason::user_shutdown);
+  for (const peer_entry& p : st.peers) {
+    if (it->second.peer_epochs.count(p.status.name)) self->send(p.actor, detach_atom_v, name);
+  }
   scheduler_actor sched = it->second.sched;
   st.models.erase(it);
   auto unload = [self, name, sched, done] {
@@ -174,6 +231,11 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
   self->monitor(init.graphs);
   for (auto& [name, e] : init.devices) self->send(init.graphs, device_atom_v, name, caf::actor_cast<caf::actor>(e.actor));
   start_loader(self);
+  for (const peer_actor& pa : init.params.peers) {
+    init.peers.push_back({pa, {}});
+    self->monitor(pa);
+    self->request(pa, caf::infinite, subscribe_atom_v, caf::actor_cast<caf::actor>(self)).then([](bool) {}, [](const caf::error&) {});
+  }
   self->set_down_handler([self](const caf::down_msg& dm) { on_down(self, dm); });
 
   return {
@@ -185,16 +247,27 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
           const auto it = st.devices.find(d.device);
           if (it == st.devices.end()) return make_error(errc::not_found, "no device actor for device '" + d.device + "'");
           if (!it->second.status.up) return make_error(errc::down, "device " + d.device + " is down");
+          if (const peer_entry* pe = peer_of(st, d.device); pe != nullptr && pe->status.state != "up") {
+            return make_error(errc::down, "device " + d.device + " is on peer " + pe->status.name + " (" +
+                                              pe->status.address + "), which is " + pe->status.state +
+                                              (pe->status.last_error.empty() ? "" : ": " + pe->status.last_error));
+          }
         }
         auto rp = self->make_response_promise<model_info>();
         self->request(st.loader, caf::infinite, load_atom_v, r)
             .then(
-                [self, rp](const model_info& info) mutable {
+                [self, rp, r](const model_info& info) mutable {
                   auto& s = self->state;
                   model_entry& e = s.models[info.name];
                   e.sched = start_scheduler(self, info.name);
                   e.status.name = "model:" + info.name;
                   e.status.up = true;
+                  for (const device_layers& d : r.devices) {
+                    if (const peer_entry* pe = peer_of(s, d.device)) {
+                      e.peer_epochs[pe->status.name] = pe->status.epoch;
+                      self->send(pe->actor, attach_atom_v, info.name);
+                    }
+                  }
                   rp.deliver(info);
                 },
                 [rp](const caf::error& e) mutable { rp.deliver(e); });
@@ -250,6 +323,7 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
           s.actors.push_back(m.status);
           s.models.push_back(name);
         }
+        for (const peer_entry& pe : st.peers) s.peers.push_back(pe.status);
         return s;
       },
       [self](get_atom, directory_atom) {
@@ -267,9 +341,14 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
           d.schedulers.push_back(caf::actor_cast<caf::actor>(m.sched));
         }
         d.graphs = caf::actor_cast<caf::actor>(st.graphs);
+        for (const peer_entry& pe : st.peers) {
+          d.peer_names.push_back(pe.status.name);
+          d.peers.push_back(caf::actor_cast<caf::actor>(pe.actor));
+        }
         return d;
       },
       [self](cancel_atom, const std::string& name) { self->send(self->state.loader, cancel_atom_v, name); },
+      [self](update_atom, const peer_status& ps) { on_peer_update(self, ps); },
       [self](shutdown_atom) -> caf::result<memory_breakdown> {
         auto& st = self->state;
         if (st.shutting_down) return make_error(errc::down, "already shutting down");
@@ -293,6 +372,7 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
                       self->send_exit(s2.loader, caf::exit_reason::user_shutdown);
                       self->send_exit(s2.graphs, caf::exit_reason::user_shutdown);
                       self->send_exit(s2.accountant, caf::exit_reason::user_shutdown);
+                      for (const peer_entry& pe : s2.peers) self->send_exit(pe.actor, caf::exit_reason::user_shutdown);
                       self->quit();
                     },
                     [self, rp](const caf::error& e) mutable {

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/peer_actor.h"
 #include "actors/runtime_env.h"
 #include "actors/session_actor.h"
 #include "actors/type_ids.h"
@@ -39,6 +40,8 @@ using supervisor_actor = caf::typed_actor<
     caf::replies_to<get_atom, directory_atom>::with<actor_directory>,
     // Cancels a running load.
     caf::reacts_to<cancel_atom, std::string>,
+    // A peer actor's new state (the supervisor subscribes to every peer it is given).
+    caf::reacts_to<update_atom, peer_status>,
     // Stops every session, scheduler and model, frees every buffer, and replies the final breakdown
     // (all zero); the supervisor and its actors then terminate.
     caf::replies_to<shutdown_atom>::with<memory_breakdown>>;
@@ -48,6 +51,10 @@ struct supervisor_params {
   int n_threads = 0;                           // device backends' CPU threads; 0: all
   uint32_t max_restarts = 3;                   // per device actor
   std::chrono::microseconds flush_delay{2000}; // schedulers' longest wait for other sessions' steps
+  // Remote-peer actors whose devices models may use (their devices, once registered, can be in `devices`).
+  // The supervisor watches them: a model with weights on a peer that goes down is marked down (naming the
+  // peer), runtime_status lists every peer; it stops them at shutdown.
+  std::vector<peer_actor> peers;
 };
 
 // Spawns the supervisor and its actors. Throws error for a device the registry does not have.

@@ -5,6 +5,7 @@
 #include "actors/errors.h"
 #include "actors/loader_actor.h"
 #include "actors/memory_accountant_actor.h"
+#include "actors/peer_actor.h"
 #include "actors/scheduler_actor.h"
 #include "actors/session_actor.h"
 #include "actors/supervisor_actor.h"
@@ -21,6 +22,7 @@ void add_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<scheduler_actor>("troupe::actors::scheduler_actor");
   cfg.add_message_type<session_actor>("troupe::actors::session_actor");
   cfg.add_message_type<supervisor_actor>("troupe::actors::supervisor_actor");
+  cfg.add_message_type<peer_actor>("troupe::actors::peer_actor");
   cfg.add_error_category(error_category, [](uint8_t code, caf::atom_value, const caf::message& ctx) {
     return describe(make_error(static_cast<errc>(code), ctx.match_elements<std::string>() ? ctx.get_as<std::string>(0) : ""));
   });

@@ -61,6 +61,9 @@ CAF_BEGIN_TYPE_ID_BLOCK(troupe, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::actor_status))
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::runtime_status))
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::actor_directory))
+  // remote peers
+  CAF_ADD_TYPE_ID(troupe, (troupe::actors::peer_status))
+  CAF_ADD_TYPE_ID(troupe, (troupe::actors::peer_memory))
 
   CAF_ADD_ATOM(troupe, troupe::actors, alloc_atom, "alloc")
   CAF_ADD_ATOM(troupe, troupe::actors, free_atom, "free")
@@ -97,6 +100,10 @@ CAF_BEGIN_TYPE_ID_BLOCK(troupe, caf::first_custom_type_id)
   CAF_ADD_ATOM(troupe, troupe::actors, status_atom, "status")
   CAF_ADD_ATOM(troupe, troupe::actors, directory_atom, "directory")
   CAF_ADD_ATOM(troupe, troupe::actors, shutdown_atom, "shutdown")
+  CAF_ADD_ATOM(troupe, troupe::actors, check_atom, "check")
+  CAF_ADD_ATOM(troupe, troupe::actors, connect_atom, "connect")
+  CAF_ADD_ATOM(troupe, troupe::actors, lost_atom, "lost")
+  CAF_ADD_ATOM(troupe, troupe::actors, retry_atom, "retry")
 
 CAF_END_TYPE_ID_BLOCK(troupe)
 

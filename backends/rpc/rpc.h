@@ -34,6 +34,9 @@ struct peer_options {
 // Throws backend_error when the peer cannot be reached or refuses the connection.
 std::vector<device_i*> add_peer(const std::string& endpoint, const std::string& key = {});
 std::vector<device_i*> add_peer(const std::string& endpoint, const peer_options& opts);
+// The same over a client the caller made (and may mark down, reconnect...: the remote-peer actor); connects
+// it first when it is not connected. Devices already registered under a name keep their own client.
+std::vector<device_i*> add_peer(std::shared_ptr<client> c);
 
 // The connection behind a remote device (for statistics, health checks and reconnecting), or null when dev
 // is not a remote device.

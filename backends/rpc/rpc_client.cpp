@@ -4,10 +4,13 @@
 #include <asio/ssl.hpp>
 
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -34,23 +37,75 @@ struct client::impl {
   std::unique_ptr<tcp::socket> sock;
   std::unique_ptr<asio::ssl::context> ssl_ctx;
   std::unique_ptr<asio::ssl::stream<tcp::socket>> tls;
-  bool up = false;
-  uint64_t epoch = 0;
+  std::atomic<bool> up{false};
+  bool established = false;  // hello done: losing the connection now is news for on_lost
+  std::atomic<uint64_t> epoch{0};
   version server_ver;
   client_stats st;
   std::map<uint32_t, std::vector<uint8_t>> last_graph;  // per device: the last graph the peer holds
 
+  // Down (mark_down): every request fails at once, without waiting for the mutex or reconnecting.
+  std::atomic<bool> down{false};
+  mutable std::mutex down_mu;  // down_reason, fd, on_lost
+  std::string down_reason;
+  int fd = -1;                 // the connected socket, for mark_down's shutdown from another thread
+  std::function<void(const std::string&)> on_lost;
+
+  void set_fd(int v) {
+    std::lock_guard l(down_mu);
+    fd = v;
+  }
+
+  void throw_if_down() const {
+    if (!down.load(std::memory_order_acquire)) return;
+    std::string why;
+    {
+      std::lock_guard l(down_mu);
+      why = down_reason;
+    }
+    throw backend_error("peer " + addr + " is down" + (why.empty() ? std::string() : ": " + why));
+  }
+
+  // The lock for one request: fails fast while the peer is marked down (before and after waiting).
+  std::unique_lock<std::mutex> enter() {
+    throw_if_down();
+    std::unique_lock<std::mutex> l(mu);
+    throw_if_down();
+    return l;
+  }
+
   [[noreturn]] void fail(const std::string& what) {
+    const bool was_up = established;
     close_locked();
-    throw backend_error("peer " + addr + ": " + what);
+    const std::string msg = "peer " + addr + ": " + what;
+    if (was_up) notify_lost(msg);
+    throw backend_error(msg);
+  }
+
+  // Tells the owner (the remote-peer actor) that an established connection was lost.
+  void notify_lost(const std::string& why) {
+    std::function<void(const std::string&)> cb;
+    {
+      std::lock_guard l(down_mu);
+      cb = on_lost;
+    }
+    if (cb) {
+      try {
+        cb(why);
+      } catch (...) {
+        // a notification must not turn into another failure
+      }
+    }
   }
 
   void close_locked() {
     if (up) TROUPE_LOG(debug, "rpc client: closing the connection to " << addr);
     up = false;
+    established = false;
     last_graph.clear();
     held.clear();
     outputs.clear();
+    set_fd(-1);  // before closing: mark_down must never shut down a reused descriptor
     std::error_code ec;
     if (tls) {
       tls->next_layer().close(ec);
@@ -250,6 +305,7 @@ struct client::impl {
   }
 
   void ensure_up(bool may_reconnect) {
+    throw_if_down();
     if (up) return;
     if (may_reconnect && opts.auto_reconnect) {
       connect_locked();
@@ -280,6 +336,7 @@ void client::impl::connect_locked() {
   sock->set_option(tcp::no_delay(true), ec);
   sock->set_option(asio::socket_base::keep_alive(true), ec);
   if (!opts.tls) sock->non_blocking(true, ec);
+  set_fd(sock->native_handle());
   up = true;  // from here on, fail() closes
   if (opts.tls) {
     ssl_ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_client);
@@ -316,6 +373,7 @@ void client::impl::connect_locked() {
   epoch += 1;
   st.connects += 1;
   last_graph.clear();
+  established = true;
 }
 
 void client::impl::handshake_locked() {
@@ -388,6 +446,9 @@ client::~client() {
 void client::connect() {
   std::lock_guard lock(impl_->mu);
   impl_->connect_locked();
+  std::lock_guard l(impl_->down_mu);
+  impl_->down = false;
+  impl_->down_reason.clear();
 }
 
 void client::close() {
@@ -395,15 +456,45 @@ void client::close() {
   impl_->close_locked();
 }
 
-bool client::connected() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->up;
-}
+bool client::connected() const { return impl_->up.load() && !impl_->down.load(); }
 
 void client::reconnect() { connect(); }
 
+void client::mark_down(const std::string& reason) {
+  {
+    std::lock_guard l(impl_->down_mu);
+    impl_->down_reason = reason;
+    impl_->down = true;
+    // Wakes a request blocked on the socket (its poll sees the hang-up, the read fails): it throws, and
+    // closes the connection, on its own thread. The descriptor stays valid: close_locked clears `fd`
+    // under down_mu before closing it.
+    if (impl_->fd >= 0) ::shutdown(impl_->fd, SHUT_RDWR);
+  }
+  // Nothing in flight: close now.
+  std::unique_lock lock(impl_->mu, std::try_to_lock);
+  if (lock.owns_lock()) impl_->close_locked();
+}
+
+bool client::is_down() const { return impl_->down.load(); }
+
+std::string client::down_reason() const {
+  std::lock_guard l(impl_->down_mu);
+  return impl_->down_reason;
+}
+
+void client::set_on_lost(std::function<void(const std::string&)> f) {
+  std::lock_guard l(impl_->down_mu);
+  impl_->on_lost = std::move(f);
+}
+
 bool client::health_check(std::chrono::milliseconds timeout) {
-  std::lock_guard lock(impl_->mu);
+  if (impl_->down.load()) return false;
+  std::unique_lock lock(impl_->mu, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    // A request is in flight (a graph may compute for long): ask the peer on a connection of its own
+    // whether it still answers, so that a hung peer is found while the request waits.
+    return probe(timeout);
+  }
   if (!impl_->up) return false;
   const auto saved = impl_->opts.io_timeout;
   impl_->opts.io_timeout = timeout;
@@ -417,10 +508,22 @@ bool client::health_check(std::chrono::milliseconds timeout) {
   return ok;
 }
 
-uint64_t client::epoch() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->epoch;
+bool client::probe(std::chrono::milliseconds timeout) {
+  client_options o = impl_->opts;
+  o.connect_timeout = timeout;
+  o.io_timeout = timeout;
+  o.auto_reconnect = false;
+  client c(std::move(o));
+  try {
+    c.connect();
+    c.impl_->call(command::device_count, {}, max_small_payload * 256);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
 }
+
+uint64_t client::epoch() const { return impl_->epoch.load(); }
 
 std::string client::address() const { return impl_->addr; }
 
@@ -430,7 +533,7 @@ version client::server_version() const {
 }
 
 std::vector<device_info> client::devices() {
-  std::lock_guard lock(impl_->mu);
+  auto lock = impl_->enter();
   impl_->ensure_up(true);
   const auto rep = impl_->call(command::device_count, {}, 64 * max_message_bytes);
   std::vector<device_info> out;
@@ -469,7 +572,7 @@ uint64_t read_u64(const std::vector<uint8_t>& rep, size_t at = 0) {
 }  // namespace
 
 remote_buffer client::alloc_buffer(uint32_t device, uint64_t size) {
-  std::lock_guard lock(impl_->mu);
+  auto lock = impl_->enter();
   impl_->ensure_up(true);
   std::vector<uint8_t> p;
   writer w(p);
@@ -481,7 +584,7 @@ remote_buffer client::alloc_buffer(uint32_t device, uint64_t size) {
 }
 
 uint64_t client::alignment(uint32_t device) {
-  std::lock_guard lock(impl_->mu);
+  auto lock = impl_->enter();
   impl_->ensure_up(true);
   const auto rep = impl_->call(command::get_alignment, u32_payload(device), 8);
   if (rep.size() != 8) impl_->fail("bad get_alignment reply");
@@ -489,7 +592,7 @@ uint64_t client::alignment(uint32_t device) {
 }
 
 uint64_t client::max_size(uint32_t device) {
-  std::lock_guard lock(impl_->mu);
+  auto lock = impl_->enter();
   impl_->ensure_up(true);
   const auto rep = impl_->call(command::get_max_size, u32_payload(device), 8);
   if (rep.size() != 8) impl_->fail("bad get_max_size reply");
@@ -497,7 +600,7 @@ uint64_t client::max_size(uint32_t device) {
 }
 
 device_memory client::memory(uint32_t device) {
-  std::lock_guard lock(impl_->mu);
+  auto lock = impl_->enter();
   impl_->ensure_up(true);
   const auto rep = impl_->call(command::get_device_memory, u32_payload(device), 16);
   if (rep.size() != 16) impl_->fail("bad get_device_memory reply");
@@ -505,7 +608,7 @@ device_memory client::memory(uint32_t device) {
 }
 
 uint64_t client::buffer_base(remote_buffer b) {
-  std::lock_guard lock(impl_->mu);
+  auto lock = impl_->enter();
   impl_->check(b);
   std::vector<uint8_t> p;
   writer(p).u64(b.handle);
@@ -515,8 +618,9 @@ uint64_t client::buffer_base(remote_buffer b) {
 }
 
 void client::free_buffer(remote_buffer b) {
+  if (impl_->down.load()) return;  // gone with its connection
   std::lock_guard lock(impl_->mu);
-  if (!impl_->up || b.epoch != impl_->epoch) return;  // gone with its connection
+  if (!impl_->up || impl_->down.load() || b.epoch != impl_->epoch) return;
   std::vector<uint8_t> p;
   writer(p).u64(b.handle);
   impl_->last_graph.clear();  // the peer forgets its graphs when a buffer goes
@@ -524,7 +628,7 @@ void client::free_buffer(remote_buffer b) {
 }
 
 void client::buffer_clear(remote_buffer b, uint8_t value) {
-  std::lock_guard lock(impl_->mu);
+  auto lock = impl_->enter();
   impl_->check(b);
   std::vector<uint8_t> p;
   writer w(p);
@@ -534,7 +638,7 @@ void client::buffer_clear(remote_buffer b, uint8_t value) {
 }
 
 void client::set_tensor(remote_buffer b, uint64_t offset, const void* data, uint64_t size, bool cacheable) {
-  std::lock_guard lock(impl_->mu);
+  auto lock = impl_->enter();
   impl_->check(b);
   if (cacheable && size >= impl_->opts.hash_threshold) {
     std::vector<uint8_t> p;
@@ -570,7 +674,7 @@ void client::set_tensor(remote_buffer b, uint64_t offset, const void* data, uint
 }
 
 void client::get_tensor(remote_buffer b, uint64_t offset, void* out, uint64_t size) {
-  std::lock_guard lock(impl_->mu);
+  auto lock = impl_->enter();
   impl_->check(b);
   if (impl_->from_outputs(b, offset, out, size)) return;
   std::vector<uint8_t> p;
@@ -585,7 +689,7 @@ void client::get_tensor(remote_buffer b, uint64_t offset, void* out, uint64_t si
 }
 
 void client::copy_tensor(remote_buffer src, uint64_t src_offset, remote_buffer dst, uint64_t dst_offset, uint64_t size) {
-  std::lock_guard lock(impl_->mu);
+  auto lock = impl_->enter();
   impl_->check(src);
   impl_->check(dst);
   std::vector<uint8_t> p;
@@ -599,7 +703,7 @@ void client::copy_tensor(remote_buffer src, uint64_t src_offset, remote_buffer d
 }
 
 void client::compute(uint32_t device, std::vector<uint8_t> graph, const std::vector<output_request>& outputs) {
-  std::lock_guard lock(impl_->mu);
+  auto lock = impl_->enter();
   impl_->ensure_up(false);
   const std::vector<uint8_t> dev = u32_payload(device);
   // The outputs to read back with the reply (dropped when they would be too large).
@@ -649,7 +753,7 @@ void client::compute(uint32_t device, std::vector<uint8_t> graph, const std::vec
 }
 
 void client::init_tensor(const wire_tensor& t) {
-  std::lock_guard lock(impl_->mu);
+  auto lock = impl_->enter();
   impl_->ensure_up(false);
   std::vector<uint8_t> p;
   writer w(p);
@@ -658,7 +762,7 @@ void client::init_tensor(const wire_tensor& t) {
 }
 
 uint64_t client::alloc_size(uint32_t device, const wire_tensor& t) {
-  std::lock_guard lock(impl_->mu);
+  auto lock = impl_->enter();
   impl_->ensure_up(true);
   std::vector<uint8_t> p;
   writer w(p);
@@ -670,7 +774,7 @@ uint64_t client::alloc_size(uint32_t device, const wire_tensor& t) {
 }
 
 std::pair<status, std::vector<uint8_t>> client::request(command c, std::span<const uint8_t> payload) {
-  std::lock_guard lock(impl_->mu);
+  auto lock = impl_->enter();
   impl_->ensure_up(false);
   impl_->send_frame(c, payload);
   status s = status::ok;
@@ -683,7 +787,7 @@ std::pair<status, std::vector<uint8_t>> client::request(command c, std::span<con
 }
 
 void client::send(command c, std::span<const uint8_t> payload) {
-  std::lock_guard lock(impl_->mu);
+  auto lock = impl_->enter();
   impl_->ensure_up(false);
   impl_->send_frame(c, payload);
 }

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -86,10 +87,26 @@ class client {
   bool connected() const;
   // A new connection (the old one's buffers are gone on the peer).
   void reconnect();
-  // Whether the peer answers a cheap request within timeout; never throws. Does not reconnect.
+  // Whether the peer answers a cheap request (device_count) within timeout; never throws, never reconnects.
+  // While another request holds the connection, asks on a short-lived connection of its own (probe).
   bool health_check(std::chrono::milliseconds timeout);
+  // Connects anew with the same options (hello included), asks device_count and closes: whether the peer
+  // answers within timeout. Independent of this client's connection; never throws.
+  bool probe(std::chrono::milliseconds timeout);
   // Increments with every successful connect.
   uint64_t epoch() const;
+
+  // ---- down (the remote-peer actor's switch) ----
+  // Marks the peer down: a request in flight fails at once (its socket is shut down under it), every later
+  // request throws backend_error("peer host:port is down: <reason>") without touching the network, waiting
+  // for the connection or reconnecting by itself. connect()/reconnect() clear it when they succeed.
+  // Thread-safe, never blocks.
+  void mark_down(const std::string& reason);
+  bool is_down() const;
+  std::string down_reason() const;
+  // Called (on the thread of the failed request) when an established connection is lost; the argument
+  // says why. Must not block or call back into this client.
+  void set_on_lost(std::function<void(const std::string&)> f);
   std::string address() const;  // "host:port"
   version server_version() const;
 

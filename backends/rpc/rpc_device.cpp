@@ -191,7 +191,12 @@ std::vector<device_i*> add_peer(const std::string& endpoint, const peer_options&
                                                    .tls_verify = o.tls_verify,
                                                    .connect_timeout = o.connect_timeout,
                                                    .io_timeout = o.io_timeout});
-  c->connect();
+  return add_peer(std::move(c));
+}
+
+std::vector<device_i*> add_peer(std::shared_ptr<client> c) {
+  if (!c) throw error("rpc: add_peer without a client");
+  if (!c->connected()) c->connect();
   std::vector<device_i*> out;
   const std::vector<device_info> infos = c->devices();
   for (uint32_t i = 0; i < infos.size(); ++i) {

@@ -6,6 +6,7 @@
 //   pipeline <id>
 //   graph <id>
 //   load <id>
+//   peer_port <n>     (a remote-peer actor, published on its own port, connected to an rpc::server here)
 //   ready
 //
 // and serves until its standard input closes (the test holds the other end) or 120 s pass.
@@ -18,7 +19,10 @@
 #include <cstdio>
 #include <thread>
 
+#include "actors/peer_actor.h"
 #include "actors/runtime.h"
+#include "backends/cpu/cpu_backend.h"
+#include "net/rpc/server.h"
 #include "runtime/ops.h"
 #include "tests/actors/pipeline_fixture.h"
 
@@ -68,9 +72,20 @@ int main() {
     load->job = std::make_unique<load_job>(load->opened->loader().begin(load->opened->plan(), {}));
     const uint64_t load_id = eng.env()->objects.put(load);
 
-    std::printf("port %u\npipeline %llu\ngraph %llu\nload %llu\nready\n", static_cast<unsigned>(*port),
+    // A tensor RPC server in this process and a remote-peer actor connected to it.
+    rpc::server rpc_srv({.host = "127.0.0.1", .port = 0, .devices = {&cpu::cpu_device()}});
+    rpc_srv.start();
+    const actors::peer_actor peer = actors::spawn_peer_actor(
+        sys, {.name = "loopback", .host = "127.0.0.1", .port = rpc_srv.port(), .health_interval = std::chrono::milliseconds(200)});
+    const auto peer_port = sys.middleman().publish(peer, 0, "127.0.0.1", true);
+    if (!peer_port) {
+      std::fprintf(stderr, "actors_peer: publishing the peer actor failed: %s\n", sys.render(peer_port.error()).c_str());
+      return 1;
+    }
+
+    std::printf("port %u\npipeline %llu\ngraph %llu\nload %llu\npeer_port %u\nready\n", static_cast<unsigned>(*port),
                 static_cast<unsigned long long>(pipeline_id), static_cast<unsigned long long>(graph_id),
-                static_cast<unsigned long long>(load_id));
+                static_cast<unsigned long long>(load_id), static_cast<unsigned>(*peer_port));
     std::fflush(stdout);
 
     // Serve until stdin closes, at most 120 s.
@@ -86,6 +101,7 @@ int main() {
         if (read(STDIN_FILENO, buf, sizeof buf) <= 0) break;
       }
     }
+    caf::anon_send_exit(peer, caf::exit_reason::user_shutdown);
     eng.env()->objects.erase(pipeline_id);
     eng.env()->objects.erase(graph_id);
     eng.env()->objects.erase(load_id);

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "actors/allocator_actor.h"
@@ -25,6 +26,7 @@
 #include "actors/errors.h"
 #include "actors/loader_actor.h"
 #include "actors/memory_accountant_actor.h"
+#include "actors/peer_actor.h"
 #include "actors/scheduler_actor.h"
 #include "actors/session_actor.h"
 #include "actors/supervisor_actor.h"
@@ -125,6 +127,7 @@ struct inbox {
   std::vector<load_progress> progress;
   std::vector<token_event> tokens;
   std::vector<memory_breakdown> updates;
+  std::vector<peer_status> peer_updates;
 };
 
 caf::behavior collector(caf::event_based_actor*, std::shared_ptr<inbox> box) {
@@ -140,6 +143,10 @@ caf::behavior collector(caf::event_based_actor*, std::shared_ptr<inbox> box) {
       [box](update_atom, const memory_breakdown& b) {
         std::lock_guard l(box->mutex);
         box->updates.push_back(b);
+      },
+      [box](update_atom, const peer_status& s) {
+        std::lock_guard l(box->mutex);
+        box->peer_updates.push_back(s);
       },
   };
 }
@@ -321,6 +328,37 @@ TEST_CASE("every message type crosses a middleman connection between two process
   CHECK(value_or<uint64_t>(ask<uint64_t>(self, alloc1, release_atom_v, std::string("remote-graph")), 0) == *planned);
   mark({"compute_reservation", "graph_plan", "allocator_usage", "owner_bytes"});
 
+  // ---- remote-peer actor: status (up), memory over its connection, a model attached, state updates ----
+  REQUIRE(ids.count("peer_port"));
+  auto peer_or = sys.middleman().remote_actor<peer_actor>("127.0.0.1", static_cast<uint16_t>(ids.at("peer_port")));
+  REQUIRE(peer_or);
+  const peer_actor rpeer = *peer_or;
+  CHECK(value_or<bool>(ask<bool>(self, rpeer, subscribe_atom_v, events), false));
+  caf::expected<peer_status> ps{caf::error{}};
+  for (int i = 0; i < 300; ++i) {  // at most ~30 s
+    ps = ask<peer_status>(self, rpeer, get_atom_v, status_atom_v);
+    if (!ps || ps->state == "up") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  REQUIRE(ps);
+  CHECK(ps->state == "up");
+  CHECK(ps->name == "loopback");
+  CHECK(ps->epoch == 1);
+  REQUIRE(ps->devices.size() == 1);
+  const auto checked = ask<peer_status>(self, rpeer, check_atom_v);
+  REQUIRE(checked);
+  CHECK(checked->state == "up");
+  const auto peer_mem = ask<peer_memory>(self, rpeer, memory_atom_v);
+  REQUIRE(peer_mem);
+  REQUIRE(peer_mem->devices.size() == 1);
+  CHECK(peer_mem->devices[0].total > 0);
+  self->send(rpeer, attach_atom_v, std::string("remote-model"));
+  const auto attached = ask<peer_status>(self, rpeer, get_atom_v, status_atom_v);
+  REQUIRE(attached);
+  CHECK(attached->models == std::vector<std::string>{"remote-model"});
+  self->send(rpeer, detach_atom_v, std::string("remote-model"));
+  mark({"peer_status", "peer_memory"});
+
   // ---- events that came back: load progress, tokens, memory updates ----
   {
     std::lock_guard l(box->mutex);
@@ -328,9 +366,11 @@ TEST_CASE("every message type crosses a middleman connection between two process
     if (!box->progress.empty()) CHECK(box->progress.back().done == box->progress.back().total);
     CHECK(box->tokens.size() >= 12);
     CHECK_FALSE(box->updates.empty());
+    CHECK_FALSE(box->peer_updates.empty());
   }
   mark({"load_progress"});
   self->send(acct, unsubscribe_atom_v, events);
+  self->send(rpeer, unsubscribe_atom_v, events);
 
   // ---- unload and shutdown: the final breakdown is zero ----
   CHECK(value_or<bool>(ask<bool>(self, sup, unload_atom_v, std::string("m")), false));
@@ -342,7 +382,7 @@ TEST_CASE("every message type crosses a middleman connection between two process
 
   // Every registered type went across.
   const std::set<std::string> all = registered_names();
-  CHECK(all.size() == 34);
+  CHECK(all.size() >= 36);  // the block is not empty; each type is checked below
   for (const std::string& t : all) {
     INFO("type " << t);
     CHECK(crossed.count(t) == 1);
