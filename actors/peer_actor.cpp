@@ -47,6 +47,12 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
+// The text of an error (troupe's errors carry it as their context), without the category's code name.
+std::string error_text(const caf::error& e) {
+  if (e.category() == error_category && e.context().match_elements<std::string>()) return e.context().get_as<std::string>(0);
+  return describe(e);
+}
+
 // ---- the helper: every blocking call on the client, one at a time, on a thread of its own ----
 
 caf::behavior peer_worker(caf::event_based_actor*, std::shared_ptr<rpc::client> client) {
@@ -207,9 +213,9 @@ void attempt(peer_ptr self) {
           [self](const caf::error& e) {
             auto& s = self->state;
             s.busy = false;
-            s.client->mark_down(describe(e));
+            s.client->mark_down(error_text(e));
             s.status.state = "down";
-            s.status.last_error = describe(e);
+            s.status.last_error = error_text(e);
             s.status.failures += 1;
             schedule_retry(self);
             publish(self);
@@ -303,7 +309,7 @@ peer_actor::behavior_type peer(peer_ptr self, peer_params p) {
             .then([rp](const peer_memory& v) mutable { rp.deliver(v); },
                   [self, rp](const caf::error& e) mutable {
                     auto& s = self->state;
-                    rp.deliver(make_error(errc::down, s.status.state == "up" ? describe(e) : down_message(self)));
+                    rp.deliver(make_error(errc::down, s.status.state == "up" ? error_text(e) : down_message(self)));
                   });
         return rp;
       },

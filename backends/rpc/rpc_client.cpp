@@ -31,6 +31,7 @@ std::string ms(std::chrono::milliseconds d) { return std::to_string(d.count()) +
 
 struct client::impl {
   client_options opts;
+  client_options initial_opts;  // as constructed (probe connections use these; opts.io_timeout varies)
   std::string addr;
   mutable std::mutex mu;
   asio::io_context ioc;
@@ -435,6 +436,7 @@ void client::impl::handshake_locked() {
 
 client::client(client_options opts) : impl_(std::make_unique<impl>()) {
   impl_->opts = std::move(opts);
+  impl_->initial_opts = impl_->opts;
   impl_->addr = impl_->opts.host + ":" + std::to_string(impl_->opts.port);
 }
 
@@ -509,7 +511,7 @@ bool client::health_check(std::chrono::milliseconds timeout) {
 }
 
 bool client::probe(std::chrono::milliseconds timeout) {
-  client_options o = impl_->opts;
+  client_options o = impl_->initial_opts;
   o.connect_timeout = timeout;
   o.io_timeout = timeout;
   o.auto_reconnect = false;
