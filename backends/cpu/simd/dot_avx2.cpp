@@ -1,5 +1,7 @@
 // AVX2 + FMA + F16C dot products of the plain float types and the 32-value block types against their
 // activation formats (f32 / f16 / bf16 as is, q8_0, q8_1). Compiled with -mavx2 -mfma -mf16c only.
+#include <type_traits>
+
 #include "backends/cpu/simd/x86_common.h"
 #include "backends/cpu/simd/x86_kernels.h"
 

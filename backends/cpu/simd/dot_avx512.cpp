@@ -19,18 +19,25 @@ namespace ymm {
 }  // namespace ymm
 
 // q5_0, q5_1: the ymm kernels (with vpdpbusd).
-#define TROUPE_SIMD_FORWARD(name)                                                                            \
-  void name(int64_t n, float* s, const void* x, const void* y) { ymm::name(n, s, x, y); }                   \
-  void name##_rows(int64_t n, int64_t nrows, float* s, const void* x, size_t x_stride, const void* y) {     \
-    ymm::name##_rows(n, nrows, s, x, x_stride, y);                                                          \
+#define TROUPE_SIMD_FORWARD(t)                                                                                  \
+  void vec_dot_##t(int64_t n, float* s, const void* x, const void* y) { ymm::vec_dot_##t(n, s, x, y); }     \
+  void vec_dot_##t##_rows(int64_t n, int64_t nrows, float* s, const void* x, size_t x_stride, const void* y) { \
+    ymm::vec_dot_##t##_rows(n, nrows, s, x, x_stride, y);                                                    \
   }                                                                                                          \
-  void name##_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x,       \
-                   size_t x_stride, const void* y, size_t y_stride) {                                      \
-    ymm::name##_tile(n, nrows, ncols, s, s_stride, x, x_stride, y, y_stride);                               \
-  }
-TROUPE_SIMD_FORWARD(vec_dot_q5_0)
-TROUPE_SIMD_FORWARD(vec_dot_q5_1)
+  void vec_dot_##t##_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x, \
+                          size_t x_stride, const void* y, size_t y_stride) {                                 \
+    ymm::vec_dot_##t##_tile(n, nrows, ncols, s, s_stride, x, x_stride, y, y_stride);                         \
+  }                                                                                                          \
+  void vec_dot_##t##_prepared_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride,        \
+                                   const void* x, size_t x_stride, const void* y, size_t y_stride) {         \
+    ymm::vec_dot_##t##_prepared_tile(n, nrows, ncols, s, s_stride, x, x_stride, y, y_stride);                \
+  }                                                                                                          \
+  void tile_prepare_##t(int64_t n, const void* y, void* out) { ymm::tile_prepare_##t(n, y, out); }
+TROUPE_SIMD_FORWARD(q5_0)
+TROUPE_SIMD_FORWARD(q5_1)
 #undef TROUPE_SIMD_FORWARD
+size_t tile_prepared_size_s(int64_t n) { return ymm::tile_prepared_size_s(n); }
+size_t tile_prepared_size_u(int64_t n) { return ymm::tile_prepared_size_u(n); }
 
 namespace {
 
@@ -75,11 +82,13 @@ inline uint32_t u32_at(const void* p) {
 // half is zero, so it adds exactly nothing). Per pair, the activation side, act_i / act_f below (its 64
 // quants, the two scales as halves, and one term per lane that depends only on the activations), comes
 // either from the q8_0 / q8_1 blocks (computed as it goes) or from a row prepared once (tile_prepare_*:
-// vec_dot_*_tile_prepared reads it with three loads instead of recomputing it for every weight row, at the
+// vec_dot_*_prepared_tile reads it with three loads instead of recomputing it for every weight row, at the
 // price of 192 bytes per 64 activations instead of 68 to 72, which must stay in L1 to pay). Both compute
-// the same registers with the same operations, so every tile's elements equal vec_dot's bit for bit. One weight row per tile: on the development machine, two or more weight rows streamed from memory
-// side by side read at a fraction of one row's speed (31 GB/s for one stream, 19 for two interleaved, 13
-// for four, in a plain read loop), so tiles span activation rows only.
+// the same registers with the same operations, so every tile's elements equal vec_dot's bit for bit.
+//
+// One weight row per tile: on the development machine, two or more weight rows streamed from memory side
+// by side read at a fraction of one row's speed (31 GB/s for one stream, 19 for two interleaved, 13 for
+// four, in a plain read loop; software prefetch did not help), so tiles span activation rows only.
 
 // One pair of prepared activation blocks: 64 quants, scales (16 lanes), the activation-side term.
 struct prepared_pair {

@@ -50,6 +50,20 @@ TROUPE_SIMD_TILE_DECL(vec_dot_q8_0);
 TROUPE_SIMD_TILE_DECL(vec_dot_q4_K);
 TROUPE_SIMD_TILE_DECL(vec_dot_q5_K);
 TROUPE_SIMD_TILE_DECL(vec_dot_q6_K);
+// The 32-value block types' tiles on prepared activation rows (simd.h: tile_prepare); _s: against q8_0,
+// _u: against q8_1.
+TROUPE_SIMD_TILE_DECL(vec_dot_q4_0_prepared);
+TROUPE_SIMD_TILE_DECL(vec_dot_q4_1_prepared);
+TROUPE_SIMD_TILE_DECL(vec_dot_q5_0_prepared);
+TROUPE_SIMD_TILE_DECL(vec_dot_q5_1_prepared);
+TROUPE_SIMD_TILE_DECL(vec_dot_q8_0_prepared);
+void tile_prepare_q4_0(int64_t n, const void* y, void* out);
+void tile_prepare_q4_1(int64_t n, const void* y, void* out);
+void tile_prepare_q5_0(int64_t n, const void* y, void* out);
+void tile_prepare_q5_1(int64_t n, const void* y, void* out);
+void tile_prepare_q8_0(int64_t n, const void* y, void* out);
+size_t tile_prepared_size_s(int64_t n);
+size_t tile_prepared_size_u(int64_t n);
 
 TROUPE_SIMD_QUANT(quantize_row_q8_0);
 TROUPE_SIMD_QUANT(quantize_row_q8_1);
@@ -84,6 +98,12 @@ TROUPE_SIMD_TILE_DECL(vec_dot_q5_0);
 TROUPE_SIMD_TILE_DECL(vec_dot_q5_1);
 TROUPE_SIMD_TILE_DECL(vec_dot_q8_0);
 TROUPE_SIMD_TILE_DECL(vec_dot_q4_K);
+TROUPE_SIMD_TILE_DECL(vec_dot_q5_0_prepared);
+TROUPE_SIMD_TILE_DECL(vec_dot_q5_1_prepared);
+void tile_prepare_q5_0(int64_t n, const void* y, void* out);
+void tile_prepare_q5_1(int64_t n, const void* y, void* out);
+size_t tile_prepared_size_s(int64_t n);
+size_t tile_prepared_size_u(int64_t n);
 // q4_0, q4_1 and q8_0 tiles on prepared activation rows (simd.h: tile_prepare).
 TROUPE_SIMD_TILE_DECL(vec_dot_q4_0_prepared);
 TROUPE_SIMD_TILE_DECL(vec_dot_q4_1_prepared);
