@@ -1,55 +1,20 @@
 #include "actors/runtime_config.h"
 
-#include <toml++/toml.h>
-
 #include <algorithm>
 #include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
 
+#include "actors/config_toml.h"
 #include "runtime/error.h"
 #include "runtime/llm/chat_template.h"
 
 namespace troupe::actors {
 
-namespace {
-
-[[noreturn]] void fail(const std::string& source, const std::string& what, const toml::source_region& where) {
-  std::ostringstream os;
-  os << source;
-  if (where.begin.line > 0) os << ":" << where.begin.line;
-  os << ": " << what;
-  throw error(os.str());
-}
-
-void check_keys(const toml::table& t, const std::set<std::string>& allowed, const std::string& where,
-                const std::string& source) {
-  for (const auto& [k, v] : t) {
-    if (!allowed.count(std::string(k.str()))) {
-      fail(source, "unknown key '" + std::string(k.str()) + "' in " + where, v.source());
-    }
-  }
-}
-
-template <class T>
-T get(const toml::table& t, const char* key, T fallback, const std::string& where, const std::string& source) {
-  const toml::node* n = t.get(key);
-  if (n == nullptr) return fallback;
-  if constexpr (std::is_same_v<T, bool>) {
-    if (auto v = n->value<bool>()) return *v;
-    fail(source, where + "." + key + " must be a boolean", n->source());
-  } else if constexpr (std::is_same_v<T, std::string>) {
-    if (auto v = n->value<std::string>()) return *v;
-    fail(source, where + "." + key + " must be a string", n->source());
-  } else {
-    const auto v = n->value<int64_t>();
-    if (!v || *v < 0) fail(source, where + "." + key + " must be a non-negative integer", n->source());
-    return static_cast<T>(*v);
-  }
-}
-
-}  // namespace
+using config_toml::check_keys;
+using config_toml::fail;
+using config_toml::get;
 
 namespace {
 

@@ -1,67 +1,20 @@
 #include "net/http/daemon_config.h"
 
-#include <toml++/toml.h>
-
 #include <fstream>
 #include <limits>
-#include <set>
 #include <sstream>
 
+#include "actors/config_toml.h"
 #include "runtime/error.h"
 
 namespace troupe::http {
 
 namespace {
 
-[[noreturn]] void fail(const std::string& source, const std::string& what, const toml::source_region& where) {
-  std::ostringstream os;
-  os << source;
-  if (where.begin.line > 0) os << ":" << where.begin.line;
-  os << ": " << what;
-  throw error(os.str());
-}
-
-void check_keys(const toml::table& t, const std::set<std::string>& allowed, const std::string& where,
-                const std::string& source) {
-  for (const auto& [k, v] : t) {
-    if (!allowed.count(std::string(k.str()))) fail(source, "unknown key '" + std::string(k.str()) + "' in " + where, v.source());
-  }
-}
-
-const toml::table& section(const toml::table& root, const char* name, const std::string& source) {
-  static const toml::table empty;
-  const toml::node* n = root.get(name);
-  if (n == nullptr) return empty;
-  const toml::table* t = n->as_table();
-  if (t == nullptr) fail(source, std::string("[") + name + "] must be a table", n->source());
-  return *t;
-}
-
-std::string get_string(const toml::table& t, const char* section, const char* key, std::string fallback,
-                       const std::string& source) {
-  const toml::node* n = t.get(key);
-  if (n == nullptr) return fallback;
-  if (auto v = n->value<std::string>()) return *v;
-  fail(source, std::string(section) + "." + key + " must be a string", n->source());
-}
-
-bool get_bool(const toml::table& t, const char* section, const char* key, bool fallback, const std::string& source) {
-  const toml::node* n = t.get(key);
-  if (n == nullptr) return fallback;
-  if (auto v = n->value<bool>()) return *v;
-  fail(source, std::string(section) + "." + key + " must be true or false", n->source());
-}
-
-uint64_t get_uint(const toml::table& t, const char* section, const char* key, uint64_t fallback, uint64_t max,
-                  const std::string& source) {
-  const toml::node* n = t.get(key);
-  if (n == nullptr) return fallback;
-  const auto v = n->value<int64_t>();
-  if (!v || *v < 0 || static_cast<uint64_t>(*v) > max) {
-    fail(source, std::string(section) + "." + key + " must be an integer from 0 to " + std::to_string(max), n->source());
-  }
-  return static_cast<uint64_t>(*v);
-}
+using actors::config_toml::check_keys;
+using actors::config_toml::fail;
+using actors::config_toml::get;
+using actors::config_toml::section;
 
 std::vector<std::string> read_key_file(const std::filesystem::path& p, const std::string& source) {
   std::ifstream in(p);
@@ -104,9 +57,9 @@ daemon_config parse_daemon_config(std::string_view text, const std::string& sour
               "request_timeout_s", "read_timeout_s", "write_timeout_s", "max_body_bytes", "shutdown_grace_s"},
              "[server]", source);
   server_config& sv = c.server;
-  sv.host = get_string(s, "server", "host", sv.host, source);
+  sv.host = get<std::string>(s, "host", sv.host, "server", source);
   if (sv.host.empty()) fail(source, "server.host must not be empty", s.get("host")->source());
-  sv.port = static_cast<uint16_t>(get_uint(s, "server", "port", sv.port, 65535, source));
+  sv.port = get<uint16_t>(s, "port", sv.port, "server", source, 65535);
   if (const toml::node* k = s.get("api_keys")) {
     const toml::array* a = k->as_array();
     if (a == nullptr) fail(source, "server.api_keys must be an array of strings", k->source());
@@ -116,33 +69,33 @@ daemon_config parse_daemon_config(std::string_view text, const std::string& sour
       sv.api_keys.push_back(*v);
     }
   }
-  sv.api_key_file = get_string(s, "server", "api_key_file", sv.api_key_file, source);
+  sv.api_key_file = get<std::string>(s, "api_key_file", sv.api_key_file, "server", source);
   if (!sv.api_key_file.empty()) {
     sv.api_key_file = resolve(sv.api_key_file);
     for (std::string& k : read_key_file(sv.api_key_file, source)) sv.api_keys.push_back(std::move(k));
   }
   constexpr uint64_t u32 = std::numeric_limits<uint32_t>::max();
-  sv.http_threads = static_cast<uint32_t>(get_uint(s, "server", "http_threads", sv.http_threads, 4096, source));
-  sv.queue_limit = static_cast<uint32_t>(get_uint(s, "server", "queue_limit", sv.queue_limit, 4096, source));
-  sv.queue_timeout_s = static_cast<uint32_t>(get_uint(s, "server", "queue_timeout_s", sv.queue_timeout_s, u32, source));
-  sv.request_timeout_s = static_cast<uint32_t>(get_uint(s, "server", "request_timeout_s", sv.request_timeout_s, u32, source));
-  sv.read_timeout_s = static_cast<uint32_t>(get_uint(s, "server", "read_timeout_s", sv.read_timeout_s, u32, source));
-  sv.write_timeout_s = static_cast<uint32_t>(get_uint(s, "server", "write_timeout_s", sv.write_timeout_s, u32, source));
+  sv.http_threads = get<uint32_t>(s, "http_threads", sv.http_threads, "server", source, 4096);
+  sv.queue_limit = get<uint32_t>(s, "queue_limit", sv.queue_limit, "server", source, 4096);
+  sv.queue_timeout_s = get<uint32_t>(s, "queue_timeout_s", sv.queue_timeout_s, "server", source, u32);
+  sv.request_timeout_s = get<uint32_t>(s, "request_timeout_s", sv.request_timeout_s, "server", source, u32);
+  sv.read_timeout_s = get<uint32_t>(s, "read_timeout_s", sv.read_timeout_s, "server", source, u32);
+  sv.write_timeout_s = get<uint32_t>(s, "write_timeout_s", sv.write_timeout_s, "server", source, u32);
   if (sv.read_timeout_s == 0 || sv.write_timeout_s == 0) {
     fail(source, "server.read_timeout_s and server.write_timeout_s must be at least 1", s.source());
   }
-  sv.max_body_bytes = get_uint(s, "server", "max_body_bytes", sv.max_body_bytes, uint64_t{1} << 32, source);
+  sv.max_body_bytes = get<uint64_t>(s, "max_body_bytes", sv.max_body_bytes, "server", source, uint64_t{1} << 32);
   if (sv.max_body_bytes < 1024) fail(source, "server.max_body_bytes must be at least 1024", s.get("max_body_bytes")->source());
-  sv.shutdown_grace_s = static_cast<uint32_t>(get_uint(s, "server", "shutdown_grace_s", sv.shutdown_grace_s, u32, source));
+  sv.shutdown_grace_s = get<uint32_t>(s, "shutdown_grace_s", sv.shutdown_grace_s, "server", source, u32);
 
   const toml::table& l = section(root, "logging", source);
   check_keys(l, {"level", "access_log"}, "[logging]", source);
-  c.logging.level = get_string(l, "logging", "level", c.logging.level, source);
+  c.logging.level = get<std::string>(l, "level", c.logging.level, "logging", source);
   if (c.logging.level != "debug" && c.logging.level != "info" && c.logging.level != "warn" && c.logging.level != "error") {
     fail(source, "logging.level must be \"debug\", \"info\", \"warn\" or \"error\", not \"" + c.logging.level + "\"",
          l.get("level")->source());
   }
-  c.logging.access_log = get_bool(l, "logging", "access_log", c.logging.access_log, source);
+  c.logging.access_log = get<bool>(l, "access_log", c.logging.access_log, "logging", source);
   return c;
 }
 
