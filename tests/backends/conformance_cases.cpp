@@ -135,8 +135,9 @@ std::vector<op_case> conformance_cases() {
       return mul_mat(b.ctx(), b.input(wt, {256, 16, 2, 1}), b.input(type::f32, {256, 5, 6, 2}));
     });
     // Longer rows (the SIMD kernels' unrolled loops and tails), a row count that is no multiple of the
-    // threads' chunks, and batches on both sides of the BLAS crossover.
-    for (int64_t n : {1, 17, 70}) {
+    // threads' chunks, batches of a few sequences decoding at once (the tile kernels), and batches on both
+    // sides of the BLAS crossover.
+    for (int64_t n : {1, 2, 3, 4, 5, 8, 17, 70}) {
       add_case("mul_mat " + tn + " 1280x67 n=" + std::to_string(n), matmul, [wt, n](case_builder& b) {
         return mul_mat(b.ctx(), b.input(wt, {1280, 67, 1, 1}), b.input(type::f32, {1280, n, 1, 1}));
       });
