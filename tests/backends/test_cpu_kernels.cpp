@@ -527,7 +527,7 @@ TEST_CASE("kernels: cpy f32 -> q8_0 and q4_0 -> f32, and same-type block copies"
     CHECK(std::memcmp(at(*big, 0, 2 * r + 1, 0, 0), at(*q, 0, r, 0, 0), q->nb[1]) == 0);
 }
 
-TEST_CASE("kernels: get_rows of q4_0, f16 and f32 rows; out-of-range indices throw", "[cpu][kernels]") {
+TEST_CASE("kernels: get_rows of q4_0, f16 and f32 rows, and out-of-range indices throw", "[cpu][kernels]") {
   context ctx(arena());
   tensor* q4 = ctx.new_tensor_3d(type::q4_0, 64, 5, 2);
   quantize_into(*q4, random_values(640, 14));

@@ -179,7 +179,7 @@ TEST_CASE("two devices: weights pull nodes, unsupported ops move, inputs are cop
   CHECK(g.node(0)->src[1] == x);  // sources restored
 }
 
-TEST_CASE("pins move nodes; a pin to a backend that cannot compute the node is an error", "[sched]") {
+TEST_CASE("pins move nodes, and a pin to a backend that cannot compute the node is an error", "[sched]") {
   small_device dev;
   backend_ptr small = dev.init_backend();
   auto cpu_be = cpu::make_cpu_backend({.n_threads = 1});

@@ -61,7 +61,7 @@ TEST_CASE("an exception on one thread reaches the caller and releases the others
   CHECK(ran.load() == 3);
 }
 
-TEST_CASE("runs alternate thread counts; skipped and sleeping workers still join later runs", "[thread_pool]") {
+TEST_CASE("runs alternate thread counts, and skipped and sleeping workers still join later runs", "[thread_pool]") {
   thread_pool pool(3);
   std::atomic<int> total{0};
   int expected = 0;

@@ -312,7 +312,7 @@ TEST_CASE("daemon: error cases in the OpenAI shape", "[http][daemon]") {
   CHECK(json::parse(again->body)["choices"][0]["tokens"].get<std::vector<int>>() == reference_tokens);
 }
 
-TEST_CASE("daemon: a full queue answers 503; a client that disconnects cancels its answer", "[http][daemon]") {
+TEST_CASE("daemon: a full queue answers 503, and a client that disconnects cancels its answer", "[http][daemon]") {
   const auto model = test::model_path("stories260K.gguf");
   if (!model) return;
   // One session, no queue: a second request while the first generates is refused.

@@ -17,7 +17,7 @@ size_t index_of(std::span<tensor* const> list, const tensor* t) {
 
 }  // namespace
 
-TEST_CASE("every node comes after its sources; shared nodes appear once", "[graph]") {
+TEST_CASE("every node comes after its sources, and shared nodes appear once", "[graph]") {
   context ctx({.max_tensors = 64, .no_alloc = true});
   tensor* x = ctx.new_tensor_2d(type::f32, 8, 2);
   tensor* w1 = ctx.new_tensor_2d(type::f32, 8, 8);

@@ -183,7 +183,7 @@ TEST_CASE("scenario 11: a buffer type with nothing assigned allocates nothing", 
   CHECK(galloc.buffer_size(1) == 0);
 }
 
-TEST_CASE("reserve, then graphs that fit reuse the buffers; a larger one re-reserves", "[alloc]") {
+TEST_CASE("reserve, then graphs that fit reuse the buffers, and a larger one re-reserves", "[alloc]") {
   counting_buffer_type bt("host", unbounded, 32);
   auto build = [](context& ctx, int64_t n) {
     tensor* x = ctx.new_tensor_2d(type::f32, 64, n);

@@ -96,7 +96,7 @@ TEST_CASE("a context refuses tensors past its capacity", "[tensor][context]") {
   CHECK(data.n_tensors() == 1);  // the failed tensor left no slot behind
 }
 
-TEST_CASE("tensors are found by name; names are truncated, never overflow", "[tensor]") {
+TEST_CASE("tensors are found by name, and names are truncated, never overflow", "[tensor]") {
   context ctx({.max_tensors = 4, .no_alloc = true});
   tensor* t = ctx.new_tensor_1d(type::f32, 4);
   t->set_name("blk.0.attn_q.weight");
