@@ -65,7 +65,7 @@ struct crossover {
 
 constexpr crossover crossovers[] = {
     {type::f32, 32, 16},   {type::f16, 64, 32},   {type::bf16, 16, 16},  {type::q4_0, 64, 32},
-    {type::q4_1, 32, 32},  {type::q5_0, 64, 32},  {type::q5_1, 64, 32},  {type::q8_0, 64, 64},
+    {type::q4_1, 64, 32},  {type::q5_0, 64, 32},  {type::q5_1, 64, 32},  {type::q8_0, 64, 64},
     {type::q2_K, 256, 128}, {type::q3_K, 128, 128}, {type::q4_K, 256, 64}, {type::q5_K, 64, 32},
     {type::q6_K, 64, 32},
 };
