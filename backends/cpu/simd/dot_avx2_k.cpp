@@ -130,15 +130,11 @@ namespace {
 // x86_common.h): each chunk's quants and scales are decoded once and used for every row.
 template <bool five>
 struct k4_tile {
-  static constexpr int max_rows = 1;
-  template <int MR, int NC>
-  static constexpr bool fits = MR == 1;
 
-  template <int MR, int NC>
-  static void run(int64_t n, const void* const* vx, const void* const* vy, float* out) {
-    static_assert(MR == 1);
+  template <int NC>
+  static void run(int64_t n, const void* vx, const void* const* vy, float* out) {
     using block = std::conditional_t<five, block_q5_K, block_q4_K>;
-    const block* x = static_cast<const block*>(vx[0]);
+    const block* x = static_cast<const block*>(vx);
     const block_q8_K* y[NC];
     __m256 acc[NC];
     __m128 acc_m[NC];
@@ -199,14 +195,10 @@ struct k4_tile {
 // 32 * sum_j scale_j * (sum of y over sub-block j), from y's bsums once per block. NC activation rows at
 // once, each half-block's quants decoded once.
 struct q6_K_tile {
-  static constexpr int max_rows = 1;
-  template <int MR, int NC>
-  static constexpr bool fits = MR == 1;
 
-  template <int MR, int NC>
-  static void run(int64_t n, const void* const* vx, const void* const* vy, float* out) {
-    static_assert(MR == 1);
-    const block_q6_K* x = static_cast<const block_q6_K*>(vx[0]);
+  template <int NC>
+  static void run(int64_t n, const void* vx, const void* const* vy, float* out) {
+    const block_q6_K* x = static_cast<const block_q6_K*>(vx);
     const block_q8_K* y[NC];
     __m256 acc[NC];
     for (int c = 0; c < NC; ++c) {

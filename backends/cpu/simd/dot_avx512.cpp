@@ -263,14 +263,10 @@ struct pair_kernel {
     }
   }
 
-  static constexpr int max_rows = 1;
-  template <int MR, int NC>
-  static constexpr bool fits = MR == 1;
 
-  template <int MR, int NC>
-  static void run(int64_t n, const void* const* vx, const void* const* vy, float* out) {
-    static_assert(MR == 1);
-    const typename W::block* x = static_cast<const typename W::block*>(vx[0]);
+  template <int NC>
+  static void run(int64_t n, const void* vx, const void* const* vy, float* out) {
+    const typename W::block* x = static_cast<const typename W::block*>(vx);
     __m512 acc0[NC], acc1[NC];
     for (int c = 0; c < NC; ++c) {
       acc0[c] = _mm512_setzero_ps();
@@ -305,14 +301,10 @@ struct pair_kernel {
 // scale 2k in the low half and 2k + 1 in the high half (vpermw from the unpacked scales) -> 16 int32. NC
 // activation rows at once, each chunk decoded once.
 struct q4_K_tile {
-  static constexpr int max_rows = 1;
-  template <int MR, int NC>
-  static constexpr bool fits = MR == 1;
 
-  template <int MR, int NC>
-  static void run(int64_t n, const void* const* vx, const void* const* vy, float* out) {
-    static_assert(MR == 1);
-    const block_q4_K* x = static_cast<const block_q4_K*>(vx[0]);
+  template <int NC>
+  static void run(int64_t n, const void* vx, const void* const* vy, float* out) {
+    const block_q4_K* x = static_cast<const block_q4_K*>(vx);
     const block_q8_K* y[NC];
     __m512 acc[NC];
     __m128 acc_m[NC];
@@ -385,7 +377,7 @@ TROUPE_SIMD_TILE(vec_dot_q4_K, q4_K_tile)
 // rows.
 #define TROUPE_SIMD_PAIRS(t, W, Src, Prep)                                                                     \
   void vec_dot_##t(int64_t n, float* s, const void* x, const void* y) {                                      \
-    pair_kernel<W, Src>::run<1, 1>(n, &x, &y, s);                                                            \
+    pair_kernel<W, Src>::run<1>(n, x, &y, s);                                                            \
   }                                                                                                          \
   void vec_dot_##t##_rows(int64_t n, int64_t nrows, float* s, const void* x, size_t x_stride, const void* y) { \
     dot_rows_k<pair_kernel<W, Src>>(n, nrows, s, x, x_stride, y);                                            \

@@ -110,90 +110,47 @@ __attribute__((flatten)) void dot_rows(int64_t n, int64_t nrows, float* s, const
 }
 
 // Batched dot products, for matrix products with a few activation rows (token generation of several
-// sequences at once): K::run<MR, NC>(n, xs, ys, out) sets out[r * NC + c] = dot(n, xs[r], ys[c]) for r < MR
-// rows of weights and c < NC rows of activations (a register tile of MR x NC dot products: each weight
-// block is decoded once for the NC activation rows, and each activation block's own work, such as its
-// scale and sums, is done once for the MR weight rows). MR is 1 or K::max_rows, NC is 1..4; where an
-// MR x NC tile would not fit the registers (K::fits), it runs as narrower tiles. Every kernel has
-// max_rows = 1 at present: tiles over several weight rows computed faster from cache but read weights
-// streamed from memory at a fraction of the speed (see the pair kernels in dot_avx512.cpp). Per element it performs
-// exactly the floating-point operations of K::run<1, 1>, which is what the one-row vec_dot calls, so every
-// element is bit-identical to vec_dot's whatever the tile, i.e. whatever the batch.
+// sequences at once): K::run<NC>(n, x, ys, out) sets out[c] = dot(n, x, ys[c]) for NC (1..4) activation rows,
+// a register tile of NC dot products of one weight row: each weight block is loaded and decoded once for
+// the NC rows. Per element it performs exactly the floating-point operations of K::run<1>, which is what the
+// one-row vec_dot calls, so every element is bit-identical to vec_dot's whatever the batch. (Tiles over
+// several weight rows as well computed faster from cache but read weights streamed from memory at a
+// fraction of the speed; see the pair kernels in dot_avx512.cpp.)
 //
 // dot_tile<K>: s[c * s_stride + r] = dot(row r of x, row c of y) for r < nrows, c < ncols; rows of x
-// x_stride bytes apart, rows of y y_stride bytes apart. Each tile of rows of x is read once from memory and
-// reused (from L1) for every group of up to 4 columns; rows left over after the last whole tile of
-// K::max_rows go one by one.
+// x_stride bytes apart, rows of y y_stride bytes apart. Each row of x is read once from memory and reused
+// (from L1) for every group of up to 4 columns.
 constexpr int tile_max_cols = 4;
-
-// K::run<MR, NC>, or, where that tile does not fit K's registers (K::fits), two narrower tiles.
-template <class K, int MR, int NC>
-inline void run_tile(int64_t n, const void* const* xs, const void* const* ys, float* out) {
-  if constexpr (K::template fits<MR, NC> || NC == 1) {
-    K::template run<MR, NC>(n, xs, ys, out);
-  } else {
-    constexpr int lo = NC / 2;
-    constexpr int hi = NC - lo;
-    float a[MR * lo], b[MR * hi];
-    run_tile<K, MR, lo>(n, xs, ys, a);
-    run_tile<K, MR, hi>(n, xs, ys + lo, b);
-    for (int r = 0; r < MR; ++r) {
-      for (int c = 0; c < lo; ++c) out[r * NC + c] = a[r * lo + c];
-      for (int c = 0; c < hi; ++c) out[r * NC + lo + c] = b[r * hi + c];
-    }
-  }
-}
-
-template <class K, int MR>
-inline void tile_rows(int64_t n, int nc, const void* const* xs, const void* const* ys, float* out) {
-  switch (nc) {
-    case 1: run_tile<K, MR, 1>(n, xs, ys, out); break;
-    case 2: run_tile<K, MR, 2>(n, xs, ys, out); break;
-    case 3: run_tile<K, MR, 3>(n, xs, ys, out); break;
-    default: run_tile<K, MR, 4>(n, xs, ys, out); break;
-  }
-}
 
 template <class K>
 __attribute__((flatten)) void dot_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride,
                                        const void* x, size_t x_stride, const void* y, size_t y_stride) {
-  constexpr int mr_max = K::max_rows;
-  const char* xb = static_cast<const char*>(x);
+  const char* row = static_cast<const char*>(x);
   const char* yb = static_cast<const char*>(y);
-  for (int64_t r0 = 0; r0 < nrows;) {
-    const int mr = nrows - r0 >= mr_max ? mr_max : 1;  // full tiles, then the rows left one by one
-    const void* xs[mr_max] = {};
-    for (int r = 0; r < mr; ++r) xs[r] = xb + static_cast<size_t>(r0 + r) * x_stride;
+  for (int64_t r = 0; r < nrows; ++r, row += x_stride) {
     for (int64_t c0 = 0; c0 < ncols; c0 += tile_max_cols) {
       const int nc = static_cast<int>(ncols - c0 < tile_max_cols ? ncols - c0 : tile_max_cols);
       const void* ys[tile_max_cols] = {};
       for (int c = 0; c < nc; ++c) ys[c] = yb + static_cast<size_t>(c0 + c) * y_stride;
-      float out[mr_max * tile_max_cols];
-      if (mr == mr_max) {
-        tile_rows<K, mr_max>(n, nc, xs, ys, out);
-      } else {
-        tile_rows<K, 1>(n, nc, xs, ys, out);
+      float out[tile_max_cols];
+      switch (nc) {
+        case 1: K::template run<1>(n, row, ys, out); break;
+        case 2: K::template run<2>(n, row, ys, out); break;
+        case 3: K::template run<3>(n, row, ys, out); break;
+        default: K::template run<4>(n, row, ys, out); break;
       }
-      for (int r = 0; r < mr; ++r) {
-        for (int c = 0; c < nc; ++c) {
-          s[static_cast<size_t>(c0 + c) * s_stride + static_cast<size_t>(r0 + r)] = out[r * nc + c];
-        }
-      }
+      for (int c = 0; c < nc; ++c) s[static_cast<size_t>(c0 + c) * s_stride + static_cast<size_t>(r)] = out[c];
     }
-    r0 += mr;
   }
 }
 
-// s[r] = dot(row r of x, y) for r < nrows with K's one-row kernel (K::run<1, 1>), for the types that have
-// tile kernels: the name_rows of those types.
+// s[r] = dot(row r of x, y) for r < nrows with K's one-row kernel (K::run<1>), for the types that have tile
+// kernels: the name_rows of those types.
 template <class K>
 __attribute__((flatten)) void dot_rows_k(int64_t n, int64_t nrows, float* s, const void* x, size_t x_stride,
                                          const void* y) {
   const char* row = static_cast<const char*>(x);
-  for (int64_t r = 0; r < nrows; ++r, row += x_stride) {
-    const void* xs[1] = {row};
-    K::template run<1, 1>(n, xs, &y, s + r);
-  }
+  for (int64_t r = 0; r < nrows; ++r, row += x_stride) K::template run<1>(n, row, &y, s + r);
 }
 
 }  // namespace
@@ -202,7 +159,7 @@ __attribute__((flatten)) void dot_rows_k(int64_t n, int64_t nrows, float* s, con
 // Defines name(n, s, x, y), name_rows(...) and name_tile(n, nrows, ncols, s, s_stride, x, x_stride, y,
 // y_stride) from the kernel struct K (see dot_tile), in the current namespace.
 #define TROUPE_SIMD_TILE(name, K)                                                                            \
-  void name(int64_t n, float* s, const void* x, const void* y) { K::template run<1, 1>(n, &x, &y, s); }      \
+  void name(int64_t n, float* s, const void* x, const void* y) { K::template run<1>(n, x, &y, s); }         \
   void name##_rows(int64_t n, int64_t nrows, float* s, const void* x, size_t x_stride, const void* y) {     \
     dot_rows_k<K>(n, nrows, s, x, x_stride, y);                                                             \
   }                                                                                                          \
