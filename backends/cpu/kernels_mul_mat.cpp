@@ -244,17 +244,18 @@ struct mm_ctx {
     const int64_t i2 = plane % ne2b;
     const int64_t i3 = plane / ne2b;
     const char* a_plane = addr(a, 0, 0, i2 / r2, i3 / r3);
-    if (dot_tile != nullptr && b_conv != nullptr) {
+    if (dot_tile != nullptr) {
       // Register tiles of a few rows of a x up to 4 rows of b (one sequence's token, a few sequences decoding
       // at once, or a tile of a prompt): each block of a is decoded once for the rows of b, each block of b
       // once for the rows of a. Rows of b (converted, or prepared) are b_row_bytes (tile_row_bytes) apart,
       // dst's columns nb[1].
       const uint8_t* y = b_tile != nullptr ? b_tile + static_cast<size_t>(plane * n + j_begin) * p.tile_row_bytes
                                            : static_cast<const uint8_t*>(b_row(plane, j_begin, i2, i3));
+      // b used as is (f32 with dense rows): its rows are nb[1] apart.
+      const size_t y_stride = b_tile != nullptr ? p.tile_row_bytes : b_conv != nullptr ? p.b_row_bytes : b.nb[1];
       (b_tile != nullptr ? dot_tile_prepared : dot_tile)(
           k, i_end - i_begin, j_end - j_begin, reinterpret_cast<float*>(addr(dst, i_begin, j_begin, i2, i3)),
-          dst.nb[1] / sizeof(float), a_plane + i_begin * static_cast<int64_t>(a.nb[1]), a.nb[1], y,
-          b_tile != nullptr ? p.tile_row_bytes : p.b_row_bytes);
+          dst.nb[1] / sizeof(float), a_plane + i_begin * static_cast<int64_t>(a.nb[1]), a.nb[1], y, y_stride);
       return;
     }
     if (dot_rows != nullptr) {

@@ -29,35 +29,69 @@ inline float scalar_bf16(uint16_t h) {
 }
 inline float scalar_f32(float f) { return f; }
 
-template <class T, __m256 (*load)(const T*), float (*scalar)(T)>
-float dot_floats(int64_t n, const void* vx, const void* vy) {
-  const T* x = static_cast<const T*>(vx);
-  const T* y = static_cast<const T*>(vy);
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    for (int j = 0; j < 4; ++j) acc[j] = _mm256_fmadd_ps(load(x + i + 8 * j), load(y + i + 8 * j), acc[j]);
+// x (one row) against NC rows of y: 32 values per iteration in four accumulators per row of y, x loaded (and
+// converted) once for up to 2 of them (16 ymm registers); a scalar tail.
+// L: the element type T, load (8 values as floats) and scalar (one value as a float).
+template <class L>
+struct float_tile {
+  using T = typename L::T;
+
+  template <int NC>
+  static void run(int64_t n, const void* vx, const void* const* vy, float* out) {
+    if constexpr (NC > 2) {
+      run<2>(n, vx, vy, out);
+      run<NC - 2>(n, vx, vy + 2, out + 2);
+    } else {
+      const T* x = static_cast<const T*>(vx);
+      const T* y[NC];
+      __m256 acc[NC][4];
+      for (int c = 0; c < NC; ++c) {
+        y[c] = static_cast<const T*>(vy[c]);
+        for (int j = 0; j < 4; ++j) acc[c][j] = _mm256_setzero_ps();
+      }
+      int64_t i = 0;
+      for (; i + 32 <= n; i += 32) {
+        for (int j = 0; j < 4; ++j) {
+          const __m256 xv = L::load(x + i + 8 * j);
+          for (int c = 0; c < NC; ++c) acc[c][j] = _mm256_fmadd_ps(xv, L::load(y[c] + i + 8 * j), acc[c][j]);
+        }
+      }
+      for (; i + 8 <= n; i += 8) {
+        const __m256 xv = L::load(x + i);
+        for (int c = 0; c < NC; ++c) acc[c][0] = _mm256_fmadd_ps(xv, L::load(y[c] + i), acc[c][0]);
+      }
+      for (int c = 0; c < NC; ++c) {
+        float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc[c][0], acc[c][1]), _mm256_add_ps(acc[c][2], acc[c][3])));
+        for (int64_t t = i; t < n; ++t) sum += L::scalar(x[t]) * L::scalar(y[c][t]);
+        out[c] = sum;
+      }
+    }
   }
-  for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load(x + i), load(y + i), acc[0]);
-  float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-  for (; i < n; ++i) sum += scalar(x[i]) * scalar(y[i]);
-  return sum;
-}
+};
+
+struct f32_loads {
+  using T = float;
+  static __m256 load(const float* p) { return load_f32(p); }
+  static float scalar(float v) { return scalar_f32(v); }
+};
+struct f16_loads {
+  using T = uint16_t;
+  static __m256 load(const uint16_t* p) { return load_f16(p); }
+  static float scalar(uint16_t v) { return scalar_f16(v); }
+};
+struct bf16_loads {
+  using T = uint16_t;
+  static __m256 load(const uint16_t* p) { return load_bf16(p); }
+  static float scalar(uint16_t v) { return scalar_bf16(v); }
+};
+using f32_tile = float_tile<f32_loads>;
+using f16_tile = float_tile<f16_loads>;
+using bf16_tile = float_tile<bf16_loads>;
 
 }  // namespace
 
-void vec_dot_f32(int64_t n, float* s, const void* x, const void* y) {
-  *s = dot_floats<float, load_f32, scalar_f32>(n, x, y);
-}
-void vec_dot_f16(int64_t n, float* s, const void* x, const void* y) {
-  *s = dot_floats<uint16_t, load_f16, scalar_f16>(n, x, y);
-}
-void vec_dot_bf16(int64_t n, float* s, const void* x, const void* y) {
-  *s = dot_floats<uint16_t, load_bf16, scalar_bf16>(n, x, y);
-}
-
-TROUPE_SIMD_ROWS(vec_dot_f32)
-TROUPE_SIMD_ROWS(vec_dot_f16)
-TROUPE_SIMD_ROWS(vec_dot_bf16)
+TROUPE_SIMD_TILE(vec_dot_f32, f32_tile)
+TROUPE_SIMD_TILE(vec_dot_f16, f16_tile)
+TROUPE_SIMD_TILE(vec_dot_bf16, bf16_tile)
 
 }  // namespace troupe::cpu::simd::avx2

@@ -1,7 +1,8 @@
 // AVX-512 (F/BW/VL/DQ + VNNI) dot products. Compiled with -mavx2 -mfma -mf16c -mavx512f -mavx512bw
 // -mavx512vl -mavx512dq -mavx512vnni.
 //
-//   - f32 / f16: 64 values per iteration in four zmm accumulators, the tail with masked loads.
+//   - f32 / f16: 64 values per iteration in four zmm accumulators, the tail with masked loads; tiles of up
+//     to 4 activation rows load (and convert) the weights once.
 //   - 32-value block types: the code of dot_blocks_x86.inc, whose byte products go through vpdpbusd (one
 //     instruction instead of maddubs + madd) on ymm registers; q4_0, q4_1 and q8_0, the most common of
 //     them, two blocks per zmm register (below).
@@ -405,33 +406,61 @@ inline __m512 load_f32_tail(const float* p, __mmask16 m) { return _mm512_maskz_l
 inline __m512 load_f16(const uint16_t* p) { return _mm512_cvtph_ps(load256(p)); }
 inline __m512 load_f16_tail(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 
-template <class T, __m512 (*load)(const T*), __m512 (*load_tail)(const T*, __mmask16)>
-float dot_floats(int64_t n, const void* vx, const void* vy) {
-  const T* x = static_cast<const T*>(vx);
-  const T* y = static_cast<const T*>(vy);
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  int64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    for (int j = 0; j < 4; ++j) acc[j] = _mm512_fmadd_ps(load(x + i + 16 * j), load(y + i + 16 * j), acc[j]);
+// x (one row) against NC rows of y: 64 values per iteration in four accumulators per row of y, x loaded
+// (and converted) once for all of them.
+// L: the element type T, load (16 values as floats) and load_tail (the first values of a mask).
+template <class L>
+struct float_tile {
+  using T = typename L::T;
+
+  template <int NC>
+  static void run(int64_t n, const void* vx, const void* const* vy, float* out) {
+    const T* x = static_cast<const T*>(vx);
+    const T* y[NC];
+    __m512 acc[NC][4];
+    for (int c = 0; c < NC; ++c) {
+      y[c] = static_cast<const T*>(vy[c]);
+      for (int j = 0; j < 4; ++j) acc[c][j] = _mm512_setzero_ps();
+    }
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+      for (int j = 0; j < 4; ++j) {
+        const __m512 xv = L::load(x + i + 16 * j);
+        for (int c = 0; c < NC; ++c) acc[c][j] = _mm512_fmadd_ps(xv, L::load(y[c] + i + 16 * j), acc[c][j]);
+      }
+    }
+    for (; i + 16 <= n; i += 16) {
+      const __m512 xv = L::load(x + i);
+      for (int c = 0; c < NC; ++c) acc[c][0] = _mm512_fmadd_ps(xv, L::load(y[c] + i), acc[c][0]);
+    }
+    if (i < n) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+      const __m512 xv = L::load_tail(x + i, m);
+      for (int c = 0; c < NC; ++c) acc[c][1] = _mm512_fmadd_ps(xv, L::load_tail(y[c] + i, m), acc[c][1]);
+    }
+    for (int c = 0; c < NC; ++c) {
+      out[c] = _mm512_reduce_add_ps(
+          _mm512_add_ps(_mm512_add_ps(acc[c][0], acc[c][1]), _mm512_add_ps(acc[c][2], acc[c][3])));
+    }
   }
-  for (; i + 16 <= n; i += 16) acc[0] = _mm512_fmadd_ps(load(x + i), load(y + i), acc[0]);
-  if (i < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    acc[1] = _mm512_fmadd_ps(load_tail(x + i, m), load_tail(y + i, m), acc[1]);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
-}
+};
+
+struct f32_loads {
+  using T = float;
+  static __m512 load(const float* p) { return load_f32(p); }
+  static __m512 load_tail(const float* p, __mmask16 m) { return load_f32_tail(p, m); }
+};
+struct f16_loads {
+  using T = uint16_t;
+  static __m512 load(const uint16_t* p) { return load_f16(p); }
+  static __m512 load_tail(const uint16_t* p, __mmask16 m) { return load_f16_tail(p, m); }
+};
+using f32_tile = float_tile<f32_loads>;
+using f16_tile = float_tile<f16_loads>;
 
 }  // namespace
 
-void vec_dot_f32(int64_t n, float* s, const void* x, const void* y) {
-  *s = dot_floats<float, load_f32, load_f32_tail>(n, x, y);
-}
-void vec_dot_f16(int64_t n, float* s, const void* x, const void* y) {
-  *s = dot_floats<uint16_t, load_f16, load_f16_tail>(n, x, y);
-}
-
-TROUPE_SIMD_ROWS(vec_dot_f32)
-TROUPE_SIMD_ROWS(vec_dot_f16)
+TROUPE_SIMD_TILE(vec_dot_f32, f32_tile)
+TROUPE_SIMD_TILE(vec_dot_f16, f16_tile)
 
 }  // namespace troupe::cpu::simd::avx512
