@@ -36,8 +36,9 @@ using tile_prepare_fn = void (*)(int64_t n, const void* y, void* out);
 using tile_size_fn = size_t (*)(int64_t n);
 
 // The most bytes of prepared activation rows a tile (up to 4 rows) should read for vec_dot_tile_prepared to
-// beat vec_dot_tile: a third of a 48 KiB L1 (the weights and the rest share it; at 24 KiB q8_0 weights
-// streamed from memory already lost). Measured with tools/bench/bench_cpu_ops (matvec_batch).
+// beat vec_dot_tile, and of activation rows for a float type's tile to beat one row at a time: a third of a
+// 48 KiB L1 (the weights and the rest share it; at 24 KiB q8_0 weights streamed from memory already lost).
+// Measured with tools/bench/bench_cpu_ops (matvec_batch).
 constexpr size_t tile_prepared_budget = 16 << 10;
 
 // y[i] = exp(y[i] - max) for n values; returns their sum.
