@@ -16,10 +16,11 @@
 // the others up) and use the table's SIMD vec_dot. Matrix-vector products (token generation, also of a few
 // sequences at once) are chunks of rows of a against all rows of b; matrix-matrix products are tiles of
 // tile_m rows of a against tile_n rows of b, so a's rows stay in L1 and the b tile in L2 while they are
-// reused. Where the table has a tile kernel for a's type (the common quantized types), a chunk runs as
-// register tiles of a few rows of a x up to 4 rows of b: each block of a is decoded once for several rows
-// of b, each block of b prepared once for several rows of a. Its elements are bit-identical to vec_dot's,
-// so a sequence's logits do not depend on which other sequences were decoded in the same batch.
+// reused. Where the table has a tile kernel for a's type, a chunk runs as register tiles of one row of a x
+// up to 4 rows of b, each block of a loaded and decoded once for them; for the 32-value block types the
+// activation side of b's blocks (scales, sums) is prepared once per matmul where it stays in L1
+// (tile_prepared_budget). Tile elements are bit-identical to vec_dot's, so a sequence's logits do not depend
+// on which other sequences were decoded in the same batch.
 //
 // BLAS path (TROUPE_HAVE_BLAS, not reference, n >= blas_min_batch(a.type)): each thread takes a range of
 // a's rows, dequantizes it into the work buffer (unless a is f32 that sgemm can read in place) and calls a
@@ -245,10 +246,9 @@ struct mm_ctx {
     const int64_t i3 = plane / ne2b;
     const char* a_plane = addr(a, 0, 0, i2 / r2, i3 / r3);
     if (dot_tile != nullptr) {
-      // Register tiles of a few rows of a x up to 4 rows of b (one sequence's token, a few sequences decoding
-      // at once, or a tile of a prompt): each block of a is decoded once for the rows of b, each block of b
-      // once for the rows of a. Rows of b (converted, or prepared) are b_row_bytes (tile_row_bytes) apart,
-      // dst's columns nb[1].
+      // Register tiles of one row of a x up to 4 rows of b (one sequence's token, a few sequences decoding
+      // at once, or a tile of a prompt): each block of a is decoded once for the rows of b. Rows of b
+      // (converted, or prepared) are b_row_bytes (tile_row_bytes) apart, dst's columns nb[1].
       const uint8_t* y = b_tile != nullptr ? b_tile + static_cast<size_t>(plane * n + j_begin) * p.tile_row_bytes
                                            : static_cast<const uint8_t*>(b_row(plane, j_begin, i2, i3));
       // b used as is (f32 with dense rows): its rows are nb[1] apart.
