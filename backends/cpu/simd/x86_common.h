@@ -99,9 +99,10 @@ inline __m256i k4_shuffle(int i) { return _mm256_set_m128i(shuffle_i16(i), shuff
 // consecutive 16-value sub-blocks against the 32 values (16 int16 pair sums) of one 256-bit register.
 inline __m256i k16_shuffle(int i) { return _mm256_set_m128i(shuffle_i16(2 * i + 1), shuffle_i16(2 * i)); }
 
-// s[r] = dot(row r of x, y) for r < nrows, rows x_stride bytes apart. flatten inlines the dot function
-// (defined in the same translation unit) into the loop, so the per-row call and the setup of its constants
-// go away: that matters for short rows (k = 576: 18 blocks per row).
+// s[r] = dot(row r of x, y) for r < nrows, rows x_stride bytes apart. flatten is meant to inline the dot
+// function into the loop, so that the per-row call and the setup of its constants go away (that matters for
+// short rows, k = 576: 18 blocks per row); GCC 12 keeps the call through the function-pointer argument,
+// though. dot_rows_k below, for the types with tile kernels, does inline its kernel.
 template <void (*dot)(int64_t, float*, const void*, const void*)>
 __attribute__((flatten)) void dot_rows(int64_t n, int64_t nrows, float* s, const void* x, size_t x_stride,
                                        const void* y) {
