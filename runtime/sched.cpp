@@ -242,13 +242,31 @@ void scheduler::plan(graph& g, bool place) {
 }
 
 void scheduler::reserve(graph& g) {
-  plan(g, false);
+  try {
+    plan(g, false);
+  } catch (...) {
+    forget_graph();
+    throw;
+  }
   // A reserve only measures: the graph's sources go back to what the caller built.
   restore_sources();
   current_ = nullptr;
 }
 
-void scheduler::alloc_graph(graph& g) { plan(g, true); }
+void scheduler::alloc_graph(graph& g) {
+  try {
+    plan(g, true);
+  } catch (...) {
+    forget_graph();  // a failed plan (no memory...) must not leave g's nodes reading copies
+    throw;
+  }
+}
+
+void scheduler::forget_graph() {
+  restore_sources();
+  splits_.clear();
+  current_ = nullptr;
+}
 
 void scheduler::run_split(const split& sp) {
   backend_i& be = backend(sp.backend);
@@ -264,8 +282,16 @@ void scheduler::run_split(const split& sp) {
 
 void scheduler::graph_compute(graph& g) {
   if (current_ != &g) alloc_graph(g);
-  for (const split& sp : splits_) run_split(sp);
-  for (int b = 0; b < n_backends(); ++b) backend(b).synchronize();
+  try {
+    for (const split& sp : splits_) run_split(sp);
+    for (int b = 0; b < n_backends(); ++b) backend(b).synchronize();
+  } catch (...) {
+    // A backend failed (a remote peer dropped...): the caller will usually destroy g while unwinding, so
+    // nothing here may keep pointing into it. Its nodes get their own sources back now, not in a later
+    // reset() or the destructor, which would write into freed tensors.
+    forget_graph();
+    throw;
+  }
 }
 
 void scheduler::compute_split(int i) {

@@ -65,7 +65,9 @@ class scheduler {
   // Assigns, splits and places g (inputs included). Grows compute memory when g needs more than reserved.
   void alloc_graph(graph& g);
   // Runs the splits of the last alloc_graph in order, copying split inputs in first. g must be the graph
-  // given to alloc_graph.
+  // given to alloc_graph. When a backend throws, g's sources are restored and its splits forgotten before
+  // the exception leaves (the caller may destroy g while unwinding); computing g again allocates it again.
+  // alloc_graph and reserve do the same when they throw.
   void graph_compute(graph& g);
   // Runs split i of the last alloc_graph alone: copies its inputs in (synchronizing the backends they come
   // from), then computes its nodes on its backend and synchronizes it. For callers that dispatch splits
@@ -84,6 +86,8 @@ class scheduler {
 
  private:
   void restore_sources();
+  // Drops the last graph's state (its nodes' sources restored, splits forgotten) after a failure.
+  void forget_graph();
   void run_split(const split& sp);
   void assign(const graph& g);
   // Memory that exists outside this scheduler's compute buffers (weights, caches, caller-placed inputs).

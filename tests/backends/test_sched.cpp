@@ -43,9 +43,11 @@ class small_backend final : public backend_i {
   device_i& device() const override { return dev_; }
   void graph_compute(graph& g) override {
     ++computes;
+    if (fail) throw backend_error("Small: failing on purpose");
     inner_->graph_compute(g);
   }
   int computes = 0;
+  bool fail = false;  // throw from graph_compute (a device that went away)
 
  private:
   small_device& dev_;
@@ -202,4 +204,83 @@ TEST_CASE("pins move nodes, and a pin to a backend that cannot compute the node 
   sched.reset();
   sched.set_tensor_backend(c, 0);
   CHECK_THROWS_WITH(sched.alloc_graph(g), Catch::Contains("pinned to Small, which cannot compute it"));
+}
+
+TEST_CASE("a backend that throws mid-graph: sources restored at once, the graph can go, computing again works", "[sched]") {
+  small_device dev;
+  backend_ptr small = dev.init_backend();
+  auto* sb = static_cast<small_backend*>(small.get());
+  auto cpu_be = cpu::make_cpu_backend({.n_threads = 1});
+  context weights(context_params{.max_tensors = 8, .no_alloc = true});
+  model m;
+  m.w1 = weights.new_tensor_2d(type::f32, 64, 48);
+  m.w2 = weights.new_tensor_2d(type::f32, 48, 32);
+  m.w1->flags |= flag_weight;
+  m.w2->flags |= flag_weight;
+  m.buf1 = dev.weights_buffer_type().alloc_buffer(nbytes(*m.w1));
+  tensor_alloc(*m.buf1, *m.w1, m.buf1->base());
+  m.buf1->set_usage(buffer_usage::weights);
+  m.buf2 = cpu::cpu_device().buffer_type().alloc_buffer(nbytes(*m.w2));
+  tensor_alloc(*m.buf2, *m.w2, m.buf2->base());
+  m.buf2->set_usage(buffer_usage::weights);
+  fill(m.w1, 1);
+  fill(m.w2, 2);
+  scheduler sched({{small.get(), nullptr}, {cpu_be.get(), nullptr}});
+
+  std::vector<float> first(32 * 3), again(32 * 3);
+  {
+    auto ctx = std::make_unique<context>(context_params{.max_tensors = 32, .no_alloc = true});
+    tensor* x;
+    tensor* y = build(*ctx, m, &x);
+    graph g;
+    g.build_forward_expand(y);
+    tensor* h = ctx->find("h");
+    sched.reserve(g);
+    sched.alloc_graph(g);
+    CHECK(h->src[1] != x);  // reads x's copy on the small device
+    fill(x, 3);
+    sb->fail = true;
+    CHECK_THROWS_WITH(sched.graph_compute(g), Catch::Contains("failing on purpose"));
+    CHECK(h->src[1] == x);  // the caller's graph again, before anything is destroyed
+    sb->fail = false;
+    sched.graph_compute(g);  // allocated anew
+    tensor_get(*y, first.data(), 0, first.size() * 4);
+    sched.reset();
+  }
+  {
+    // As llm_context does: a fresh graph per run, whose context goes while the exception unwinds; reset()
+    // comes later.
+    auto ctx = std::make_unique<context>(context_params{.max_tensors = 32, .no_alloc = true});
+    tensor* x;
+    tensor* y = build(*ctx, m, &x);
+    graph g;
+    g.build_forward_expand(y);
+    sched.reserve(g);
+    sched.alloc_graph(g);
+    fill(x, 3);
+    sb->fail = true;
+    bool threw = false;
+    try {
+      sched.graph_compute(g);
+    } catch (const backend_error&) {
+      threw = true;
+      ctx.reset();
+    }
+    CHECK(threw);
+    sb->fail = false;
+  }
+  sched.reset();  // must not touch the destroyed graph (ASan)
+
+  context ctx2({.max_tensors = 32, .no_alloc = true});
+  tensor* x2;
+  tensor* y2 = build(ctx2, m, &x2);
+  graph g2;
+  g2.build_forward_expand(y2);
+  sched.reserve(g2);
+  sched.alloc_graph(g2);
+  fill(x2, 3);
+  sched.graph_compute(g2);
+  tensor_get(*y2, again.data(), 0, again.size() * 4);
+  CHECK(again == first);
+  sched.reset();  // g2 goes before the scheduler
 }
