@@ -34,6 +34,7 @@ struct device_state {
   memory_accountant_actor accountant;
   std::map<uint64_t, owned_buffer> buffers;
   uint64_t next_id = 1;
+  uint64_t n_splits = 0;  // splits computed (device_status)
   static inline const char* name = "troupe.device";
 
   ~device_state() {
@@ -50,7 +51,8 @@ struct device_state {
 
   device_status status() const {
     const device_memory m = dev->memory();
-    return {std::string(dev->name()), dev->description(), m.total, m.free, dev->buffer_type().is_host(), buffers.size()};
+    return {std::string(dev->name()), dev->description(), m.total, m.free, dev->buffer_type().is_host(), buffers.size(),
+            n_splits};
   }
 
   owned_buffer* find(uint64_t id) {
@@ -185,8 +187,23 @@ device_actor::behavior_type device(device_ptr self, runtime_env_ptr env, device_
       },
       [self](compute_atom, const split_ref& r) -> caf::result<split_result> {
         auto& st = self->state;
+        if (const std::shared_ptr<split_task> task = st.env->objects.get<split_task>(r.job)) {
+          // A split of a model context's decode (the model's scheduler actor waits for it).
+          if (task->device != st.dev->name()) {
+            return make_error(errc::bad_request, "split " + std::to_string(r.split) + " runs on " + task->device);
+          }
+          const auto t0 = clock_type::now();
+          ++st.n_splits;
+          try {
+            (*task->work)();
+          } catch (const std::exception& e) {
+            task->failure = std::current_exception();
+            return error_from(e);
+          }
+          return split_result{r.microbatch, r.split, std::chrono::duration<double>(clock_type::now() - t0).count()};
+        }
         const std::shared_ptr<pipeline_job> job = st.env->objects.get<pipeline_job>(r.job);
-        if (!job) return not_found(st, "no pipeline job " + std::to_string(r.job) + " in this process");
+        if (!job) return not_found(st, "no pipeline job or split " + std::to_string(r.job) + " in this process");
         if (r.microbatch >= job->microbatches.size()) return make_error(errc::bad_request, "no such micro-batch");
         scheduler& sched = *job->microbatches[r.microbatch].sched;
         if (static_cast<int>(r.split) >= sched.n_splits()) return make_error(errc::bad_request, "no such split");
@@ -196,6 +213,7 @@ device_actor::behavior_type device(device_ptr self, runtime_env_ptr env, device_
                                                    std::string(sched.backend(sp.backend).device().name()));
         }
         const auto t0 = clock_type::now();
+        ++st.n_splits;
         try {
           sched.compute_split(static_cast<int>(r.split));
         } catch (const std::exception& e) {

@@ -161,14 +161,19 @@ overhead_figures measure_overhead(const measure_params& p) {
   gp.sampling.temperature = 0.0f;
   const auto prompt = v.tokenize(p.prompt, true);
 
-  engine eng({.n_threads = 1});
-  eng.load_model("m", p.model, {.n_ctx = 2048, .n_seq_max = 1, .n_threads = p.n_threads});
-  session s = eng.open_session("m");
-  gen.generate(prompt, gp);  // warm-up both
+  // Two runtimes: decode splits dispatched to the device actor (the default), and run in the scheduler.
+  engine dispatched({.n_threads = 1, .dispatch_splits = true});
+  engine local({.n_threads = 1, .dispatch_splits = false});
+  dispatched.load_model("m", p.model, {.n_ctx = 2048, .n_seq_max = 1, .n_threads = p.n_threads});
+  local.load_model("m", p.model, {.n_ctx = 2048, .n_seq_max = 1, .n_threads = p.n_threads});
+  session s = dispatched.open_session("m");
+  session l = local.open_session("m");
+  gen.generate(prompt, gp);  // warm-up all three
   s.generate(p.prompt, greedy(p.max_tokens));
+  l.generate(p.prompt, greedy(p.max_tokens));
 
   overhead_figures f;
-  f.sync_s = f.actors_s = std::numeric_limits<double>::max();
+  f.sync_s = f.actors_s = f.local_s = std::numeric_limits<double>::max();
   for (int r = 0; r < p.repeats; ++r) {
     gen.reset();
     auto t0 = clock_type::now();
@@ -178,12 +183,21 @@ overhead_figures measure_overhead(const measure_params& p) {
     t0 = clock_type::now();
     const generate_reply b = s.generate(p.prompt, greedy(p.max_tokens));
     f.actors_s = std::min(f.actors_s, since(t0));
-    if (a.tokens != b.tokens) throw error("measure_overhead: the actors generated other tokens than the generator");
+    l.reset();
+    t0 = clock_type::now();
+    const generate_reply c = l.generate(p.prompt, greedy(p.max_tokens));
+    f.local_s = std::min(f.local_s, since(t0));
+    if (a.tokens != b.tokens || a.tokens != c.tokens) {
+      throw error("measure_overhead: the actors generated other tokens than the generator");
+    }
     f.tokens = static_cast<int>(a.tokens.size());
   }
   f.ratio = f.actors_s / f.sync_s;
+  f.local_ratio = f.local_s / f.sync_s;
   s.close();
-  eng.shutdown();
+  l.close();
+  dispatched.shutdown();
+  local.shutdown();
   return f;
 }
 

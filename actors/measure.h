@@ -46,8 +46,10 @@ struct batching_figures {
 
 struct overhead_figures {
   double sync_s = 0;    // the synchronous generator
-  double actors_s = 0;  // a session through the actors
+  double actors_s = 0;  // a session through the actors (decode splits on the device actor's thread)
   double ratio = 0;     // actors_s / sync_s
+  double local_s = 0;   // the same with dispatch_splits off (splits on the scheduler actor's thread)
+  double local_ratio = 0;
   int tokens = 0;
 };
 

@@ -39,6 +39,7 @@ struct device_status {
   uint64_t free = 0;
   bool host = false;       // the device's default buffer type is host memory (no device row of its own)
   uint64_t n_buffers = 0;  // buffers the device actor owns (alloc_atom)
+  uint64_t n_splits = 0;   // graph splits it computed (pipeline jobs and model decodes)
   friend bool operator==(const device_status&, const device_status&) = default;
 };
 
@@ -379,7 +380,8 @@ typename Inspector::result_type inspect(Inspector& f, memory_event& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_status& x) {
-  return f(caf::meta::type_name("device_status"), x.name, x.description, x.total, x.free, x.host, x.n_buffers);
+  return f(caf::meta::type_name("device_status"), x.name, x.description, x.total, x.free, x.host, x.n_buffers,
+           x.n_splits);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, buft_usage& x) {

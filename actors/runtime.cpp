@@ -53,7 +53,8 @@ void engine::start() {
   env_ = std::make_shared<actors::runtime_env>();
   supervisor_ = actors::spawn_supervisor(*sys_, env_,
                                          {.devices = devices, .n_threads = cfg_.n_threads, .max_restarts = cfg_.max_restarts,
-                                          .flush_delay = std::chrono::microseconds(cfg_.flush_delay_us)});
+                                          .flush_delay = std::chrono::microseconds(cfg_.flush_delay_us),
+                                          .dispatch_splits = cfg_.dispatch_splits});
 }
 
 engine::~engine() {

@@ -10,6 +10,8 @@
 //   caf_policy = "sharing"         # CAF scheduler: "sharing" (idle workers sleep) or "stealing" (they poll)
 //   max_restarts = 3               # restarts of a failed device actor before it is marked down
 //   flush_delay_us = 2000          # longest wait of a scheduler for other sessions' steps
+//   dispatch_splits = true         # decode graph splits run on their device actors' threads (false: on the
+//                                  # model's scheduler actor's thread)
 //
 //   [[model]]
 //   name = "stories"
@@ -82,6 +84,7 @@ struct runtime_config {
   std::string caf_policy = "sharing";
   uint32_t max_restarts = 3;
   uint32_t flush_delay_us = 2000;
+  bool dispatch_splits = true;
   std::vector<model_config> models;
   std::vector<peer_config> peers;  // [[peer]] tables (actors/peer_actor.h runs one actor per peer)
 };

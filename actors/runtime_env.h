@@ -5,6 +5,8 @@
 #pragma once
 
 #include <atomic>
+#include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,6 +54,17 @@ struct pipeline_microbatch {
 // the caller owns the schedulers and graphs and keeps them alive until the reply.
 struct pipeline_job {
   std::vector<pipeline_microbatch> microbatches;
+};
+
+// One split of a model context's decode graph, handed by the model's scheduler actor to the device actor
+// that owns the split's device (split_ref{id, 0, index}): the device actor runs `work` (copy the split's
+// inputs in, compute, synchronize) on its own thread and keeps an exception for the scheduler to rethrow
+// with its type (a full cache stays a capacity error). The scheduler waits for the answer, so `work` is
+// valid while the task is registered.
+struct split_task {
+  const std::function<void()>* work = nullptr;
+  std::string device;
+  std::exception_ptr failure;
 };
 
 class runtime_env {

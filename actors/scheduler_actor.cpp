@@ -109,6 +109,32 @@ type kv_type(const std::string& name) {
   return type::f16;
 }
 
+// Runs one split of the context's decode graph on the thread of the device actor that owns its device, and
+// waits for it (the scheduler actor is detached: blocking here holds no shared worker). A device without an
+// actor (none in this runtime) computes here. A failure comes back with the exception's own type.
+void run_split_on_device(scheduler_ptr self, int index, const scheduler::split& sp, const std::function<void()>& work) {
+  auto& st = self->state;
+  const std::string device(st.ctx->sched().backend(sp.backend).device().name());
+  const auto dev = st.devices.find(device);
+  if (dev == st.devices.end()) {
+    work();
+    return;
+  }
+  auto task = std::make_shared<split_task>();
+  task->work = &work;
+  task->device = device;
+  const uint64_t id = st.env->objects.put(task);
+  caf::error err;
+  {
+    caf::scoped_actor blocking{self->system()};
+    blocking->request(dev->second, caf::infinite, compute_atom_v, split_ref{id, 0, static_cast<uint32_t>(index)})
+        .receive([](const split_result&) {}, [&](caf::error& e) { err = std::move(e); });
+  }
+  st.env->objects.erase(id);
+  if (task->failure) std::rethrow_exception(task->failure);
+  if (err) throw backend_error("device actor " + device + ": " + describe(err));
+}
+
 void create_context(scheduler_ptr self) {
   auto& st = self->state;
   const load_request& r = st.model->request;
@@ -116,6 +142,11 @@ void create_context(scheduler_ptr self) {
       *st.model->model, llm::context_params{.n_ctx = r.n_ctx, .n_batch = r.n_batch, .n_ubatch = r.n_ubatch,
                                             .n_seq_max = r.n_seq_max, .type_k = kv_type(r.kv_type),
                                             .type_v = kv_type(r.kv_type), .n_threads = r.n_threads});
+  if (st.params.dispatch_splits) {
+    st.ctx->sched().set_split_runner([self](int index, const scheduler::split& sp, const std::function<void()>& work) {
+      run_split_on_device(self, index, sp, work);
+    });
+  }
   st.dec = std::make_unique<llm::batch_decoder>(*st.ctx);
   st.seqs.assign(st.ctx->params().n_seq_max, caf::actor_addr{});
   for (const auto& [bt, bytes] : st.ctx->kv().bytes_by_buft()) {

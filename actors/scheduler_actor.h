@@ -54,6 +54,9 @@ struct scheduler_params {
   std::string model;  // name of a loaded model in env; empty: a scheduler for pipeline jobs only
   std::map<std::string, allocator_actor> allocators;  // by buffer type name: where compute memory is reported
   std::chrono::microseconds flush_delay{2000};        // longest wait for the other sessions' steps
+  // Each split of a decode graph runs on the thread of the device actor that owns its device (the
+  // scheduler waits for it); false: every split runs on the scheduler's own thread.
+  bool dispatch_splits = true;
 };
 
 scheduler_actor spawn_scheduler_actor(caf::actor_system& sys, runtime_env_ptr env, memory_accountant_actor accountant,

@@ -84,7 +84,10 @@ void start_loader(supervisor_ptr self) {
 scheduler_actor start_scheduler(supervisor_ptr self, const std::string& model) {
   auto& st = self->state;
   scheduler_actor s = spawn_scheduler_actor(self->system(), st.env, st.accountant,
-                                            {.model = model, .allocators = st.allocators, .flush_delay = st.params.flush_delay});
+                                            {.model = model,
+                                             .allocators = st.allocators,
+                                             .flush_delay = st.params.flush_delay,
+                                             .dispatch_splits = st.params.dispatch_splits});
   self->monitor(s);
   for (auto& [name, e] : st.devices) self->send(s, device_atom_v, name, caf::actor_cast<caf::actor>(e.actor));
   return s;

@@ -51,6 +51,7 @@ struct supervisor_params {
   int n_threads = 0;                           // device backends' CPU threads; 0: all
   uint32_t max_restarts = 3;                   // per device actor
   std::chrono::microseconds flush_delay{2000}; // schedulers' longest wait for other sessions' steps
+  bool dispatch_splits = true;                 // schedulers run decode splits on the device actors' threads
   // Remote-peer actors whose devices models may use (their devices, once registered, can be in `devices`).
   // The supervisor watches them: a model with weights on a peer that goes down is marked down (naming the
   // peer), runtime_status lists every peer; it stops them at shutdown.

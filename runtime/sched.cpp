@@ -283,7 +283,17 @@ void scheduler::run_split(const split& sp) {
 void scheduler::graph_compute(graph& g) {
   if (current_ != &g) alloc_graph(g);
   try {
-    for (const split& sp : splits_) run_split(sp);
+    if (runner_) {
+      for (size_t i = 0; i < splits_.size(); ++i) {
+        const split& sp = splits_[i];
+        runner_(static_cast<int>(i), sp, [this, &sp] {
+          run_split(sp);
+          backend(sp.backend).synchronize();
+        });
+      }
+    } else {
+      for (const split& sp : splits_) run_split(sp);
+    }
     for (int b = 0; b < n_backends(); ++b) backend(b).synchronize();
   } catch (...) {
     // A backend failed (a remote peer dropped...): the caller will usually destroy g while unwinding, so

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -77,6 +78,14 @@ class scheduler {
   // Forgets pins and restores the sources of the last graph.
   void reset();
 
+  // Who runs each split in graph_compute. The runner gets the split's index, the split and the work (copy
+  // the split's inputs in, compute its nodes, synchronize its backend) and must have run the work, or
+  // thrown, when it returns; it may run the work on another thread (the actor layer hands it to the
+  // thread of the device actor that owns the split's device). Splits still run one after another, in
+  // order. Empty (the default): graph_compute runs them on the calling thread.
+  using split_runner = std::function<void(int index, const split& sp, const std::function<void()>& work)>;
+  void set_split_runner(split_runner runner) { runner_ = std::move(runner); }
+
   const std::vector<split>& splits() const { return splits_; }
   int n_splits() const { return static_cast<int>(splits_.size()); }
   int n_copies() const;
@@ -106,6 +115,7 @@ class scheduler {
   std::unique_ptr<context> copies_ctx_;                       // copy tensors of the current splits
   std::vector<std::pair<tensor*, std::array<tensor*, max_src>>> original_srcs_;
   const graph* current_ = nullptr;
+  split_runner runner_;
 };
 
 }  // namespace troupe

@@ -2,6 +2,9 @@
 // breakdown at every stage, shutdown to zero; the same tokens as the synchronous generator.
 #include <catch2/catch.hpp>
 
+#include <caf/all.hpp>
+
+#include "actors/device_actor.h"
 #include "actors/runtime.h"
 #include "runtime/llm/generator.h"
 #include "tests/test_models.h"
@@ -68,4 +71,48 @@ TEST_CASE("engine: load, generate with streaming, the generator's tokens, memory
   CHECK(final_b.context == 0);
   CHECK(final_b.compute == 0);
   CHECK(final_b.n_rejected == 0);
+}
+
+TEST_CASE("engine: decode splits run on the device actors that own their devices", "[actors][engine]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  auto m = llm::model::load(*path);
+  llm::vocab v(m->meta());
+  llm::llm_context c(*m, {.n_ctx = 256, .n_threads = 1});
+  llm::generator gen(c, v);
+  llm::generate_params gp;
+  gp.max_tokens = 16;
+  gp.sampling.temperature = 0.0f;
+  const llm::generate_result ref = gen.generate(v.tokenize("Once upon a time", true), gp);
+
+  for (const bool dispatch : {true, false}) {
+    INFO("dispatch_splits = " << dispatch);
+    // Layers 2..4 (and the output) on CPU1, the rest on CPU: every decode has splits on both devices.
+    engine eng({.cpu_instances = 1, .n_threads = 1, .dispatch_splits = dispatch});
+    eng.load_model("stories", path->string(), {.devices = {{"CPU1", 3}}, .n_ctx = 256, .n_seq_max = 1, .n_threads = 1});
+    session s = eng.open_session("stories");
+    const generate_reply r = s.generate("Once upon a time", greedy(16));
+    CHECK(r.tokens == ref.tokens);
+
+    caf::scoped_actor self{eng.system()};
+    actor_directory dir;
+    self->request(eng.supervisor(), std::chrono::seconds(30), get_atom_v, directory_atom_v)
+        .receive([&](actor_directory& d) { dir = std::move(d); }, [](caf::error& e) { FAIL(describe(e)); });
+    REQUIRE(dir.device_names.size() == 2);
+    for (size_t i = 0; i < dir.devices.size(); ++i) {
+      device_status st;
+      self->request(caf::actor_cast<device_actor>(dir.devices[i]), std::chrono::seconds(30), memory_atom_v)
+          .receive([&](device_status& d) { st = std::move(d); }, [](caf::error& e) { FAIL(describe(e)); });
+      INFO("device " << dir.device_names[i]);
+      // 16 tokens: the prompt's decode and 15 more, each with a split on both devices.
+      if (dispatch) {
+        CHECK(st.n_splits >= 16);
+      } else {
+        CHECK(st.n_splits == 0);
+      }
+    }
+    s.close();
+    const memory_breakdown final_b = eng.shutdown();
+    CHECK(final_b.model + final_b.context + final_b.compute == 0);
+  }
 }

@@ -66,6 +66,8 @@ void bm_overhead(benchmark::State& state, const std::string& path, int threads) 
   state.counters["sync_ms"] = f.sync_s * 1e3;
   state.counters["actors_ms"] = f.actors_s * 1e3;
   state.counters["ratio"] = f.ratio;
+  state.counters["local_ms"] = f.local_s * 1e3;
+  state.counters["local_ratio"] = f.local_ratio;
 }
 
 void bm_capacity(benchmark::State& state) {
