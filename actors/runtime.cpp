@@ -3,9 +3,11 @@
 #include <caf/all.hpp>
 
 #include <optional>
+#include <thread>
 
 #include "backends/cpu_instance.h"
 #include "backends/registry.h"
+#include "runtime/log.h"
 
 namespace troupe {
 
@@ -51,10 +53,36 @@ void engine::start() {
     if (cfg_.devices.empty()) devices.emplace_back(d.name());
   }
   env_ = std::make_shared<actors::runtime_env>();
+  // Configured remote peers: one actor each. A peer that is up within its connect timeout has registered
+  // its devices, which get device actors like local ones (models place layers on "RPC[host:port]#i"); one
+  // that is not stays down and keeps retrying (runtime_status says why), and the runtime starts anyway.
+  std::vector<actors::peer_actor> peers;
+  for (const actors::peer_config& pc : cfg_.peers) {
+    const actors::peer_params pp = actors::to_peer_params(pc);
+    actors::peer_actor p = actors::spawn_peer_actor(*sys_, pp);
+    peers.push_back(p);
+    actors::peer_status s;
+    const auto until = std::chrono::steady_clock::now() + pp.connect_timeout + std::chrono::seconds(1);
+    do {
+      s = ask<actors::peer_status>(*sys_, p, actors::get_atom_v, actors::status_atom_v);
+      if (s.state == "connecting") std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } while (s.state == "connecting" && std::chrono::steady_clock::now() < until);
+    if (s.state == "up") {
+      for (const std::string& d : s.devices) devices.push_back(d);
+      TROUPE_LOG(info, "peer " << s.name << " (" << s.address << ") is up with " << s.devices.size() << " device(s)");
+    } else {
+      TROUPE_LOG(warn, "peer " << s.name << " (" << s.address << ") is " << s.state
+                               << (s.last_error.empty() ? std::string() : ": " + s.last_error)
+                               << "; its devices are not available to models loaded now");
+    }
+  }
   supervisor_ = actors::spawn_supervisor(*sys_, env_,
-                                         {.devices = devices, .n_threads = cfg_.n_threads, .max_restarts = cfg_.max_restarts,
+                                         {.devices = devices,
+                                          .n_threads = cfg_.n_threads,
+                                          .max_restarts = cfg_.max_restarts,
                                           .flush_delay = std::chrono::microseconds(cfg_.flush_delay_us),
-                                          .dispatch_splits = cfg_.dispatch_splits});
+                                          .dispatch_splits = cfg_.dispatch_splits,
+                                          .peers = peers});
 }
 
 engine::~engine() {

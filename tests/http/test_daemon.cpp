@@ -6,6 +6,8 @@
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <spawn.h>
 #include <nlohmann/json.hpp>
 #include <sys/socket.h>
 
@@ -387,6 +389,69 @@ TEST_CASE("daemon: a bad configuration is refused with the file, line and key", 
   CHECK(jrc == 1);
   CHECK_THAT(j.log(), Contains("startup failed") && Contains(junk.string()));
   std::filesystem::remove(junk);
+}
+
+// `troupe peer --port 0` on 127.0.0.1: its address from the first line it prints; SIGTERMed at the end.
+class peer_server {
+ public:
+  peer_server() {
+    int out[2];
+    REQUIRE(pipe(out) == 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&fa, out[0]);
+    std::vector<std::string> args = {TROUPE_BIN, "peer", "--port", "0", "-t", "1"};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int rc = posix_spawn(&pid_, TROUPE_BIN, &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(out[1]);
+    REQUIRE(rc == 0);
+    std::string line;
+    char ch = 0;
+    pollfd pfd{out[0], POLLIN, 0};
+    while (line.find('\n') == std::string::npos && poll(&pfd, 1, 30000) > 0 && read(out[0], &ch, 1) == 1) line += ch;
+    close(out[0]);
+    std::smatch m;
+    REQUIRE(std::regex_search(line, m, std::regex("listening on (127\\.0\\.0\\.1:[0-9]+)")));
+    address_ = m[1];
+  }
+  ~peer_server() {
+    kill(pid_, SIGTERM);
+    waitpid(pid_, nullptr, 0);
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::string address_;
+};
+
+TEST_CASE("daemon: a configured remote peer holds the model's layers", "[http][daemon][peer]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  peer_server peer;
+  // Every layer (and the output) on the peer's CPU device; the answer is still the reference.
+  test::daemon_process d("[server]\nport = 0\n[[peer]]\nname = \"box\"\naddress = \"" + peer.address() +
+                         "\"\n[[model]]\nname = \"stories\"\npath = \"" + model->string() +
+                         "\"\nchat_template = \"raw\"\nthreads = 1\nn_ctx = 512\nn_seq_max = 2\n"
+                         "devices = [{ device = \"RPC[" + peer.address() + "]#0\", layers = 5 }]\n");
+  CHECK_THAT(d.log(), Contains("peer box (" + peer.address() + ") is up with 1 device(s)"));
+  httplib::Client c("127.0.0.1", d.port());
+  c.set_read_timeout(60, 0);
+  auto r = c.Post("/v1/chat/completions", greedy_chat().dump(), "application/json");
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  CHECK(json::parse(r->body)["choices"][0]["tokens"].get<std::vector<int>>() == reference_tokens);
+  // The weights are the peer's memory, not this host's.
+  auto mem = c.Get("/metrics");
+  REQUIRE(mem);
+  CHECK_THAT(mem->body, Contains("troupe_memory_bytes{buft=\"RPC[" + peer.address() + "]#0\""));
+  d.signal(SIGTERM);
+  CHECK(d.wait_exit(std::chrono::seconds(30)) == 0);
+  CHECK_THAT(d.log(), Contains("stopped: 0 bytes still held"));
 }
 
 TEST_CASE("daemon: load test, 16 clients and 200 requests on stories260K, none fails", "[http][daemon][load]") {
