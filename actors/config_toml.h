@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <set>
 #include <sstream>
@@ -64,6 +66,15 @@ T get(const toml::table& t, const char* key, T fallback, const std::string& wher
     }
     return static_cast<T>(*v);
   }
+}
+
+// The text of a configuration file; throws error naming it when it cannot be read.
+inline std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw error("cannot read config file '" + path.string() + "'");
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
 }
 
 }  // namespace troupe::actors::config_toml

@@ -186,11 +186,7 @@ runtime_config parse_runtime_config(std::string_view text, const std::string& so
 }
 
 runtime_config load_runtime_config(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) throw error("cannot read config file '" + path.string() + "'");
-  std::ostringstream os;
-  os << in.rdbuf();
-  return parse_runtime_config(os.str(), path.string());
+  return parse_runtime_config(config_toml::read_file(path), path.string());
 }
 
 load_request to_load_request(const model_config& m) {

@@ -100,11 +100,7 @@ daemon_config parse_daemon_config(std::string_view text, const std::string& sour
 }
 
 daemon_config load_daemon_config(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) throw error("cannot read config file '" + path.string() + "'");
-  std::ostringstream os;
-  os << in.rdbuf();
-  return parse_daemon_config(os.str(), path.string(), path.parent_path());
+  return parse_daemon_config(actors::config_toml::read_file(path), path.string(), path.parent_path());
 }
 
 void validate_daemon_config(const daemon_config& c) {

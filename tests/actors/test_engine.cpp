@@ -21,6 +21,17 @@ generation_params greedy(int n) {
   return p;
 }
 
+// The synchronous generator's greedy answer to "Once upon a time" (the reference for the actors).
+llm::generate_result reference(const llm::model& m, int n) {
+  llm::vocab v(m.meta());
+  llm::llm_context c(m, {.n_ctx = 256, .n_threads = 2});
+  llm::generator gen(c, v);
+  llm::generate_params gp;
+  gp.max_tokens = n;
+  gp.sampling.temperature = 0.0f;
+  return gen.generate(v.tokenize("Once upon a time", true), gp);
+}
+
 }  // namespace
 
 TEST_CASE("engine: load, generate with streaming, the generator's tokens, memory to zero at shutdown", "[actors][engine]") {
@@ -54,13 +65,7 @@ TEST_CASE("engine: load, generate with streaming, the generator's tokens, memory
     streamed += piece;
     return true;
   });
-  llm::vocab v(m->meta());
-  llm::llm_context c(*m, {.n_ctx = 256, .n_threads = 2});
-  llm::generator gen(c, v);
-  llm::generate_params gp;
-  gp.max_tokens = 24;
-  gp.sampling.temperature = 0.0f;
-  const llm::generate_result ref = gen.generate(v.tokenize("Once upon a time", true), gp);
+  const llm::generate_result ref = reference(*m, 24);
   CHECK(r.tokens == ref.tokens);
   CHECK(r.text == ref.text);
   CHECK(streamed == ref.text);
@@ -76,14 +81,7 @@ TEST_CASE("engine: load, generate with streaming, the generator's tokens, memory
 TEST_CASE("engine: decode splits run on the device actors that own their devices", "[actors][engine]") {
   const auto path = test::model_path("stories260K.gguf");
   if (!path) return;
-  auto m = llm::model::load(*path);
-  llm::vocab v(m->meta());
-  llm::llm_context c(*m, {.n_ctx = 256, .n_threads = 1});
-  llm::generator gen(c, v);
-  llm::generate_params gp;
-  gp.max_tokens = 16;
-  gp.sampling.temperature = 0.0f;
-  const llm::generate_result ref = gen.generate(v.tokenize("Once upon a time", true), gp);
+  const llm::generate_result ref = reference(*llm::model::load(*path), 16);
 
   for (const bool dispatch : {true, false}) {
     INFO("dispatch_splits = " << dispatch);

@@ -21,11 +21,33 @@
 #include <regex>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 extern char** environ;
 
 namespace troupe::test {
+
+// Starts args[0] with args, its file descriptor `fd` (stdout or stderr) going into a pipe; returns the
+// process id and the pipe's read end.
+inline std::pair<pid_t, int> spawn_piped(std::vector<std::string> args, int fd) {
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int p[2];
+  REQUIRE(pipe(p) == 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, p[1], fd);
+  posix_spawn_file_actions_addclose(&fa, p[0]);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(p[1]);
+  REQUIRE(rc == 0);
+  return {pid, p[0]};
+}
 
 class daemon_process {
  public:
@@ -39,20 +61,9 @@ class daemon_process {
     std::ofstream(config_) << config_text;
     std::vector<std::string> args = {TROUPE_BIN, "serve", "--config", config_.string()};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    int err[2];
-    REQUIRE(pipe(err) == 0);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, err[1], STDERR_FILENO);
-    posix_spawn_file_actions_addclose(&fa, err[0]);
-    const int rc = posix_spawn(&pid_, TROUPE_BIN, &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(err[1]);
-    REQUIRE(rc == 0);
-    reader_ = std::thread([this, fd = err[0]] {
+    int err = -1;
+    std::tie(pid_, err) = spawn_piped(std::move(args), STDERR_FILENO);
+    reader_ = std::thread([this, fd = err] {
       char buf[4096];
       std::string partial;
       for (;;) {

@@ -7,7 +7,6 @@
 #include <httplib.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <spawn.h>
 #include <nlohmann/json.hpp>
 #include <sys/socket.h>
 
@@ -395,25 +394,13 @@ TEST_CASE("daemon: a bad configuration is refused with the file, line and key", 
 class peer_server {
  public:
   peer_server() {
-    int out[2];
-    REQUIRE(pipe(out) == 0);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&fa, out[0]);
-    std::vector<std::string> args = {TROUPE_BIN, "peer", "--port", "0", "-t", "1"};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const int rc = posix_spawn(&pid_, TROUPE_BIN, &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(out[1]);
-    REQUIRE(rc == 0);
+    int out = -1;
+    std::tie(pid_, out) = test::spawn_piped({TROUPE_BIN, "peer", "--port", "0", "-t", "1"}, STDOUT_FILENO);
     std::string line;
     char ch = 0;
-    pollfd pfd{out[0], POLLIN, 0};
-    while (line.find('\n') == std::string::npos && poll(&pfd, 1, 30000) > 0 && read(out[0], &ch, 1) == 1) line += ch;
-    close(out[0]);
+    pollfd pfd{out, POLLIN, 0};
+    while (line.find('\n') == std::string::npos && poll(&pfd, 1, 30000) > 0 && read(out, &ch, 1) == 1) line += ch;
+    close(out);
     std::smatch m;
     REQUIRE(std::regex_search(line, m, std::regex("listening on (127\\.0\\.0\\.1:[0-9]+)")));
     address_ = m[1];
