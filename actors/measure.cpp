@@ -21,13 +21,6 @@ using clock_type = std::chrono::steady_clock;
 
 double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
-generation_params greedy(int n) {
-  generation_params g;
-  g.max_tokens = n;
-  g.temperature = 0.0f;
-  return g;
-}
-
 // Arithmetic the compiler cannot drop or vectorize away.
 double spin(uint64_t n) {
   volatile double x = 0;
@@ -101,20 +94,20 @@ batching_figures measure_batching(const measure_params& p) {
         .receive([&](sched_stats& x) { s = std::move(x); }, [](caf::error& e) { throw request_error(e); });
     return s;
   };
-  a.generate(p.prompt, greedy(4));  // warm-up: the context's first graphs
+  a.generate(p.prompt, generation_params::greedy(4));  // warm-up: the context's first graphs
   batching_figures f;
   uint64_t steps = 0, batches = 0;
   for (int r = 0; r < p.repeats; ++r) {
     a.reset();
     b.reset();
     auto t0 = clock_type::now();
-    const generate_reply one = a.generate(p.prompt, greedy(p.max_tokens));
+    const generate_reply one = a.generate(p.prompt, generation_params::greedy(p.max_tokens));
     f.single_tps = std::max(f.single_tps, static_cast<double>(one.tokens.size()) / since(t0));
     a.reset();
     const sched_stats before = stats();
     t0 = clock_type::now();
-    auto other = std::async(std::launch::async, [&] { return b.generate(p.prompt, greedy(p.max_tokens)); });
-    const generate_reply first = a.generate(p.prompt, greedy(p.max_tokens));
+    auto other = std::async(std::launch::async, [&] { return b.generate(p.prompt, generation_params::greedy(p.max_tokens)); });
+    const generate_reply first = a.generate(p.prompt, generation_params::greedy(p.max_tokens));
     const generate_reply second = other.get();
     const double s = since(t0);
     const sched_stats after = stats();
@@ -169,8 +162,8 @@ overhead_figures measure_overhead(const measure_params& p) {
   session s = dispatched.open_session("m");
   session l = local.open_session("m");
   gen.generate(prompt, gp);  // warm-up all three
-  s.generate(p.prompt, greedy(p.max_tokens));
-  l.generate(p.prompt, greedy(p.max_tokens));
+  s.generate(p.prompt, generation_params::greedy(p.max_tokens));
+  l.generate(p.prompt, generation_params::greedy(p.max_tokens));
 
   overhead_figures f;
   f.sync_s = f.actors_s = f.local_s = std::numeric_limits<double>::max();
@@ -181,11 +174,11 @@ overhead_figures measure_overhead(const measure_params& p) {
     f.sync_s = std::min(f.sync_s, since(t0));
     s.reset();
     t0 = clock_type::now();
-    const generate_reply b = s.generate(p.prompt, greedy(p.max_tokens));
+    const generate_reply b = s.generate(p.prompt, generation_params::greedy(p.max_tokens));
     f.actors_s = std::min(f.actors_s, since(t0));
     l.reset();
     t0 = clock_type::now();
-    const generate_reply c = l.generate(p.prompt, greedy(p.max_tokens));
+    const generate_reply c = l.generate(p.prompt, generation_params::greedy(p.max_tokens));
     f.local_s = std::min(f.local_s, since(t0));
     if (a.tokens != b.tokens || a.tokens != c.tokens) {
       throw error("measure_overhead: the actors generated other tokens than the generator");

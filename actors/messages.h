@@ -233,6 +233,14 @@ struct generation_params {
   float presence_penalty = 0.0f;
   std::vector<std::string> stop;
   friend bool operator==(const generation_params&, const generation_params&) = default;
+
+  // Greedy decoding (temperature 0) of at most max_tokens tokens: reproducible answers.
+  static generation_params greedy(int32_t max_tokens) {
+    generation_params g;
+    g.max_tokens = max_tokens;
+    g.temperature = 0.0f;
+    return g;
+  }
 };
 
 struct chat_message {

@@ -110,7 +110,11 @@ actors::model_info engine::load_model(const std::string& name, const std::string
   r.kv_type = o.kv_type;
   r.chat_template = o.chat_template;
   r.overrides = o.overrides;
-  if (!o.progress) return ask<actors::model_info>(*sys_, supervisor_, actors::load_atom_v, r);
+  return load_model(std::move(r), o.progress);
+}
+
+actors::model_info engine::load_model(actors::load_request r, const progress_callback& progress) {
+  if (!progress) return ask<actors::model_info>(*sys_, supervisor_, actors::load_atom_v, r);
   // Progress messages come to this thread's scoped actor, with the reply.
   caf::scoped_actor self{*sys_};
   r.progress = caf::actor_cast<caf::actor>(self);
@@ -121,7 +125,7 @@ actors::model_info engine::load_model(const std::string& name, const std::string
   self->send(supervisor_, actors::load_atom_v, r);
   bool done = false;
   self->receive_while([&] { return !done; })(
-      [&](actors::progress_atom, const actors::load_progress& p) { o.progress(p.done, p.total); },
+      [&](actors::progress_atom, const actors::load_progress& p) { progress(p.done, p.total); },
       [&](actors::model_info& i) {
         info = std::move(i);
         done = true;
@@ -139,9 +143,7 @@ actors::model_info engine::load_model(const std::string& name, const std::string
 }
 
 void engine::load_configured_models() {
-  for (const actors::model_config& m : cfg_.models) {
-    ask<actors::model_info>(*sys_, supervisor_, actors::load_atom_v, actors::to_load_request(m));
-  }
+  for (const actors::model_config& m : cfg_.models) load_model(actors::to_load_request(m));
 }
 
 void engine::unload_model(const std::string& name) {

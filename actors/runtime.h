@@ -114,6 +114,9 @@ class engine {
 
   // Loads a model; blocks until it is loaded. Throws actors::request_error.
   actors::model_info load_model(const std::string& name, const std::string& path, const load_options& o = {});
+  // Loads a model from a whole load request (a configured model: actors::to_load_request). r.progress is
+  // replaced by this thread's actor when `progress` is given.
+  actors::model_info load_model(actors::load_request r, const progress_callback& progress = {});
   // Loads the configuration's [[model]] entries.
   void load_configured_models();
   void unload_model(const std::string& name);

@@ -236,21 +236,8 @@ void daemon::serve() {
 
 void daemon::load_models() {
   for (auto& ms : models_) {
-    const actors::load_request lr = actors::to_load_request(ms->config);
-    load_options o;
-    o.devices = lr.devices;
-    o.use_mmap = lr.use_mmap;
-    o.n_ctx = lr.n_ctx;
-    o.n_batch = lr.n_batch;
-    o.n_ubatch = lr.n_ubatch;
-    o.n_seq_max = lr.n_seq_max;
-    o.n_threads = lr.n_threads;
-    o.n_ctx_seq = lr.n_ctx_seq;
-    o.kv_type = lr.kv_type;
-    o.chat_template = lr.chat_template;
-    o.overrides = lr.overrides;
     if (stopping_.load()) return;
-    ms->info = eng_.load_model(ms->config.name, ms->config.path, o);
+    ms->info = eng_.load_model(actors::to_load_request(ms->config));
     ms->model = eng_.env()->model(ms->config.name);
     ms->created = unix_now();
     ms->loaded.store(true);

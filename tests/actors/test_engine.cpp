@@ -14,13 +14,6 @@ using namespace troupe::actors;
 
 namespace {
 
-generation_params greedy(int n) {
-  generation_params p;
-  p.max_tokens = n;
-  p.temperature = 0.0f;
-  return p;
-}
-
 // The synchronous generator's greedy answer to "Once upon a time" (the reference for the actors).
 llm::generate_result reference(const llm::model& m, int n) {
   llm::vocab v(m.meta());
@@ -61,7 +54,7 @@ TEST_CASE("engine: load, generate with streaming, the generator's tokens, memory
   CHECK(b.table.find("Host") != std::string::npos);
 
   std::string streamed;
-  const generate_reply r = s.generate("Once upon a time", greedy(24), [&](std::string_view piece) {
+  const generate_reply r = s.generate("Once upon a time", generation_params::greedy(24), [&](std::string_view piece) {
     streamed += piece;
     return true;
   });
@@ -89,7 +82,7 @@ TEST_CASE("engine: decode splits run on the device actors that own their devices
     engine eng({.cpu_instances = 1, .n_threads = 1, .dispatch_splits = dispatch});
     eng.load_model("stories", path->string(), {.devices = {{"CPU1", 3}}, .n_ctx = 256, .n_seq_max = 1, .n_threads = 1});
     session s = eng.open_session("stories");
-    const generate_reply r = s.generate("Once upon a time", greedy(16));
+    const generate_reply r = s.generate("Once upon a time", generation_params::greedy(16));
     CHECK(r.tokens == ref.tokens);
 
     caf::scoped_actor self{eng.system()};

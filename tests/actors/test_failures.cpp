@@ -20,13 +20,6 @@ using namespace troupe::actors;
 
 namespace {
 
-generation_params greedy(int n) {
-  generation_params p;
-  p.max_tokens = n;
-  p.temperature = 0.0f;
-  return p;
-}
-
 template <class T, class Handle, class... Ts>
 caf::expected<T> ask(caf::actor_system& sys, const Handle& h, Ts&&... xs) {
   caf::scoped_actor self{sys};
@@ -49,7 +42,7 @@ TEST_CASE("a device that cannot allocate fails the load with out_of_memory, whil
   session s = eng.open_session("a");
 
   // The answer runs on its own thread while the failing load happens.
-  auto answer = std::async(std::launch::async, [&] { return s.generate("Once upon a time", greedy(48)); });
+  auto answer = std::async(std::launch::async, [&] { return s.generate("Once upon a time", generation_params::greedy(48)); });
   try {
     eng.load_model("b", path->string(), {.devices = {{"CPU9", 5}}, .n_threads = 1});
     FAIL("loading onto a device without memory succeeded");
@@ -91,9 +84,9 @@ TEST_CASE("a session cancelled mid-answer gets cancelled, and the other session 
   eng.load_model("m", path->string(), {.n_ctx = 512, .n_seq_max = 2, .n_threads = 1});
   session a = eng.open_session("m");
   session b = eng.open_session("m");
-  auto long_answer = std::async(std::launch::async, [&] { return b.generate("The little dog", greedy(64)); });
+  auto long_answer = std::async(std::launch::async, [&] { return b.generate("The little dog", generation_params::greedy(64)); });
   int pieces = 0;
-  const generate_reply cancelled = a.generate("Once upon a time", greedy(64), [&](std::string_view) { return ++pieces < 3; });
+  const generate_reply cancelled = a.generate("Once upon a time", generation_params::greedy(64), [&](std::string_view) { return ++pieces < 3; });
   CHECK(cancelled.finish == "cancelled");
   CHECK(pieces == 3);
   const generate_reply full = long_answer.get();
@@ -101,13 +94,13 @@ TEST_CASE("a session cancelled mid-answer gets cancelled, and the other session 
   CHECK(full.tokens.size() == 64);
 
   // The cancelled session answers again, and the same as a fresh one would.
-  const generate_reply again = a.generate("Once upon a time", greedy(16));
+  const generate_reply again = a.generate("Once upon a time", generation_params::greedy(16));
   b.close();
   session fresh = eng.open_session("m");
-  CHECK(fresh.generate("Once upon a time", greedy(16)).tokens == again.tokens);
+  CHECK(fresh.generate("Once upon a time", generation_params::greedy(16)).tokens == again.tokens);
 
   // Cancelling from another thread while the answer runs.
-  auto run = std::async(std::launch::async, [&] { return a.generate("Once upon a time", greedy(400)); });
+  auto run = std::async(std::launch::async, [&] { return a.generate("Once upon a time", generation_params::greedy(400)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
   a.cancel();
   const generate_reply r = run.get();
@@ -135,7 +128,7 @@ TEST_CASE("a device actor that dies is restarted by the supervisor, and requests
   const model_info info = eng.load_model("m", path->string(), {.devices = {{"CPU1", 5}}, .n_threads = 1});
   CHECK(info.uploads.size() == 2);
   session s = eng.open_session("m");
-  CHECK(s.generate("Once", greedy(4)).tokens.size() == 4);
+  CHECK(s.generate("Once", generation_params::greedy(4)).tokens.size() == 4);
 
   // A second death exceeds max_restarts: the device is marked down and loads onto it fail with down.
   const auto dir2 = ask<actor_directory>(eng.system(), eng.supervisor(), get_atom_v, directory_atom_v);

@@ -175,8 +175,7 @@ struct stop_on_exit {
 generate_request greedy(const std::string& prompt, int n) {
   generate_request r;
   r.prompt = prompt;
-  r.params.max_tokens = n;
-  r.params.temperature = 0.0f;
+  r.params = generation_params::greedy(n);
   return r;
 }
 
