@@ -56,29 +56,17 @@ void free_memory(void* p, size_t bytes) {
   }
 }
 
-class instance_buffer final : public buffer_i {
+class instance_buffer final : public cpu::host_memory_buffer {
  public:
   instance_buffer(instance_buffer_type& type, void* base, size_t size, size_t bytes)
-      : buffer_i(type, size), owner_(type), base_(base), bytes_(bytes) {}
+      : host_memory_buffer(type, base, size), owner_(type), bytes_(bytes) {}
   ~instance_buffer() override {
-    free_memory(base_, bytes_);
+    free_memory(base(), bytes_);
     owner_.release(bytes_);
   }
-  void* base() override { return base_; }
-  void set_tensor(tensor& t, const void* data, size_t offset, size_t size) override {
-    std::memcpy(static_cast<char*>(t.data) + offset, data, size);
-  }
-  void get_tensor(const tensor& t, void* data, size_t offset, size_t size) override {
-    std::memcpy(data, static_cast<const char*>(t.data) + offset, size);
-  }
-  void memset_tensor(tensor& t, uint8_t value, size_t offset, size_t size) override {
-    std::memset(static_cast<char*>(t.data) + offset, value, size);
-  }
-  void clear(uint8_t value) override { std::memset(base_, value, size()); }
 
  private:
   instance_buffer_type& owner_;
-  void* base_;
   size_t bytes_;
 };
 

@@ -20,35 +20,38 @@ namespace {
 
 constexpr size_t host_alignment = 64;
 
+}  // namespace
+
 // ---- buffers ----
 
-class host_buffer final : public buffer_i {
+void host_memory_buffer::set_tensor(tensor& t, const void* data, size_t offset, size_t size) {
+  std::memcpy(static_cast<char*>(t.data) + offset, data, size);
+}
+void host_memory_buffer::get_tensor(const tensor& t, void* data, size_t offset, size_t size) {
+  std::memcpy(data, static_cast<const char*>(t.data) + offset, size);
+}
+void host_memory_buffer::memset_tensor(tensor& t, uint8_t value, size_t offset, size_t size) {
+  std::memset(static_cast<char*>(t.data) + offset, value, size);
+}
+void host_memory_buffer::clear(uint8_t value) { std::memset(base_, value, size()); }
+
+namespace {
+
+class host_buffer final : public host_memory_buffer {
  public:
   // owned: memory from aligned_alloc, freed with the buffer; otherwise the caller's memory.
   host_buffer(buffer_type_i& type, void* base, size_t size, bool owned)
-      : buffer_i(type, size), base_(base), owned_(owned) {}
+      : host_memory_buffer(type, base, size), owned_(owned) {}
   ~host_buffer() override {
-    if (owned_) std::free(base_);
-  }
-  void* base() override { return base_; }
-  void set_tensor(tensor& t, const void* data, size_t offset, size_t size) override {
-    std::memcpy(static_cast<char*>(t.data) + offset, data, size);
-  }
-  void get_tensor(const tensor& t, void* data, size_t offset, size_t size) override {
-    std::memcpy(data, static_cast<const char*>(t.data) + offset, size);
-  }
-  void memset_tensor(tensor& t, uint8_t value, size_t offset, size_t size) override {
-    std::memset(static_cast<char*>(t.data) + offset, value, size);
+    if (owned_) std::free(base());
   }
   bool copy_tensor(const tensor& src, tensor& dst) override {
     if (src.buffer == nullptr || !src.buffer->is_host()) return false;
     std::memcpy(dst.data, src.data, nbytes(src));
     return true;
   }
-  void clear(uint8_t value) override { std::memset(base_, value, size()); }
 
  private:
-  void* base_;
   bool owned_;
 };
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -27,6 +28,23 @@ class cpu_backend : public backend_i {
   virtual void set_n_threads(int n) = 0;
   virtual int n_threads() const = 0;
   virtual bool reference() const = 0;
+};
+
+// A buffer in memory the CPU addresses directly: tensors are read, written and cleared with memcpy and
+// memset. Who owns the memory (and how it is freed) is the derived class's business.
+class host_memory_buffer : public buffer_i {
+ public:
+  void* base() override { return base_; }
+  void set_tensor(tensor& t, const void* data, size_t offset, size_t size) override;
+  void get_tensor(const tensor& t, void* data, size_t offset, size_t size) override;
+  void memset_tensor(tensor& t, uint8_t value, size_t offset, size_t size) override;
+  void clear(uint8_t value) override;
+
+ protected:
+  host_memory_buffer(buffer_type_i& type, void* base, size_t size) : buffer_i(type, size), base_(base) {}
+
+ private:
+  void* base_;
 };
 
 // The CPU device (registered as "CPU" by register_cpu_backend()).
