@@ -111,9 +111,9 @@ tensor* graph_builder::head(tensor* x) const {
 
 tensor* build_graph(graph_builder& b) {
   switch (b.hp.a) {
-    case arch::llama: return build_llama(b);
-    case arch::qwen2: return build_qwen2(b);
-    case arch::qwen3: return build_qwen3(b);
+    case arch::llama:
+    case arch::qwen2:
+    case arch::qwen3: return build_llama(b);
     case arch::gemma3: return build_gemma3(b);
   }
   throw error("no graph builder for architecture " + b.hp.name);

@@ -1,5 +1,5 @@
-// Building a model's compute graph for one micro-batch. One builder function per architecture
-// (graph_llama.cpp, graph_qwen2.cpp, graph_qwen3.cpp, graph_gemma3.cpp); the pieces they share (norms,
+// Building a model's compute graph for one micro-batch. One builder function per architecture family
+// (graph_llama.cpp for llama, qwen2 and qwen3; graph_gemma3.cpp); the pieces they share (norms,
 // attention over the KV cache, feed-forward) live in graph_builder.
 //
 //   graph_builder b(ctx, model, kv, {.n_tokens = 7, .n_kv = 32, .n_outputs = 1});
@@ -64,9 +64,8 @@ class graph_builder {
 // Builds the graph of b.m's architecture; returns the logits tensor (flagged output).
 tensor* build_graph(graph_builder& b);
 
+// llama, qwen2 and qwen3 (their differences are optional weights: biases, QK norms).
 tensor* build_llama(graph_builder& b);
-tensor* build_qwen2(graph_builder& b);
-tensor* build_qwen3(graph_builder& b);
 tensor* build_gemma3(graph_builder& b);
 
 }  // namespace troupe::llm

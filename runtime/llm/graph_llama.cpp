@@ -1,5 +1,7 @@
 // llama (Llama 1/2/3, TinyLlama, SmolLM2, stories): pre-norm blocks, rotary attention (normal mode) with
-// grouped-query heads, SwiGLU feed-forward. Optional q/k/v biases and rope frequency factors.
+// grouped-query heads, SwiGLU feed-forward. Optional q/k/v biases and rope frequency factors. The same block
+// serves qwen2 (q/k/v biases, neox rope: the rope mode comes from the hyperparameters) and qwen3 (per-head
+// RMS norms on queries and keys before rope, no biases).
 #include <cmath>
 
 #include "runtime/llm/graph.h"
@@ -20,6 +22,8 @@ tensor* build_llama(graph_builder& b) {
     tensor* q = reshape(c, b.linear(l.wq, h, l.bq), hp.n_embd_head_k, hp.n_head, n);
     tensor* k = reshape(c, b.linear(l.wk, h, l.bk), hp.n_embd_head_k, hp.n_head_kv, n);
     tensor* v = reshape(c, b.linear(l.wv, h, l.bv), hp.n_embd_head_v, hp.n_head_kv, n);
+    if (l.q_norm != nullptr) q = b.rms(q, l.q_norm, hp.rms_eps);  // qwen3's QK norm: per head (rows of head_dim)
+    if (l.k_norm != nullptr) k = b.rms(k, l.k_norm, hp.rms_eps);
     q = b.rope_of(q, hp.rope_freq_base);
     k = b.rope_of(k, hp.rope_freq_base);
     tensor* att = b.attention(il, q, k, v, kq_scale, b.in.mask);
