@@ -70,6 +70,24 @@ void fill(tensor* t, uint32_t seed) {
   tensor_set(*t, v.data(), 0, v.size() * 4);
 }
 
+// The two weights in `weights` (no_alloc), w1 in the small device's memory, w2 in host memory, filled.
+model place_model(small_device& dev, context& weights) {
+  model m;
+  m.w1 = weights.new_tensor_2d(type::f32, 64, 48);
+  m.w2 = weights.new_tensor_2d(type::f32, 48, 32);
+  m.w1->flags |= flag_weight;
+  m.w2->flags |= flag_weight;
+  m.buf1 = dev.weights_buffer_type().alloc_buffer(nbytes(*m.w1));
+  tensor_alloc(*m.buf1, *m.w1, m.buf1->base());
+  m.buf1->set_usage(buffer_usage::weights);
+  m.buf2 = cpu::cpu_device().buffer_type().alloc_buffer(nbytes(*m.w2));
+  tensor_alloc(*m.buf2, *m.w2, m.buf2->base());
+  m.buf2->set_usage(buffer_usage::weights);
+  fill(m.w1, 1);
+  fill(m.w2, 2);
+  return m;
+}
+
 // x -> mul_mat(w1) -> rms_norm -> mul_mat(w2) -> soft_max -> scale
 tensor* build(context& ctx, model& m, tensor** x_out) {
   tensor* x = ctx.new_tensor_2d(type::f32, 64, 3);
@@ -97,22 +115,7 @@ TEST_CASE("two devices: weights pull nodes, unsupported ops move, inputs are cop
   auto cpu_be = cpu::make_cpu_backend({.n_threads = 2});
 
   context weights(context_params{.max_tensors = 8, .no_alloc = true});
-  model m;
-  m.w1 = weights.new_tensor_2d(type::f32, 64, 48);
-  m.w2 = weights.new_tensor_2d(type::f32, 48, 32);
-  m.w1->flags |= flag_weight;
-  m.w2->flags |= flag_weight;
-  {
-    // w1 in the small device's memory, w2 in host memory.
-    m.buf1 = dev.weights_buffer_type().alloc_buffer(nbytes(*m.w1));
-    tensor_alloc(*m.buf1, *m.w1, m.buf1->base());
-    m.buf1->set_usage(buffer_usage::weights);
-    m.buf2 = cpu::cpu_device().buffer_type().alloc_buffer(nbytes(*m.w2));
-    tensor_alloc(*m.buf2, *m.w2, m.buf2->base());
-    m.buf2->set_usage(buffer_usage::weights);
-  }
-  fill(m.w1, 1);
-  fill(m.w2, 2);
+  model m = place_model(dev, weights);
 
   // Two backends.
   context ctx({.max_tensors = 32, .no_alloc = true});
@@ -212,19 +215,7 @@ TEST_CASE("a backend that throws mid-graph: sources restored at once, the graph 
   auto* sb = static_cast<small_backend*>(small.get());
   auto cpu_be = cpu::make_cpu_backend({.n_threads = 1});
   context weights(context_params{.max_tensors = 8, .no_alloc = true});
-  model m;
-  m.w1 = weights.new_tensor_2d(type::f32, 64, 48);
-  m.w2 = weights.new_tensor_2d(type::f32, 48, 32);
-  m.w1->flags |= flag_weight;
-  m.w2->flags |= flag_weight;
-  m.buf1 = dev.weights_buffer_type().alloc_buffer(nbytes(*m.w1));
-  tensor_alloc(*m.buf1, *m.w1, m.buf1->base());
-  m.buf1->set_usage(buffer_usage::weights);
-  m.buf2 = cpu::cpu_device().buffer_type().alloc_buffer(nbytes(*m.w2));
-  tensor_alloc(*m.buf2, *m.w2, m.buf2->base());
-  m.buf2->set_usage(buffer_usage::weights);
-  fill(m.w1, 1);
-  fill(m.w2, 2);
+  model m = place_model(dev, weights);
   scheduler sched({{small.get(), nullptr}, {cpu_be.get(), nullptr}});
 
   std::vector<float> first(32 * 3), again(32 * 3);
