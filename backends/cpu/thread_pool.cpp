@@ -1,5 +1,7 @@
 #include "backends/cpu/thread_pool.h"
 
+#include <chrono>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -16,14 +18,19 @@ inline void cpu_relax() {
 }
 
 // A waiter first spins with pause for a few microseconds (a pause is ~10-40 ns): long enough for a thread
-// that is running on another core to answer. Then it polls with sched_yield, up to about a millisecond (the
-// usual imbalance between threads within an op and the gap between back-to-back graphs), and finally sleeps
-// on the atomic (futex). Yielding early matters when the machine has fewer free cores than runnable
-// threads: a spinning waiter would keep the very thread it waits for off the CPU until the scheduler's time
-// slice ends, whereas a yield hands the core over at once, and costs little (one system call) when no other
-// thread wants it.
+// that is running on another core to answer. Then it polls with sched_yield for up to yield_window of
+// wall time (the usual imbalance between threads within an op, and the gap between back-to-back graphs:
+// host work between two decode steps, or a network round trip when the graph comes from a remote client),
+// and finally sleeps on the atomic (futex). Yielding early matters when the machine has fewer free cores
+// than runnable threads: a spinning waiter would keep the very thread it waits for off the CPU until the
+// scheduler's time slice ends, whereas a yield hands the core over at once, and costs little (one system
+// call) when no other thread wants it. The window is measured in time, not in yields: a yield costs 0.3 us
+// on an idle core and several microseconds when it switches threads, so a count would mean anything from
+// under a millisecond to tens of them. Sleeping is what it avoids: waking a sleeping worker costs tens of
+// microseconds on a virtual machine (an inter-processor interrupt to an idle vCPU), per graph.
 constexpr int spin_iterations = 1 << 8;
-constexpr int yield_iterations = 1 << 11;
+constexpr auto yield_window = std::chrono::microseconds(2000);
+constexpr int yields_per_clock_check = 8;
 
 // Waits until a.load() != old (spin, yield, then futex). Returns the new value.
 template <class T>
@@ -33,10 +40,12 @@ T wait_change(const std::atomic<T>& a, T old) {
     if (v != old) return v;
     cpu_relax();
   }
-  for (int i = 0; i < yield_iterations; ++i) {
+  const auto until = std::chrono::steady_clock::now() + yield_window;
+  for (int i = 1;; ++i) {
     const T v = a.load(std::memory_order_acquire);
     if (v != old) return v;
     std::this_thread::yield();
+    if (i % yields_per_clock_check == 0 && std::chrono::steady_clock::now() >= until) break;
   }
   T v;
   while ((v = a.load(std::memory_order_acquire)) == old) a.wait(old, std::memory_order_acquire);

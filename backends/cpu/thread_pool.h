@@ -9,7 +9,7 @@
 // threads' waits return at once, the job ends, and run() rethrows the first exception.
 //
 // Dispatch without locks: each worker waits on its own cache line (a generation counter) and the caller on
-// a pending-thread count. Every wait spins for a while (a few hundred microseconds, enough to cover the gap
+// a pending-thread count. Every wait spins, then yields for up to 2 ms (enough to cover the gap
 // between back-to-back graphs and the imbalance between threads within an op), then sleeps on a futex
 // (C++20 atomic wait), so idle workers cost nothing. Only the threads a run uses are woken.
 #pragma once
