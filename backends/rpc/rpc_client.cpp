@@ -13,8 +13,10 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "net/rpc/auth.h"
+#include "net/rpc/busy_poll.h"
 #include "net/rpc/cache.h"
 #include "runtime/log.h"
 
@@ -30,6 +32,12 @@ std::string ms(std::chrono::milliseconds d) { return std::to_string(d.count()) +
 }  // namespace
 
 struct client::impl {
+  // When a read polls the socket (see net/rpc/busy_poll.h) rather than sleeping on it: from `from` (it
+  // sleeps until then) to `until`.
+  struct poll_window {
+    std::chrono::steady_clock::time_point from, until;
+  };
+
   client_options opts;
   client_options initial_opts;  // as constructed (probe connections use these; opts.io_timeout varies)
   std::string addr;
@@ -44,6 +52,21 @@ struct client::impl {
   version server_ver;
   client_stats st;
   std::map<uint32_t, std::vector<uint8_t>> last_graph;  // per device: the last graph the peer holds
+  // Per device: how long graph_recompute took to answer lately (a moving average). A decode step takes
+  // about as long as the last one, so the reply is polled for around then rather than slept on (waking up
+  // costs tens of microseconds on a virtual machine).
+  std::map<uint32_t, std::chrono::nanoseconds> recompute_latency;
+  poll_window recompute_window(uint32_t device, std::chrono::steady_clock::time_point sent) const {
+    const auto it = recompute_latency.find(device);
+    if (it == recompute_latency.end() || it->second <= opts.busy_poll) return {sent, sent + opts.busy_poll};
+    const std::chrono::nanoseconds expected = it->second;
+    const std::chrono::nanoseconds margin = std::max<std::chrono::nanoseconds>(opts.busy_poll, expected / 16);
+    return {sent + expected - margin, sent + expected + margin};
+  }
+  void note_recompute(uint32_t device, std::chrono::nanoseconds took) {
+    auto [it, fresh] = recompute_latency.try_emplace(device, took);
+    if (!fresh) it->second = (it->second * 3 + took) / 4;
+  }
 
   // Down (mark_down): every request fails at once, without waiting for the mutex or reconnecting.
   std::atomic<bool> down{false};
@@ -104,6 +127,7 @@ struct client::impl {
     up = false;
     established = false;
     last_graph.clear();
+    recompute_latency.clear();
     held.clear();
     outputs.clear();
     set_fd(-1);  // before closing: mark_down must never shut down a reused descriptor
@@ -147,13 +171,19 @@ struct client::impl {
 
   // Plain TCP goes without the io_context: non-blocking socket calls, and poll() for readiness within the
   // deadline (a request costs its system calls and nothing more). TLS goes through Asio's ssl stream.
-  void wait_ready(short events, std::chrono::steady_clock::time_point deadline, const char* what) {
+  // Waits until the socket is ready for `events`. Past `deadline` the request has timed out (fails); with
+  // `wake_at`, returns false at that time when the socket is not ready by then.
+  bool wait_ready(short events, std::chrono::steady_clock::time_point deadline, const char* what,
+                  std::optional<std::chrono::steady_clock::time_point> wake_at = std::nullopt) {
     for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) fail(std::string(what) + " timed out after " + ms(opts.io_timeout));
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) fail(std::string(what) + " timed out after " + ms(opts.io_timeout));
+      if (wake_at && now >= *wake_at) return false;
+      const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>((wake_at ? std::min(*wake_at, deadline) : deadline) - now);
+      const timespec ts{static_cast<time_t>(left.count() / 1000000000), static_cast<long>(left.count() % 1000000000)};
       pollfd p{sock->native_handle(), events, 0};
-      const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), INT32_MAX)));
-      if (r > 0) return;
+      const int r = ::ppoll(&p, 1, &ts, nullptr);
+      if (r > 0) return true;
       if (r < 0 && errno != EINTR) fail(std::string(what) + ": poll failed: " + std::strerror(errno));
     }
   }
@@ -193,19 +223,35 @@ struct client::impl {
     st.bytes_sent += total;
   }
 
-  void read_exact(void* p, size_t n) {
+  // The default poll window (see poll_window), for a reply expected soon: polling at once, for busy_poll.
+  poll_window poll_soon() const {
+    const auto now = std::chrono::steady_clock::now();
+    return {now, now + opts.busy_poll};
+  }
+
+  void read_exact(void* p, size_t n, std::optional<poll_window> window = std::nullopt) {
     if (n == 0) return;
     if (tls) {
       run([&](auto handler) { asio::async_read(*tls, asio::buffer(p, n), handler); }, opts.io_timeout, "receiving");
     } else {
+      const poll_window w = window ? *window : poll_soon();
       const auto deadline = std::chrono::steady_clock::now() + opts.io_timeout;
       size_t done = 0;
       while (done < n) {
         std::error_code ec;
-        const size_t k = sock->read_some(asio::buffer(static_cast<uint8_t*>(p) + done, n - done), ec);
-        if (ec == asio::error::would_block || ec == asio::error::try_again) {
-          wait_ready(POLLIN, deadline, "receiving");
-          continue;
+        size_t k = 0;
+        auto attempt = [&] {
+          k = sock->read_some(asio::buffer(static_cast<uint8_t*>(p) + done, n - done), ec);
+          return ec != asio::error::would_block && ec != asio::error::try_again;
+        };
+        if (!attempt()) {
+          // Too early to poll: sleep until the window opens (or the bytes come).
+          if (std::chrono::steady_clock::now() < w.from && wait_ready(POLLIN, deadline, "receiving", w.from)) continue;
+          if (!busy_poll(w.until, attempt)) {
+            wait_ready(POLLIN, deadline, "receiving");
+            continue;
+          }
+          st.polled_reads += 1;
         }
         if (ec) lost("receiving", ec);
         done += k;
@@ -280,9 +326,10 @@ struct client::impl {
   std::vector<uint8_t> held;  // frames not sent yet (see hold_frame)
 
   // Reads a reply header: (status, payload size). An error status's message is read and thrown.
-  uint64_t read_ok(command c, bool throw_on_error = true, status* out_status = nullptr) {
+  uint64_t read_ok(command c, bool throw_on_error = true, status* out_status = nullptr,
+                   std::optional<poll_window> window = std::nullopt) {
     uint8_t hdr[frame_header_size];
-    read_exact(hdr, sizeof hdr);
+    read_exact(hdr, sizeof hdr, window);
     st.round_trips += 1;
     const frame_header h = decode_header(hdr);
     const auto s = static_cast<status>(h.code);
@@ -336,6 +383,10 @@ void client::impl::connect_locked() {
   run([&](auto handler) { asio::async_connect(*sock, endpoints, handler); }, opts.connect_timeout, "connecting");
   sock->set_option(tcp::no_delay(true), ec);
   sock->set_option(asio::socket_base::keep_alive(true), ec);
+  // A decode step's reply (logits) in one write and one read: the default starting buffer (16 KiB) makes the
+  // peer wait for this side to drain it several times per reply.
+  sock->set_option(asio::socket_base::send_buffer_size(4 << 20), ec);
+  sock->set_option(asio::socket_base::receive_buffer_size(4 << 20), ec);
   if (!opts.tls) sock->non_blocking(true, ec);
   set_fd(sock->native_handle());
   up = true;  // from here on, fail() closes
@@ -731,9 +782,11 @@ void client::compute(uint32_t device, std::vector<uint8_t> graph, const std::vec
   auto it = impl_->last_graph.find(device);
   if (it != impl_->last_graph.end() && it->second == graph) {
     impl_->send_frame(command::graph_recompute, dev, outs);
+    const auto sent = std::chrono::steady_clock::now();
     status s = status::ok;
-    const uint64_t n = impl_->read_ok(command::graph_recompute, false, &s);
+    const uint64_t n = impl_->read_ok(command::graph_recompute, false, &s, impl_->recompute_window(device, sent));
     if (s == status::ok) {
+      if (impl_->opts.busy_poll.count() > 0) impl_->note_recompute(device, std::chrono::steady_clock::now() - sent);
       impl_->st.graphs_recomputed += 1;
       impl_->receive_outputs(n, out_bytes);
       return;

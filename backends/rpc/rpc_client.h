@@ -40,6 +40,9 @@ struct client_options {
   bool tls_verify = true;                             // false: accept any certificate (tests only)
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds io_timeout{300000};       // one request, bulk transfers included
+  // How long a read polls the socket before sleeping on it (plain TCP; see net/rpc/busy_poll.h): a reply
+  // that comes within it costs no wake-up. Covers a small model's decode step; 0: never poll.
+  std::chrono::microseconds busy_poll{250};
   bool auto_reconnect = true;
   uint64_t hash_threshold = rpc::hash_threshold;      // cacheable uploads from this size go by hash first
   version client_version = protocol_version;          // tests: pretend another version
@@ -55,6 +58,7 @@ struct client_stats {
   uint64_t graphs_sent = 0;
   uint64_t graphs_recomputed = 0;
   uint64_t outputs_served = 0;    // get_tensor answered from a graph reply's outputs
+  uint64_t polled_reads = 0;      // reads that busy polling answered (no sleep on the socket)
   uint64_t connects = 0;
 };
 

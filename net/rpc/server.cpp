@@ -13,9 +13,11 @@
 #include <cstdlib>
 #include <mutex>
 #include <optional>
+#include <type_traits>
 #include <thread>
 #include <unordered_map>
 
+#include "net/rpc/busy_poll.h"
 #include "net/rpc/cache.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
@@ -34,6 +36,8 @@ void tune(tcp::socket& s) {
   std::error_code ec;
   s.set_option(tcp::no_delay(true), ec);
   s.set_option(asio::socket_base::keep_alive(true), ec);
+  s.set_option(asio::socket_base::send_buffer_size(4 << 20), ec);
+  s.set_option(asio::socket_base::receive_buffer_size(4 << 20), ec);
   // A peer that vanishes without closing (a machine lost) is found in about two minutes.
   const int fd = s.native_handle();
   const int idle = 60, interval = 10, probes = 6;
@@ -84,10 +88,21 @@ awaitable<void> send_reply(Stream& stream, const reply& r, server_stats& stats) 
   stats.bytes_sent += frame_header_size + r.size();
 }
 
+// When a connection's reads poll the socket before sleeping on it (see busy_poll.h): for up to `window`,
+// and only while the connection is alone on its io thread (polling would hold up the others).
+struct poll_policy {
+  std::chrono::microseconds window{0};
+  const std::atomic<int>* conns_on_thread = nullptr;
+  std::atomic<uint64_t>* polled = nullptr;  // counts reads that polling answered
+  bool active() const { return window.count() > 0 && conns_on_thread != nullptr && conns_on_thread->load(std::memory_order_relaxed) == 1; }
+};
+
 // Bytes received ahead of the frame being read: one read usually brings a whole small frame (header and
 // payload), so a request costs one receive and one send.
 class read_ahead {
  public:
+  explicit read_ahead(poll_policy p) : poll_(p) {}
+
   // Reads exactly n bytes into dst: what is buffered first, then from the stream (large reads go straight to
   // dst).
   template <class Stream>
@@ -103,12 +118,33 @@ class read_ahead {
       co_return;
     }
     begin_ = end_ = 0;
-    while (end_ < n) end_ += co_await stream.async_read_some(asio::buffer(buf_.data() + end_, buf_.size() - end_), use_awaitable);
+    std::optional<std::chrono::steady_clock::time_point> poll_until;
+    while (end_ < n) {
+      if constexpr (std::is_same_v<Stream, tcp::socket>) {
+        // The socket is non-blocking (connection()); an error is left for async_read_some to report.
+        if (poll_.active()) {
+          if (!poll_until) poll_until = std::chrono::steady_clock::now() + poll_.window;
+          std::error_code ec;
+          size_t k = 0;
+          busy_poll(*poll_until, [&] {
+            k = stream.read_some(asio::buffer(buf_.data() + end_, buf_.size() - end_), ec);
+            return ec != asio::error::would_block && ec != asio::error::try_again;
+          });
+          if (!ec && k > 0) {
+            end_ += k;
+            if (poll_.polled != nullptr) poll_.polled->fetch_add(1, std::memory_order_relaxed);
+            continue;
+          }
+        }
+      }
+      end_ += co_await stream.async_read_some(asio::buffer(buf_.data() + end_, buf_.size() - end_), use_awaitable);
+    }
     std::memcpy(dst, buf_.data(), n);
     begin_ = n;
   }
 
  private:
+  poll_policy poll_;
   std::vector<uint8_t> buf_ = std::vector<uint8_t>(64u << 10);
   size_t begin_ = 0;
   size_t end_ = 0;
@@ -116,7 +152,7 @@ class read_ahead {
 
 // The frame loop of one connection.
 template <class Stream>
-awaitable<void> serve_frames(Stream& stream, session& s, conn_state& st, server_stats& stats) {
+awaitable<void> serve_frames(Stream& stream, session& s, conn_state& st, server_stats& stats, poll_policy poll) {
   {
     reply g;
     g.body = s.greeting();
@@ -125,7 +161,7 @@ awaitable<void> serve_frames(Stream& stream, session& s, conn_state& st, server_
   uint8_t hdr[frame_header_size];
   std::vector<uint8_t> payload;
   std::vector<uint8_t> staging;
-  read_ahead in;
+  read_ahead in(poll);
   for (;;) {
     co_await in.read(stream, hdr, sizeof hdr);
     const frame_header h = decode_header(hdr);
@@ -198,6 +234,7 @@ struct server::impl {
   // thread: no hand-off between threads per request). Declared after everything a connection uses, so that
   // destroying them (which destroys any connection still pending) happens while those exist.
   std::vector<std::unique_ptr<asio::io_context>> iocs;
+  std::unique_ptr<std::atomic<int>[]> conns_on_thread;  // per io thread: connections it runs
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards;
   size_t next_ioc = 0;
   std::unique_ptr<tcp::acceptor> acceptor;
@@ -207,14 +244,15 @@ struct server::impl {
   bool stopped = false;
 
   awaitable<void> accept_loop();
-  awaitable<void> connection(tcp::socket sock);
+  awaitable<void> connection(tcp::socket sock, std::atomic<int>* on_thread);
   template <class Stream>
-  awaitable<void> run_session(Stream& stream, std::shared_ptr<conn_state> st, std::string peer);
+  awaitable<void> run_session(Stream& stream, std::shared_ptr<conn_state> st, std::string peer, poll_policy poll);
 };
 
 awaitable<void> server::impl::accept_loop() {
   for (;;) {
-    auto strand = asio::make_strand(*iocs[next_ioc++ % iocs.size()]);
+    const size_t thread = next_ioc++ % iocs.size();
+    auto strand = asio::make_strand(*iocs[thread]);
     tcp::socket sock(strand);
     std::error_code ec;
     co_await acceptor->async_accept(sock, asio::redirect_error(use_awaitable, ec));
@@ -229,17 +267,18 @@ awaitable<void> server::impl::accept_loop() {
       continue;
     }
     live += 1;
-    asio::co_spawn(strand, connection(std::move(sock)), asio::detached);
+    asio::co_spawn(strand, connection(std::move(sock), &conns_on_thread[thread]), asio::detached);
   }
 }
 
 template <class Stream>
-awaitable<void> server::impl::run_session(Stream& stream, std::shared_ptr<conn_state> st, std::string peer) {
+awaitable<void> server::impl::run_session(Stream& stream, std::shared_ptr<conn_state> st, std::string peer, poll_policy poll) {
   session s(cfg, std::move(peer));
-  co_await serve_frames(stream, s, *st, stats);
+  co_await serve_frames(stream, s, *st, stats, poll);
 }
 
-awaitable<void> server::impl::connection(tcp::socket sock) {
+awaitable<void> server::impl::connection(tcp::socket sock, std::atomic<int>* on_thread) {
+  on_thread->fetch_add(1, std::memory_order_relaxed);
   std::string peer = "?";
   {
     std::error_code ec;
@@ -259,11 +298,14 @@ awaitable<void> server::impl::connection(tcp::socket sock) {
       asio::ssl::stream<tcp::socket> stream(std::move(sock), *ssl);
       st->socket = &stream.next_layer();
       co_await stream.async_handshake(asio::ssl::stream_base::server, use_awaitable);
-      co_await run_session(stream, st, peer);
+      co_await run_session(stream, st, peer, poll_policy{});
       st->socket = nullptr;
     } else {
       st->socket = &sock;
-      co_await run_session(sock, st, peer);
+      std::error_code ec;
+      sock.non_blocking(true, ec);  // for the busy polling of read_ahead (async operations are unaffected)
+      const poll_policy poll{ec ? std::chrono::microseconds(0) : opts.busy_poll, on_thread, &stats.polled_reads};
+      co_await run_session(sock, st, peer, poll);
       st->socket = nullptr;
     }
   } catch (const std::system_error& e) {
@@ -276,6 +318,7 @@ awaitable<void> server::impl::connection(tcp::socket sock) {
   }
   st->socket = nullptr;
   st->alive = false;
+  on_thread->fetch_sub(1, std::memory_order_relaxed);
   st->timer.cancel();
   {
     std::lock_guard lock(mu);
@@ -320,6 +363,7 @@ server::server(server_options opts) : impl_(std::make_unique<impl>()) {
 
   const int n_io = std::max(1, m.opts.io_threads);
   for (int i = 0; i < n_io; ++i) m.iocs.push_back(std::make_unique<asio::io_context>(1));
+  m.conns_on_thread = std::make_unique<std::atomic<int>[]>(static_cast<size_t>(n_io));
   m.acceptor = std::make_unique<tcp::acceptor>(*m.iocs[0]);
   std::error_code ec;
   tcp::resolver res(*m.iocs[0]);

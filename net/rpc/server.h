@@ -36,6 +36,10 @@ struct server_options {
   std::filesystem::path tls_cert;                     // PEM certificate chain; with tls_key: TLS
   std::filesystem::path tls_key;                      // PEM private key
   int io_threads = 2;                                 // threads running connections (graphs run on them)
+  // How long a connection that is alone on its io thread polls its socket for the next request before
+  // sleeping on it (plain TCP; see busy_poll.h): covers the client's host work between two decode steps,
+  // so the next step costs no wake-up. 0: never poll.
+  std::chrono::microseconds busy_poll{2000};
   std::chrono::milliseconds hello_timeout{10000};     // a connection must say hello within this
   uint32_t max_connections = 64;                      // more are closed at once
   uint64_t max_buffer_size = 0;                       // bytes per buffer; 0: the device's max_size

@@ -42,6 +42,7 @@ struct server_stats {
   std::atomic<uint64_t> cache_stores{0};
   std::atomic<uint64_t> bytes_received{0};
   std::atomic<uint64_t> bytes_sent{0};
+  std::atomic<uint64_t> polled_reads{0};       // requests that arrived while the connection polled (busy_poll)
 };
 
 struct session_config {

@@ -399,6 +399,59 @@ TEST_CASE("many clients at once, each with its own buffers", "[rpc][loopback]") 
   CHECK(testing::wait_for([&] { return srv->stats().buffers == 0; }));
 }
 
+TEST_CASE("a lone connection is busy polled, connections sharing an io thread are not", "[rpc][loopback]") {
+  // Which reads polling answers depends on timing (a request that comes after the window is waited for as
+  // usual), so this counts: with polling off nothing is polled; with it on, among 200 back-to-back requests
+  // some are; while two connections share the server's one io thread none are (polling one would hold up
+  // the other). Every answer is right throughout.
+  const auto bytes = random_bytes(4096, 7);
+  auto exercise = [&](client& c, remote_buffer b, int n) {
+    for (int i = 0; i < n; ++i) {
+      c.set_tensor(b, 0, bytes.data(), bytes.size(), false);
+      std::vector<uint8_t> got(bytes.size());
+      c.get_tensor(b, 0, got.data(), got.size());
+      REQUIRE(got == bytes);
+    }
+  };
+  SECTION("off") {
+    auto srv = testing::start_server({.io_threads = 1, .busy_poll = 0us});
+    client_options o = local(srv->port());
+    o.busy_poll = 0us;
+    client c(o);
+    c.connect();
+    exercise(c, c.alloc_buffer(0, bytes.size()), 200);
+    CHECK(srv->stats().polled_reads == 0);
+    CHECK(c.stats().polled_reads == 0);
+  }
+  SECTION("on") {
+    auto srv = testing::start_server({.io_threads = 1, .busy_poll = 20000us});
+    client_options o = local(srv->port());
+    o.busy_poll = 20000us;
+    client c1(o);
+    c1.connect();
+    const remote_buffer b1 = c1.alloc_buffer(0, bytes.size());
+    exercise(c1, b1, 200);
+    CHECK(srv->stats().polled_reads > 0);
+    CHECK(c1.stats().polled_reads > 0);
+    {
+      client c2(o);
+      c2.connect();
+      REQUIRE(testing::wait_for([&] { return srv->stats().connections == 2; }));
+      const remote_buffer b2 = c2.alloc_buffer(0, bytes.size());
+      const uint64_t before = srv->stats().polled_reads;
+      for (int round = 0; round < 20; ++round) {
+        exercise(c1, b1, 5);
+        exercise(c2, b2, 5);
+      }
+      CHECK(srv->stats().polled_reads == before);
+    }
+    REQUIRE(testing::wait_for([&] { return srv->stats().connections == 1; }));
+    const uint64_t before = srv->stats().polled_reads;
+    exercise(c1, b1, 200);
+    CHECK(srv->stats().polled_reads > before);
+  }
+}
+
 TEST_CASE("TROUPE_RPC_DEBUG logs every command the server receives", "[rpc][loopback]") {
   std::mutex mu;
   std::vector<std::string> lines;

@@ -7,12 +7,15 @@
 //   and a server thread that reads the bytes into memory and acknowledges with one byte (set), or writes
 //   them (get); the floor any protocol pays. rpc: client::set_tensor followed by a one-round-trip request
 //   (so the bytes have arrived), and client::get_tensor, against a peer server in this process.
-// - ping/raw and ping/rpc: one small request and its reply.
+// - ping/raw, ping/raw_poll and ping/rpc: one small request and its reply. raw sleeps on the socket for the
+//   reply (and the server for the request); raw_poll busy-polls both ends (the floor for rpc, whose client
+//   and server poll for a short window before sleeping: net/rpc/busy_poll.h).
 // - generate/model:M/rpc:R/host1:H: 32 tokens decoded one at a time after a 5-token prompt (M: 0 stories260K
 //   from ../shared/models, 1 SmolLM2-135M from models/, scripts/fetch-model), every layer on the CPU (R = 0)
 //   or on a loopback peer's CPU (R = 1), with the same thread count (2) for the layers; H = 1 gives this
-//   process's CPU backend (the token embeddings only) one thread. tok_per_s; for rpc, round_trips_per_token
-//   and graphs_sent_per_token (the rest are graph_recompute). Peer and client share this machine's cores,
+//   process's CPU backend (the token embeddings only) one thread. tok_per_s; for rpc, round_trips_per_token,
+//   graphs_sent_per_token (the rest are graph_recompute) and polled_per_token (reads of this client that
+//   busy polling answered, without sleeping on the socket). Peer and client share this machine's cores,
 //   so the ratio is a lower bound for a peer on another machine.
 #include <benchmark/benchmark.h>
 
@@ -36,9 +39,33 @@ constexpr int bench_threads = 2;
 
 // ---- the raw baseline ----
 
+// Reads exactly n bytes; with poll, by polling the non-blocking socket (yielding between attempts) for up
+// to 2 ms before sleeping on it: the floor for a request/reply protocol that busy-polls (net/rpc/busy_poll.h).
+void raw_read(tcp::socket& s, void* p, size_t n, bool poll) {
+  auto* dst = static_cast<uint8_t*>(p);
+  size_t done = 0;
+  if (poll) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+    while (done < n && std::chrono::steady_clock::now() < until) {
+      std::error_code ec;
+      done += s.read_some(asio::buffer(dst + done, n - done), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) {
+        std::this_thread::yield();
+      } else if (ec) {
+        throw std::system_error(ec);
+      }
+    }
+    if (done == n) return;
+    s.non_blocking(false);
+  }
+  asio::read(s, asio::buffer(dst + done, n - done));
+  if (poll) s.non_blocking(true);
+}
+
 class raw_server {
  public:
-  raw_server() : acceptor_(ioc_, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)), buf_(size_t{64} << 20) {
+  explicit raw_server(bool poll = false)
+      : acceptor_(ioc_, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)), buf_(size_t{64} << 20), poll_(poll) {
     port_ = acceptor_.local_endpoint().port();
     thread_ = std::thread([this] { serve(); });
   }
@@ -50,15 +77,16 @@ class raw_server {
       tcp::socket s(ioc_);
       acceptor_.accept(s);
       s.set_option(tcp::no_delay(true));
+      s.non_blocking(poll_);
       try {
         for (;;) {
           uint8_t hdr[9];
-          asio::read(s, asio::buffer(hdr));
+          raw_read(s, hdr, sizeof hdr, poll_);
           uint64_t n = 0;
           for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(hdr[1 + i]) << (8 * i);
           const uint8_t ack = 0;
           if (hdr[0] == 1) {
-            asio::read(s, asio::buffer(buf_.data(), n));
+            raw_read(s, buf_.data(), n, poll_);
             asio::write(s, asio::buffer(&ack, 1));
           } else if (hdr[0] == 2) {
             asio::write(s, asio::buffer(buf_.data(), n));
@@ -74,14 +102,16 @@ class raw_server {
   asio::io_context ioc_;
   tcp::acceptor acceptor_;
   std::vector<uint8_t> buf_;
+  bool poll_;
   uint16_t port_ = 0;
   std::thread thread_;
 };
 
 struct raw_client {
-  explicit raw_client(uint16_t port) : s(ioc) {
+  raw_client(uint16_t port, bool poll = false) : s(ioc), poll(poll) {
     s.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
     s.set_option(tcp::no_delay(true));
+    s.non_blocking(poll);
   }
   void header(uint8_t code, uint64_t n, std::vector<asio::const_buffer>& out, uint8_t* hdr) {
     hdr[0] = code;
@@ -110,15 +140,22 @@ struct raw_client {
     header(3, 0, bufs, hdr);
     asio::write(s, bufs);
     uint8_t ack;
-    asio::read(s, asio::buffer(&ack, 1));
+    raw_read(s, &ack, 1, poll);
   }
   asio::io_context ioc;
   tcp::socket s;
+  bool poll;
 };
 
 raw_client& raw() {
   static auto* srv = new raw_server();
   static auto* c = new raw_client(srv->port());
+  return *c;
+}
+
+raw_client& raw_polled() {
+  static auto* srv = new raw_server(true);
+  static auto* c = new raw_client(srv->port(), true);
   return *c;
 }
 
@@ -198,6 +235,11 @@ void BM_raw_ping(benchmark::State& state) {
   for (auto _ : state) c.ping();
 }
 
+void BM_raw_poll_ping(benchmark::State& state) {
+  raw_client& c = raw_polled();
+  for (auto _ : state) c.ping();
+}
+
 void BM_rpc_ping(benchmark::State& state) {
   rpc::client& c = rpc_client();
   const rpc::remote_buffer b = rpc_buffer();
@@ -226,7 +268,7 @@ void BM_generate(benchmark::State& state) {
   llm::llm_context ctx(*m, {.n_ctx = 256, .n_threads = remote && state.range(2) ? 1 : bench_threads});
   const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};
   constexpr int n_gen = 32;
-  uint64_t round_trips = 0, tokens = 0, graphs_sent = 0;
+  uint64_t round_trips = 0, tokens = 0, graphs_sent = 0, polled = 0;
   for (auto _ : state) {
     ctx.kv().clear();
     llm::batch b;
@@ -245,6 +287,7 @@ void BM_generate(benchmark::State& state) {
     if (remote) {
       round_trips += rpc_client().stats().round_trips;
       graphs_sent += rpc_client().stats().graphs_sent;
+      polled += rpc_client().stats().polled_reads;
     }
     tokens += n_gen;
   }
@@ -252,6 +295,7 @@ void BM_generate(benchmark::State& state) {
   if (remote) {
     state.counters["round_trips_per_token"] = static_cast<double>(round_trips) / static_cast<double>(tokens);
     state.counters["graphs_sent_per_token"] = static_cast<double>(graphs_sent) / static_cast<double>(tokens);
+    state.counters["polled_per_token"] = static_cast<double>(polled) / static_cast<double>(tokens);
   }
 }
 
@@ -263,6 +307,7 @@ BENCHMARK(BM_rpc_set)->Name("transfer/rpc_set")->TRANSFER_SIZES->UseRealTime();
 BENCHMARK(BM_raw_get)->Name("transfer/raw_get")->TRANSFER_SIZES->UseRealTime();
 BENCHMARK(BM_rpc_get)->Name("transfer/rpc_get")->TRANSFER_SIZES->UseRealTime();
 BENCHMARK(BM_raw_ping)->Name("ping/raw")->UseRealTime();
+BENCHMARK(BM_raw_poll_ping)->Name("ping/raw_poll")->UseRealTime();
 BENCHMARK(BM_rpc_ping)->Name("ping/rpc")->UseRealTime();
 BENCHMARK(BM_generate)
     ->Name("generate")

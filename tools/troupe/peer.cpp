@@ -35,6 +35,7 @@ struct peer_options {
   bool insecure = false;
   int threads = 0;
   int io_threads = 2;
+  int busy_poll_us = 2000;
   uint32_t max_connections = 64;
 };
 
@@ -84,6 +85,7 @@ int run_peer(const peer_options& o) {
   so.tls_cert = o.tls_cert;
   so.tls_key = o.tls_key;
   so.io_threads = o.io_threads;
+  so.busy_poll = std::chrono::microseconds(o.busy_poll_us);
   so.max_connections = o.max_connections;
   if (!o.insecure && so.key.empty() && !rpc::is_loopback_host(o.host)) {
     throw error("peer: refusing to listen on " + o.host + " without --auth-key-file: anyone who can reach it could "
@@ -124,6 +126,9 @@ command_fn add_peer(CLI::App& app) {
   app.add_flag("--insecure", o->insecure, "allow a non-loopback address without an auth key");
   app.add_option("-t,--threads", o->threads, "CPU threads per client graph (0: all)");
   app.add_option("--io-threads", o->io_threads, "threads serving connections");
+  app.add_option("--busy-poll-us", o->busy_poll_us,
+                 "poll a lone connection's socket this long for the next request before sleeping (0: never)")
+      ->check(CLI::Range(0, 1000000));
   app.add_option("--max-connections", o->max_connections, "connections served at once");
   return [o] { return run_peer(*o); };
 }
