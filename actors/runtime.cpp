@@ -55,7 +55,8 @@ void engine::start() {
   env_ = std::make_shared<actors::runtime_env>();
   // Configured remote peers: one actor each. A peer that is up within its connect timeout has registered
   // its devices, which get device actors like local ones (models place layers on "RPC[host:port]#i"); one
-  // that is not stays down and keeps retrying (runtime_status says why), and the runtime starts anyway.
+  // that is not stays down and keeps retrying (runtime_status says why), the runtime starts anyway, and the
+  // supervisor gives the peer's devices actors when it comes up.
   std::vector<actors::peer_actor> peers;
   for (const actors::peer_config& pc : cfg_.peers) {
     const actors::peer_params pp = actors::to_peer_params(pc);
@@ -73,7 +74,7 @@ void engine::start() {
     } else {
       TROUPE_LOG(warn, "peer " << s.name << " (" << s.address << ") is " << s.state
                                << (s.last_error.empty() ? std::string() : ": " + s.last_error)
-                               << "; its devices are not available to models loaded now");
+                               << "; its devices join when it comes up");
     }
   }
   supervisor_ = actors::spawn_supervisor(*sys_, env_,

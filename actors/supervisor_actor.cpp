@@ -73,6 +73,19 @@ void start_device(supervisor_ptr self, const std::string& name) {
   e.status.up = true;
 }
 
+// A device the runtime serves from now on: its device actor and allocator actor.
+void add_device(supervisor_ptr self, const std::string& name) {
+  auto& st = self->state;
+  device_i* dev = registry::instance().find(name);
+  if (dev == nullptr) throw error("supervisor: no device named '" + name + "' is registered");
+  st.device_order.push_back(name);
+  start_device(self, name);
+  device_entry& e = st.devices.at(name);
+  e.allocator = spawn_allocator_actor(self->system(), st.env, name, st.accountant);
+  self->monitor(e.allocator);
+  st.allocators[std::string(dev->buffer_type().name())] = e.allocator;
+}
+
 void start_loader(supervisor_ptr self) {
   auto& st = self->state;
   st.loader = spawn_loader_actor(self->system(), st.env, st.accountant);
@@ -164,6 +177,20 @@ void on_peer_update(supervisor_ptr self, const peer_status& ps) {
     if (p.actor.address() != self->current_sender()) continue;
     p.status = ps;
   }
+  // A peer that was not up when the runtime started (or serves more devices now): its devices get actors
+  // now, so models loaded from here on can use them.
+  if (ps.state == "up" && !st.shutting_down) {
+    for (const std::string& d : ps.devices) {
+      if (st.devices.count(d)) continue;
+      try {
+        add_device(self, d);
+        announce_device(self, d);
+        TROUPE_LOG(info, "supervisor: peer " << ps.name << " is up; its device " << d << " is available");
+      } catch (const std::exception& e) {
+        TROUPE_LOG(warn, "supervisor: device " << d << " of peer " << ps.name << ": " << e.what());
+      }
+    }
+  }
   for (auto& [name, m] : st.models) {
     const auto it = m.peer_epochs.find(ps.name);
     if (it == m.peer_epochs.end()) continue;
@@ -221,14 +248,7 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
   init.accountant = spawn_memory_accountant(self->system());
   self->monitor(init.accountant);
   for (const std::string& name : init.params.devices) {
-    if (init.devices.count(name)) continue;
-    init.device_order.push_back(name);
-    start_device(self, name);
-    device_entry& e = init.devices.at(name);
-    e.allocator = spawn_allocator_actor(self->system(), env, name, init.accountant);
-    self->monitor(e.allocator);
-    device_i* dev = registry::instance().find(name);
-    init.allocators[std::string(dev->buffer_type().name())] = e.allocator;
+    if (!init.devices.count(name)) add_device(self, name);
   }
   init.graphs = spawn_scheduler_actor(self->system(), env, init.accountant, {.allocators = init.allocators});
   self->monitor(init.graphs);

@@ -23,10 +23,15 @@
 
 #include "actors/errors.h"
 #include "actors/peer_actor.h"
+#include "actors/runtime.h"
 #include "actors/runtime_config.h"
 #include "actors/supervisor_actor.h"
 #include "backends/registry.h"
 #include "backends/rpc/rpc.h"
+#include "runtime/llm/generator.h"
+#include "runtime/llm/llm_context.h"
+#include "runtime/llm/model.h"
+#include "runtime/llm/vocab.h"
 #include "runtime/ops.h"
 #include "tests/test_models.h"
 
@@ -413,4 +418,63 @@ TEST_CASE("the peer actor: up, hung with a request in flight, killed, restarted"
   const auto final_b = ask<memory_breakdown>(sys, sup, shutdown_atom_v);
   REQUIRE(final_b);
   CHECK(final_b->n_rejected == 0);
+}
+
+TEST_CASE("a peer that comes up after the engine started: its devices join, a model loads onto it", "[actors][peer]") {
+  register_builtin_backends();
+  // A port nobody listens on yet: bind one, note it, close it.
+  uint16_t port = 0;
+  {
+    peer_process tmp;
+    port = tmp.port();
+  }
+  const std::string device = "RPC[127.0.0.1:" + std::to_string(port) + "]#0";
+  runtime_config cfg;
+  cfg.n_threads = 1;
+  cfg.peers = {{.name = "late", .host = "127.0.0.1", .port = port}};
+  engine eng(cfg);
+  auto has_device_actor = [&] {
+    for (const actor_status& a : eng.status().actors) {
+      if (a.name == "device:" + device && a.up) return true;
+    }
+    return false;
+  };
+  REQUIRE(eng.status().peers.size() == 1);
+  CHECK(eng.status().peers[0].state != "up");
+  CHECK_FALSE(has_device_actor());
+
+  peer_process peer(port);
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!has_device_actor() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  REQUIRE(has_device_actor());
+  CHECK(eng.status().peers[0].state == "up");
+
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  load_options lo;
+  lo.devices = {{device, 99}};
+  lo.n_ctx = 128;
+  lo.n_seq_max = 1;
+  lo.n_threads = 1;
+  const model_info info = eng.load_model("m", path->string(), lo);
+  CHECK(info.n_layer == 5);
+  const memory_breakdown mb = eng.memory();
+  bool on_peer = false;
+  for (const buft_usage& u : mb.entries) on_peer |= u.device == device && u.model > 0;
+  CHECK(on_peer);
+  session s = eng.open_session("m");
+  const generate_reply r = s.generate("Once upon a time", generation_params::greedy(8));
+  // The same tokens as the synchronous generator on the local CPU.
+  auto m = llm::model::load(*path);
+  llm::vocab v(m->meta());
+  llm::llm_context c(*m, {.n_ctx = 128, .n_threads = 1});
+  llm::generator gen(c, v);
+  llm::generate_params gp;
+  gp.max_tokens = 8;
+  gp.sampling.temperature = 0.0f;
+  CHECK(r.tokens == gen.generate(v.tokenize("Once upon a time", true), gp).tokens);
+  s.close();
+  const memory_breakdown final_b = eng.shutdown();
+  CHECK(final_b.model == 0);
+  CHECK(final_b.n_rejected == 0);
 }
