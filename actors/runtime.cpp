@@ -83,7 +83,8 @@ void engine::start() {
                                           .max_restarts = cfg_.max_restarts,
                                           .flush_delay = std::chrono::microseconds(cfg_.flush_delay_us),
                                           .dispatch_splits = cfg_.dispatch_splits,
-                                          .peers = peers});
+                                          .peers = peers,
+                                          .reload_on_reconnect = cfg_.reload_on_peer_reconnect});
 }
 
 engine::~engine() {

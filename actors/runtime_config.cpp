@@ -82,7 +82,7 @@ runtime_config parse_runtime_config(std::string_view text, const std::string& so
     const toml::table* r = rn->as_table();
     if (r == nullptr) fail(source, "[runtime] must be a table", rn->source());
     check_keys(*r, {"devices", "cpu_instances", "cpu_instance_memory", "threads", "caf_threads", "caf_policy", "max_restarts", "flush_delay_us",
-                     "dispatch_splits"},
+                     "dispatch_splits", "reload_on_peer_reconnect"},
                "[runtime]", source);
     if (const toml::node* d = r->get("devices")) {
       const toml::array* a = d->as_array();
@@ -105,6 +105,7 @@ runtime_config parse_runtime_config(std::string_view text, const std::string& so
     c.max_restarts = get<uint32_t>(*r, "max_restarts", c.max_restarts, "runtime", source);
     c.flush_delay_us = get<uint32_t>(*r, "flush_delay_us", c.flush_delay_us, "runtime", source);
     c.dispatch_splits = get<bool>(*r, "dispatch_splits", c.dispatch_splits, "runtime", source);
+    c.reload_on_peer_reconnect = get<bool>(*r, "reload_on_peer_reconnect", c.reload_on_peer_reconnect, "runtime", source);
   }
   if (const toml::node* mn = root.get("model")) {
     const toml::array* models = mn->as_array();

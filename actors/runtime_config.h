@@ -12,6 +12,7 @@
 //   flush_delay_us = 2000          # longest wait of a scheduler for other sessions' steps
 //   dispatch_splits = true         # decode graph splits run on their device actors' threads (false: on the
 //                                  # model's scheduler actor's thread)
+//   reload_on_peer_reconnect = true  # a model whose weights were on a peer that reconnected is loaded again
 //
 //   [[model]]
 //   name = "stories"
@@ -85,6 +86,7 @@ struct runtime_config {
   uint32_t max_restarts = 3;
   uint32_t flush_delay_us = 2000;
   bool dispatch_splits = true;
+  bool reload_on_peer_reconnect = true;  // see supervisor_params::reload_on_reconnect
   std::vector<model_config> models;
   std::vector<peer_config> peers;  // [[peer]] tables (actors/peer_actor.h runs one actor per peer)
 };

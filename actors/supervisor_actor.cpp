@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -29,6 +30,16 @@ struct model_entry {
   std::set<session_actor> sessions;
   actor_status status;
   std::map<std::string, uint64_t> peer_epochs;  // peers holding its weights: the connection they are on
+  load_request request;                         // as loaded (without a progress actor): what a reload repeats
+};
+
+// A model loaded again because a peer holding its weights reconnected (its buffers there went with the old
+// connection). Listed in runtime_status as its model, down, while it runs or after it failed (until the
+// peer's next reconnect retries it, or the user loads or unloads the model).
+struct reload_entry {
+  load_request request;
+  actor_status status;
+  bool running = false;
 };
 
 struct peer_entry {
@@ -46,6 +57,7 @@ struct supervisor_state {
   std::map<std::string, device_entry> devices;
   std::map<std::string, allocator_actor> allocators;  // by buffer type name
   std::map<std::string, model_entry> models;
+  std::map<std::string, reload_entry> reloads;
   std::vector<peer_entry> peers;
   actor_status loader_status{"loader"};
   uint64_t next_session = 1;
@@ -169,10 +181,86 @@ const peer_entry* peer_of(const supervisor_state& st, const std::string& device)
   return nullptr;
 }
 
-// A peer's new state: models with weights on it are marked down while it is down, and stay down after it
-// reconnects (the old connection's buffers, their weights, are gone: the model must be loaded again).
+void stop_model(supervisor_ptr self, const std::string& name, std::function<void()> done);
+
+// The devices a load request places anything on (layers and tensor overrides).
+std::vector<std::string> devices_of(const load_request& r) {
+  std::vector<std::string> out;
+  for (const device_layers& d : r.devices) out.push_back(d.device);
+  for (const tensor_override& o : r.overrides) out.push_back(o.device);
+  return out;
+}
+
+// Checks r's devices, has the loader load the model and starts its scheduler; `done` gets the result.
+void load_model(supervisor_ptr self, load_request r, std::function<void(caf::expected<model_info>)> done) {
+  auto& st = self->state;
+  if (st.shutting_down) return done(make_error(errc::down, "the runtime is shutting down"));
+  if (!st.loader_status.up) return done(make_error(errc::down, "the loader is down"));
+  for (const std::string& name : devices_of(r)) {
+    const auto it = st.devices.find(name);
+    if (it == st.devices.end()) return done(make_error(errc::not_found, "no device actor for device '" + name + "'"));
+    if (!it->second.status.up) return done(make_error(errc::down, "device " + name + " is down"));
+    if (const peer_entry* pe = peer_of(st, name); pe != nullptr && pe->status.state != "up") {
+      return done(make_error(errc::down, "device " + name + " is on peer " + pe->status.name + " (" + pe->status.address +
+                                             "), which is " + pe->status.state +
+                                             (pe->status.last_error.empty() ? "" : ": " + pe->status.last_error)));
+    }
+  }
+  self->request(st.loader, caf::infinite, load_atom_v, r)
+      .then(
+          [self, r, done](const model_info& info) {
+            auto& s = self->state;
+            if (s.shutting_down) {
+              // Loaded while the runtime began to stop: give the weights back at once.
+              self->request(s.loader, caf::infinite, unload_atom_v, info.name).then([](bool) {}, [](const caf::error&) {});
+              return done(make_error(errc::down, "the runtime is shutting down"));
+            }
+            model_entry& e = s.models[info.name];
+            e.sched = start_scheduler(self, info.name);
+            e.status.name = "model:" + info.name;
+            e.status.up = true;
+            e.request = r;
+            e.request.progress = caf::actor{};
+            for (const std::string& d : devices_of(r)) {
+              const peer_entry* pe = peer_of(s, d);
+              if (pe == nullptr || e.peer_epochs.count(pe->status.name)) continue;
+              e.peer_epochs[pe->status.name] = pe->status.epoch;
+              self->send(pe->actor, attach_atom_v, info.name);
+            }
+            done(info);
+          },
+          [done](const caf::error& e) { done(e); });
+}
+
+// Loads a model of st.reloads again (it is not loaded now).
+void run_reload(supervisor_ptr self, const std::string& name) {
+  auto& st = self->state;
+  const auto it = st.reloads.find(name);
+  if (it == st.reloads.end() || st.shutting_down) return;
+  it->second.running = true;
+  TROUPE_LOG(info, "supervisor: loading model " << name << " again (" << it->second.status.last_error << ")");
+  load_model(self, it->second.request, [self, name](caf::expected<model_info> r) {
+    auto& s = self->state;
+    const auto e = s.reloads.find(name);
+    if (e == s.reloads.end()) return;
+    if (r) {
+      TROUPE_LOG(info, "supervisor: model " << name << " is loaded again");
+      s.reloads.erase(e);
+      return;
+    }
+    e->second.running = false;
+    e->second.status.last_error = "loading it again failed: " + describe(r.error());
+    TROUPE_LOG(warn, "supervisor: model " << name << ": " << e->second.status.last_error);
+  });
+}
+
+// A peer's new state: models with weights on it are marked down while it is down. After it reconnects the
+// old connection's buffers, their weights, are gone: with reload_on_reconnect the model is unloaded and
+// loaded again by itself (its sessions end; new ones can be opened once it is up), otherwise it stays down
+// until the user loads it again.
 void on_peer_update(supervisor_ptr self, const peer_status& ps) {
   auto& st = self->state;
+  std::vector<std::string> reloads;
   for (peer_entry& p : st.peers) {
     if (p.actor.address() != self->current_sender()) continue;
     p.status = ps;
@@ -205,13 +293,35 @@ void on_peer_update(supervisor_ptr self, const peer_status& ps) {
       const std::string was = m.status.last_error;
       m.status.up = false;
       m.status.last_error = "needs peer " + ps.name + " (" + ps.address + "), which reconnected (connection " +
-                            std::to_string(ps.epoch) + "): its weights there were lost with the old connection; "
-                            "unload and load the model again";
+                            std::to_string(ps.epoch) + "): its weights there were lost with the old connection; " +
+                            (st.params.reload_on_reconnect ? "loading it again" : "unload and load the model again");
+      if (st.params.reload_on_reconnect) {
+        reloads.push_back(name);
+        continue;
+      }
       if (m.status.last_error == was) continue;
     } else {
       continue;
     }
     TROUPE_LOG(warn, "supervisor: model " << name << " is down: " << m.status.last_error);
+  }
+  if (st.shutting_down) return;
+  for (const std::string& name : reloads) {
+    model_entry& m = st.models.at(name);
+    st.reloads[name] = reload_entry{m.request, m.status, true};
+    stop_model(self, name, [self, name] { run_reload(self, name); });
+  }
+  // Reloads that failed earlier (the peer went away again meanwhile, say) are retried when it is back.
+  if (ps.state == "up") {
+    for (auto& [name, r] : st.reloads) {
+      if (r.running) continue;
+      const auto ds = devices_of(r.request);
+      if (std::any_of(ds.begin(), ds.end(), [&](const std::string& d) {
+            return std::find(ps.devices.begin(), ps.devices.end(), d) != ps.devices.end();
+          })) {
+        run_reload(self, name);
+      }
+    }
   }
 }
 
@@ -264,40 +374,27 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
   return {
       [self](load_atom, const load_request& r) -> caf::result<model_info> {
         auto& st = self->state;
-        if (st.shutting_down) return make_error(errc::down, "the runtime is shutting down");
-        if (!st.loader_status.up) return make_error(errc::down, "the loader is down");
-        for (const device_layers& d : r.devices) {
-          const auto it = st.devices.find(d.device);
-          if (it == st.devices.end()) return make_error(errc::not_found, "no device actor for device '" + d.device + "'");
-          if (!it->second.status.up) return make_error(errc::down, "device " + d.device + " is down");
-          if (const peer_entry* pe = peer_of(st, d.device); pe != nullptr && pe->status.state != "up") {
-            return make_error(errc::down, "device " + d.device + " is on peer " + pe->status.name + " (" +
-                                              pe->status.address + "), which is " + pe->status.state +
-                                              (pe->status.last_error.empty() ? "" : ": " + pe->status.last_error));
-          }
+        if (const auto it = st.reloads.find(r.name); it != st.reloads.end()) {
+          if (it->second.running) return make_error(errc::busy, "model " + r.name + " is being loaded again right now");
+          st.reloads.erase(it);  // the user's load replaces the failed reload
         }
         auto rp = self->make_response_promise<model_info>();
-        self->request(st.loader, caf::infinite, load_atom_v, r)
-            .then(
-                [self, rp, r](const model_info& info) mutable {
-                  auto& s = self->state;
-                  model_entry& e = s.models[info.name];
-                  e.sched = start_scheduler(self, info.name);
-                  e.status.name = "model:" + info.name;
-                  e.status.up = true;
-                  for (const device_layers& d : r.devices) {
-                    if (const peer_entry* pe = peer_of(s, d.device)) {
-                      e.peer_epochs[pe->status.name] = pe->status.epoch;
-                      self->send(pe->actor, attach_atom_v, info.name);
-                    }
-                  }
-                  rp.deliver(info);
-                },
-                [rp](const caf::error& e) mutable { rp.deliver(e); });
+        load_model(self, r, [rp](caf::expected<model_info> info) mutable {
+          if (info) {
+            rp.deliver(*info);
+          } else {
+            rp.deliver(info.error());
+          }
+        });
         return rp;
       },
       [self](unload_atom, const std::string& name) -> caf::result<bool> {
         auto& st = self->state;
+        if (const auto it = st.reloads.find(name); it != st.reloads.end()) {
+          if (it->second.running) return make_error(errc::busy, "model " + name + " is being loaded again right now");
+          st.reloads.erase(it);
+          return true;
+        }
         if (!st.models.count(name)) return false;
         auto rp = self->make_response_promise<bool>();
         stop_model(self, name, [rp]() mutable { rp.deliver(true); });
@@ -306,7 +403,12 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
       [self](open_atom, const session_request& r) -> caf::result<session_actor> {
         auto& st = self->state;
         const auto it = st.models.find(r.model);
-        if (it == st.models.end()) return make_error(errc::not_found, "no model named '" + r.model + "' is loaded");
+        if (it == st.models.end()) {
+          if (const auto re = st.reloads.find(r.model); re != st.reloads.end()) {
+            return make_error(errc::down, "model " + r.model + " is down: " + re->second.status.last_error);
+          }
+          return make_error(errc::not_found, "no model named '" + r.model + "' is loaded");
+        }
         if (!it->second.status.up) return make_error(errc::down, "model " + r.model + " is down: " + it->second.status.last_error);
         std::shared_ptr<const loaded_model> m = st.env->model(r.model);
         if (!m) return make_error(errc::not_found, "model " + r.model + " has no weights");
@@ -345,6 +447,9 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
         for (const auto& [name, m] : st.models) {
           s.actors.push_back(m.status);
           s.models.push_back(name);
+        }
+        for (const auto& [name, r] : st.reloads) {
+          if (!st.models.count(name)) s.actors.push_back(r.status);
         }
         for (const peer_entry& pe : st.peers) s.peers.push_back(pe.status);
         return s;

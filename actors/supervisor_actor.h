@@ -56,6 +56,9 @@ struct supervisor_params {
   // The supervisor watches them: a model with weights on a peer that goes down is marked down (naming the
   // peer), runtime_status lists every peer; it stops them at shutdown.
   std::vector<peer_actor> peers;
+  // A model whose weights were on a peer that reconnected (they went with the old connection) is loaded
+  // again by itself; false: it stays down, saying so, until loaded again.
+  bool reload_on_reconnect = true;
 };
 
 // Spawns the supervisor and its actors. Throws error for a device the registry does not have.

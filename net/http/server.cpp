@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 #include <thread>
 
 #include "actors/session_actor.h"
@@ -107,6 +108,18 @@ class lease {
   lease& operator=(const lease&) = delete;
   session& get() { return *s_; }
   void broken() { broken_ = true; }
+  // Swaps in a fresh session for one that stopped working (its model was loaded again, say); the old one
+  // is closed outside the lock.
+  void replace(std::unique_ptr<session> fresh) {
+    std::unique_ptr<session> old;
+    {
+      std::lock_guard l(ms_.m);
+      std::replace(ms_.active.begin(), ms_.active.end(), s_.get(), fresh.get());
+      old = std::move(s_);
+      s_ = std::move(fresh);
+    }
+    old.reset();
+  }
 
  private:
   daemon::model_slots& ms_;
@@ -179,6 +192,7 @@ std::unique_ptr<lease> acquire(engine& eng, daemon::model_slots& ms, daemon_metr
 // the same thread; the shared state keeps the lease until the response is gone).
 struct answer_state {
   completion_request request;
+  std::string model;  // the configured model's name
   std::unique_ptr<lease> claim;
   std::string id;
   int64_t created = 0;
@@ -250,10 +264,20 @@ void daemon::load_models() {
 }
 
 std::vector<model_gauges> daemon::gauges() const {
+  // Loaded and not down now (a model whose peer is gone, or that is being loaded again, is not serving).
+  std::set<std::string> down;
+  try {
+    for (const actors::actor_status& a : eng_.status().actors) {
+      if (!a.up && a.name.rfind("model:", 0) == 0) down.insert(a.name.substr(6));
+    }
+  } catch (const std::exception&) {
+    // the runtime is stopping: what was loaded is what is reported
+  }
   std::vector<model_gauges> out;
   for (const auto& ms : models_) {
     std::lock_guard l(ms->m);
-    out.push_back({ms->config.name, ms->loaded.load(), ms->busy, static_cast<uint32_t>(ms->idle.size()), ms->slots});
+    out.push_back({ms->config.name, ms->loaded.load() && !down.count(ms->config.name), ms->busy,
+                   static_cast<uint32_t>(ms->idle.size()), ms->slots});
   }
   return out;
 }
@@ -370,17 +394,27 @@ void daemon::routes() {
 
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     json j;
+    json models = json::array();
+    size_t ready = 0;
+    const std::vector<model_gauges> gs = gauges();
+    for (const model_gauges& g : gs) {
+      models.push_back({{"name", g.model}, {"ready", g.ready}});
+      ready += g.ready ? 1 : 0;
+    }
     if (stopping_.load()) {
       res.status = 503;
       j = {{"status", "shutting down"}};
     } else if (!ready_.load()) {
       res.status = 503;
       j = {{"status", "loading"}};
+    } else if (ready == 0 && !gs.empty()) {
+      res.status = 503;  // nothing can be served (every model's peer is down, say)
+      j = {{"status", "unavailable"}};
+    } else if (ready < gs.size()) {
+      j = {{"status", "degraded"}};  // some models are down: /health's models say which
     } else {
       j = {{"status", "ok"}};
     }
-    json models = json::array();
-    for (const model_gauges& g : gauges()) models.push_back({{"name", g.model}, {"ready", g.ready}});
     j["models"] = models;
     res.set_content(dump(j), "application/json");
   });
@@ -454,6 +488,7 @@ void daemon::routes() {
                           chat ? "messages" : "prompt", "context_length_exceeded");
         }
         st->claim = acquire(eng_, ms, metrics_, cfg_.server, stopping_);
+        st->model = ms.config.name;
         st->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id_.fetch_add(1));
         st->created = unix_now();
         if (cfg_.server.request_timeout_s > 0) {
@@ -493,17 +528,34 @@ void daemon::routes() {
             return true;
           };
           actors::generate_reply reply;
-          try {
-            session& sess = st->claim->get();
-            reply = req.chat ? sess.chat(req.messages, req.params, on_piece) : sess.generate(req.prompt, req.params, on_piece);
-          } catch (const actors::request_error& e) {
-            if (e.is(actors::errc::down) || e.is(actors::errc::busy)) st->claim->broken();
-            const api_error ae(e.is(actors::errc::capacity) ? 400 : 500, e.is(actors::errc::capacity) ? "invalid_request_error" : "server_error",
-                               e.what());
-            TROUPE_LOG(warn, "http: " << st->id << ": " << e.what());
-            write(req.stream ? "data: " + dump(ae.body()) + "\n\n" : dump(ae.body()));
-            if (!gone) sink.done();
-            return !gone;
+          for (int attempt = 0;; ++attempt) {
+            try {
+              session& sess = st->claim->get();
+              reply = req.chat ? sess.chat(req.messages, req.params, on_piece) : sess.generate(req.prompt, req.params, on_piece);
+              break;
+            } catch (const actors::request_error& e) {
+              // The session's actor is gone (its model was loaded again after a peer reconnected, say) and
+              // nothing of the answer went out (a plain answer's heartbeat spaces do not count): once more,
+              // on a fresh session.
+              if (attempt == 0 && first && e.is(actors::errc::down)) {
+                try {
+                  st->claim->replace(std::make_unique<session>(eng_.open_session(st->model)));
+                  TROUPE_LOG(info, "http: " << st->id << ": " << e.what() << "; retrying on a new session");
+                  continue;
+                } catch (const std::exception&) {
+                  // the model itself is down: the first error says why
+                }
+              }
+              if (e.is(actors::errc::down) || e.is(actors::errc::busy)) st->claim->broken();
+              // A model that is down (its peer is gone, it is being loaded again) is a 503: retry later.
+              const api_error ae = e.is(actors::errc::capacity) ? api_error(400, "invalid_request_error", e.what())
+                                   : e.is(actors::errc::down) ? api_error(503, "unavailable_error", e.what())
+                                                              : api_error(500, "server_error", e.what());
+              TROUPE_LOG(warn, "http: " << st->id << ": " << e.what());
+              write(req.stream ? "data: " + dump(ae.body()) + "\n\n" : dump(ae.body()));
+              if (!gone) sink.done();
+              return !gone;
+            }
           }
           if (reply.finish == "cancelled") {
             if (gone) {

@@ -259,6 +259,10 @@ TEST_CASE("a peer that cannot be reached is down, with its error, and retried wi
 }
 
 TEST_CASE("the peer actor: up, hung with a request in flight, killed, restarted", "[actors][peer]") {
+  // reload: the supervisor loads the model again by itself after the peer reconnected (the default);
+  // otherwise the model stays down, saying so, until the user loads it again.
+  const bool reload = GENERATE(true, false);
+  INFO("reload_on_reconnect = " << reload);
   register_builtin_backends();
   auto peer = std::make_unique<peer_process>();
   const uint16_t port = peer->port();
@@ -287,7 +291,8 @@ TEST_CASE("the peer actor: up, hung with a request in flight, killed, restarted"
   // A supervisor with the peer's device; a model with layers on it when the test model is there.
   auto env = std::make_shared<runtime_env>();
   const auto model = test::model_path("stories260K.gguf");
-  const supervisor_actor sup = spawn_supervisor(sys, env, {.devices = {"CPU", s.devices[0]}, .n_threads = 1, .peers = {p}});
+  const supervisor_actor sup = spawn_supervisor(
+      sys, env, {.devices = {"CPU", s.devices[0]}, .n_threads = 1, .peers = {p}, .reload_on_reconnect = reload});
   // The supervisor stops the peer actor too (a second shutdown request after the test's own is refused).
   stop_on_exit guard{[sup] { caf::anon_send(sup, shutdown_atom_v); }};
   caf::expected<session_actor> sess{caf::error{}};
@@ -389,7 +394,29 @@ TEST_CASE("the peer actor: up, hung with a request in flight, killed, restarted"
   CHECK(s.failures == 0);
   CHECK(device_works(*dev));
   CHECK(ask<peer_memory>(sys, p, memory_atom_v));
-  if (model) {
+  if (model && reload) {
+    // The model's weights went with the old connection: the supervisor loads it again by itself, and it
+    // answers as before.
+    auto model_up = [&] {
+      const auto rs = ask<runtime_status>(sys, sup, get_atom_v, status_atom_v);
+      REQUIRE(rs);
+      for (const actor_status& a : rs->actors) {
+        if (a.name == "model:m") return a.up;
+      }
+      return false;
+    };
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (!model_up() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
+    REQUIRE(model_up());
+    s = wait_for(sys, p, [](const peer_status& x) { return x.models.size() == 1; });
+    CHECK(s.models == std::vector<std::string>{"m"});
+    const auto s2 = ask<session_actor>(sys, sup, open_atom_v, session_request{"m"});
+    REQUIRE(s2);
+    const auto r = ask<generate_reply>(sys, *s2, generate_atom_v, greedy("Once upon a time", 8));
+    if (!r) FAIL(describe(r.error()));
+    CHECK(r->text == first_text);
+  }
+  if (model && !reload) {
     // The model's weights went with the old connection: it stays down and says so until loaded again.
     const auto rs = ask<runtime_status>(sys, sup, get_atom_v, status_atom_v);
     REQUIRE(rs);

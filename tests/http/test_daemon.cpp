@@ -390,12 +390,13 @@ TEST_CASE("daemon: a bad configuration is refused with the file, line and key", 
   std::filesystem::remove(junk);
 }
 
-// `troupe peer --port 0` on 127.0.0.1: its address from the first line it prints; SIGTERMed at the end.
+// `troupe peer --port P` on 127.0.0.1 (0: any free port): its address from the first line it prints;
+// SIGTERMed at the end (or SIGKILLed by kill()).
 class peer_server {
  public:
-  peer_server() {
+  explicit peer_server(int port = 0) {
     int out = -1;
-    std::tie(pid_, out) = test::spawn_piped({TROUPE_BIN, "peer", "--port", "0", "-t", "1"}, STDOUT_FILENO);
+    std::tie(pid_, out) = test::spawn_piped({TROUPE_BIN, "peer", "--port", std::to_string(port), "-t", "1"}, STDOUT_FILENO);
     std::string line;
     char ch = 0;
     pollfd pfd{out, POLLIN, 0};
@@ -406,17 +407,24 @@ class peer_server {
     address_ = m[1];
   }
   ~peer_server() {
-    kill(pid_, SIGTERM);
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
     waitpid(pid_, nullptr, 0);
   }
+  void kill() {
+    ::kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
   const std::string& address() const { return address_; }
+  int port() const { return std::stoi(address_.substr(address_.rfind(':') + 1)); }
 
  private:
   pid_t pid_ = -1;
   std::string address_;
 };
 
-TEST_CASE("daemon: a configured remote peer holds the model's layers", "[http][daemon][peer]") {
+TEST_CASE("daemon: a configured remote peer holds the model's layers, dies and comes back", "[http][daemon][peer]") {
   const auto model = test::model_path("stories260K.gguf");
   if (!model) return;
   peer_server peer;
@@ -436,6 +444,48 @@ TEST_CASE("daemon: a configured remote peer holds the model's layers", "[http][d
   auto mem = c.Get("/metrics");
   REQUIRE(mem);
   CHECK_THAT(mem->body, Contains("troupe_memory_bytes{buft=\"RPC[" + peer.address() + "]#0\""));
+
+  // A second session: a streamed answer holds the first one while another request comes.
+  {
+    json slow = greedy_chat(200);
+    slow["stream"] = true;
+    raw_request held(d.port(), "/v1/chat/completions", slow.dump());
+    REQUIRE(held.read_until("data: "));
+    r = c.Post("/v1/chat/completions", greedy_chat().dump(), "application/json");
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+  }
+
+  // The peer dies: the daemon keeps serving, says the model is down, and answers its requests with an
+  // error naming the peer.
+  const int port = peer.port();
+  peer.kill();
+  auto ready = [&] {
+    auto h = c.Get("/health");
+    return h && json::parse(h->body)["models"][0]["ready"].get<bool>();
+  };
+  REQUIRE(eventually([&] { return !ready(); }));
+  auto h = c.Get("/health");
+  REQUIRE(h);
+  CHECK(h->status == 503);
+  CHECK(json::parse(h->body)["status"] == "unavailable");
+  CHECK(metric(c, "troupe_model_ready{model=\"stories\"}") == 0);
+  r = c.Post("/v1/chat/completions", greedy_chat().dump(), "application/json");
+  REQUIRE(r);
+  CHECK_THAT(r->body, Contains("error") && Contains(peer.address()));
+
+  // It comes back on the same port: the model is loaded onto it again by itself, and the next request is
+  // answered right (on a new session: the old ones went with the old weights).
+  peer_server again(port);
+  REQUIRE(again.address() == peer.address());
+  REQUIRE(eventually(ready));
+  r = c.Post("/v1/chat/completions", greedy_chat().dump(), "application/json");
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  CHECK(json::parse(r->body)["choices"][0]["tokens"].get<std::vector<int>>() == reference_tokens);
+  CHECK_THAT(d.log(), Contains("model stories is loaded again"));
+  // The idle session of before had ended with the old weights: the request went to a new one.
+  CHECK_THAT(d.log(), Contains("retrying on a new session"));
   d.signal(SIGTERM);
   CHECK(d.wait_exit(std::chrono::seconds(30)) == 0);
   CHECK_THAT(d.log(), Contains("stopped: 0 bytes still held"));
