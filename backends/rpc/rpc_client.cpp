@@ -52,20 +52,29 @@ struct client::impl {
   version server_ver;
   client_stats st;
   std::map<uint32_t, std::vector<uint8_t>> last_graph;  // per device: the last graph the peer holds
-  // Per device: how long graph_recompute took to answer lately (a moving average). A decode step takes
-  // about as long as the last one, so the reply is polled for around then rather than slept on (waking up
-  // costs tens of microseconds on a virtual machine).
-  std::map<uint32_t, std::chrono::nanoseconds> recompute_latency;
+  // Per device: how long graph_recompute took to answer lately, and how much that varies (moving averages
+  // of the latency and of its deviation, as TCP estimates round-trip times). A decode step takes about as
+  // long as the last ones, so the reply is polled for from two deviations before the expected time to two
+  // after it, and slept on before (waking up costs tens of microseconds on a virtual machine).
+  struct latency_estimate {
+    std::chrono::nanoseconds mean{0};
+    std::chrono::nanoseconds deviation{0};
+  };
+  std::map<uint32_t, latency_estimate> recompute_latency;
   poll_window recompute_window(uint32_t device, std::chrono::steady_clock::time_point sent) const {
     const auto it = recompute_latency.find(device);
-    if (it == recompute_latency.end() || it->second <= opts.busy_poll) return {sent, sent + opts.busy_poll};
-    const std::chrono::nanoseconds expected = it->second;
-    const std::chrono::nanoseconds margin = std::max<std::chrono::nanoseconds>(opts.busy_poll, expected / 16);
-    return {sent + expected - margin, sent + expected + margin};
+    if (it == recompute_latency.end() || it->second.mean <= opts.busy_poll) return {sent, sent + opts.busy_poll};
+    const latency_estimate& e = it->second;
+    const std::chrono::nanoseconds margin = std::max<std::chrono::nanoseconds>(opts.busy_poll, 2 * e.deviation);
+    return {sent + e.mean - std::min(margin, e.mean), sent + e.mean + margin};
   }
   void note_recompute(uint32_t device, std::chrono::nanoseconds took) {
-    auto [it, fresh] = recompute_latency.try_emplace(device, took);
-    if (!fresh) it->second = (it->second * 3 + took) / 4;
+    auto [it, fresh] = recompute_latency.try_emplace(device, latency_estimate{took, took / 8});
+    if (fresh) return;
+    latency_estimate& e = it->second;
+    const std::chrono::nanoseconds error = took - e.mean;
+    e.mean += error / 8;
+    e.deviation += (std::chrono::abs(error) - e.deviation) / 4;
   }
 
   // Down (mark_down): every request fails at once, without waiting for the mutex or reconnecting.
