@@ -491,6 +491,32 @@ TEST_CASE("daemon: a configured remote peer holds the model's layers, dies and c
   CHECK_THAT(d.log(), Contains("stopped: 0 bytes still held"));
 }
 
+TEST_CASE("troupe bench --rpc: generation with every layer on a troupe peer", "[http][peer][bench]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  peer_server peer;
+  auto [pid, out] = test::spawn_piped({TROUPE_BIN, "bench", "-m", model->string(), "-p", "0", "-n", "16", "-r", "2",
+                                       "-t", "1", "-o", "json", "--rpc", peer.address()},
+                                      STDOUT_FILENO);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = read(out, buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
+  close(out);
+  int st = 0;
+  REQUIRE(waitpid(pid, &st, 0) == pid);
+  INFO(text);
+  REQUIRE(WIFEXITED(st));
+  REQUIRE(WEXITSTATUS(st) == 0);
+  const json j = json::parse(text);
+  REQUIRE(j.size() == 1);
+  CHECK(j[0]["backend"] == "RPC");
+  CHECK(j[0]["test"] == "tg16");
+  CHECK(j[0]["avg_ts"].get<double>() > 0);
+  // One round trip per token: inputs travel with the graph, the logits with the reply.
+  CHECK(j[0]["round_trips_per_token"].get<double>() == 1.0);
+  CHECK(j[0]["graphs_sent_per_token"].get<double>() < 0.5);
+}
+
 TEST_CASE("daemon: load test, 16 clients and 200 requests on stories260K, none fails", "[http][daemon][load]") {
   const auto model = test::model_path("stories260K.gguf");
   if (!model) return;

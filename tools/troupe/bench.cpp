@@ -1,11 +1,15 @@
 // troupe bench: prompt-processing and generation throughput, like llama-bench.
 //
 //   troupe bench -m MODEL [-p 128] [-n 64] [-t THREADS] [-r 5] [-b 512] [-o table|json]
+//                [--rpc HOST:PORT[,HOST:PORT...] [--rpc-key-file F]]
 //   troupe bench ops [...]   kernel throughput without a model (bench_ops.cpp)
 //
 // pp<N>: one batch of N tokens decoded at once (prompt processing), tokens per second.
 // tg<N>: N tokens decoded one at a time (generation), tokens per second.
 // Each test runs once as a warm-up, then -r times; the table shows mean ± standard deviation.
+// --rpc: every layer on remote peers (`troupe peer`), split evenly over the first device of each; this
+// process keeps the token embeddings. The table's last columns then give the round trips and the graphs
+// sent per generated token.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "backends/rpc/rpc.h"
+#include "net/rpc/auth.h"
 #include "runtime/llm/llm_context.h"
 #include "tools/troupe/commands.h"
 
@@ -27,12 +33,16 @@ struct bench_options {
   int reps = 5;
   int n_batch = 512;
   std::string output = "table";
+  std::vector<std::string> rpc;  // peers holding the layers
+  std::string rpc_key_file;
 };
 
 struct result {
   std::string test;
   int n_tokens = 0;
   std::vector<double> tps;
+  double round_trips = 0;  // per token, with --rpc
+  double graphs_sent = 0;
   double mean() const {
     double s = 0;
     for (double v : tps) s += v;
@@ -97,7 +107,25 @@ int run_bench(const bench_options& o) {
     std::fprintf(stderr, "troupe bench: -p, -n must be >= 0, -r and -b >= 1\n");
     return 1;
   }
-  auto m = llm::model::load(o.model);
+  llm::model_params mp;
+  std::vector<std::shared_ptr<rpc::client>> peers;
+  if (!o.rpc.empty()) {
+    const std::string key = o.rpc_key_file.empty() ? std::string() : rpc::load_key_file(o.rpc_key_file);
+    std::vector<device_i*> devs;
+    for (const std::string& ep : o.rpc) {
+      device_i* d = rpc::add_peer(ep, key).at(0);
+      devs.push_back(d);
+      peers.push_back(rpc::client_of(*d));
+    }
+    // Layers split evenly (the output layer goes with the last device).
+    const int n_layer = static_cast<int>(llm::model::open(o.model)->hp().n_layer);
+    for (size_t i = 0; i < devs.size(); ++i) {
+      const int begin = n_layer * static_cast<int>(i) / static_cast<int>(devs.size());
+      const int end = n_layer * static_cast<int>(i + 1) / static_cast<int>(devs.size());
+      mp.devices.emplace_back(devs[i], end - begin + (i + 1 == devs.size() ? 1 : 0));
+    }
+  }
+  auto m = llm::model::load(o.model, mp);
   const uint32_t n_ctx = static_cast<uint32_t>(std::max(o.n_prompt, o.n_gen) + 32);
   llm::llm_context ctx(*m, {.n_ctx = n_ctx, .n_batch = static_cast<uint32_t>(std::max(o.n_prompt, 1)),
                             .n_ubatch = static_cast<uint32_t>(o.n_batch), .n_threads = o.n_threads});
@@ -115,23 +143,35 @@ int run_bench(const bench_options& o) {
     result r{"tg" + std::to_string(o.n_gen), o.n_gen, {}};
     const auto toks = random_tokens(o.n_gen, m->hp().n_vocab, 2);
     run_tg(ctx, toks);
+    for (auto& p : peers) p->reset_stats();
     for (int i = 0; i < o.reps; ++i) r.tps.push_back(o.n_gen / run_tg(ctx, toks));
+    for (auto& p : peers) {
+      r.round_trips += static_cast<double>(p->stats().round_trips);
+      r.graphs_sent += static_cast<double>(p->stats().graphs_sent);
+    }
+    r.round_trips /= static_cast<double>(o.n_gen) * o.reps;
+    r.graphs_sent /= static_cast<double>(o.n_gen) * o.reps;
     results.push_back(r);
   }
 
   const std::string model_desc = m->hp().name + " " + human_params(m->n_params());
+  const char* backend = peers.empty() ? "CPU" : "RPC";
   if (o.output == "json") {
     std::printf("[\n");
     for (size_t i = 0; i < results.size(); ++i) {
       const result& r = results[i];
       std::printf("  {\"model\": \"%s\", \"model_type\": \"%s\", \"model_size\": %llu, \"model_n_params\": %llu, "
-                  "\"backend\": \"CPU\", \"n_threads\": %d, \"n_batch\": %d, \"test\": \"%s\", \"n_prompt\": %d, "
+                  "\"backend\": \"%s\", \"n_threads\": %d, \"n_batch\": %d, \"test\": \"%s\", \"n_prompt\": %d, "
                   "\"n_gen\": %d, \"avg_ts\": %.3f, \"stddev_ts\": %.3f, \"samples_ts\": [",
                   o.model.c_str(), model_desc.c_str(), static_cast<unsigned long long>(m->n_bytes()),
-                  static_cast<unsigned long long>(m->n_params()), threads, o.n_batch, r.test.c_str(),
+                  static_cast<unsigned long long>(m->n_params()), backend, threads, o.n_batch, r.test.c_str(),
                   r.test[0] == 'p' ? r.n_tokens : 0, r.test[0] == 't' ? r.n_tokens : 0, r.mean(), r.stddev());
       for (size_t k = 0; k < r.tps.size(); ++k) std::printf("%s%.3f", k ? ", " : "", r.tps[k]);
-      std::printf("]}%s\n", i + 1 < results.size() ? "," : "");
+      std::printf("]");
+      if (!peers.empty() && r.test[0] == 't') {
+        std::printf(", \"round_trips_per_token\": %.3f, \"graphs_sent_per_token\": %.3f", r.round_trips, r.graphs_sent);
+      }
+      std::printf("}%s\n", i + 1 < results.size() ? "," : "");
     }
     std::printf("]\n");
     return 0;
@@ -145,7 +185,12 @@ int run_bench(const bench_options& o) {
     char tps[48];
     std::snprintf(tps, sizeof tps, "%.2f ± %.2f", r.mean(), r.stddev());
     std::printf("| %-24s | %10s | %10s | %-7s | %7d | %8s | %21s |\n", model_desc.c_str(), human_size(m->n_bytes()).c_str(),
-                human_params(m->n_params()).c_str(), "CPU", threads, r.test.c_str(), tps);
+                human_params(m->n_params()).c_str(), backend, threads, r.test.c_str(), tps);
+  }
+  for (const result& r : results) {
+    if (peers.empty() || r.test[0] != 't') continue;
+    std::printf("\n%s on %zu peer(s): %.2f round trips and %.3f graphs sent per generated token\n", r.test.c_str(),
+                peers.size(), r.round_trips, r.graphs_sent);
   }
   return 0;
 }
@@ -167,6 +212,9 @@ command_fn add_bench(CLI::App& app) {
   app.add_option("-r,--repetitions", o->reps, "repetitions of each test");
   app.add_option("-b,--ubatch-size", o->n_batch, "tokens per graph");
   app.add_option("-o,--output", o->output, "table or json")->check(CLI::IsMember({"table", "json"}));
+  app.add_option("--rpc", o->rpc, "remote peers (troupe peer) holding every layer, split evenly: HOST:PORT,...")
+      ->delimiter(',');
+  app.add_option("--rpc-key-file", o->rpc_key_file, "the peers' shared key (troupe peer --auth-key-file)");
   return [o, ops, run_ops, http, run_http] {
     if (ops->parsed()) return run_ops();
     if (http->parsed()) return run_http();
