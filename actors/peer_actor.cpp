@@ -33,6 +33,7 @@ peer_params to_peer_params(const peer_config& c) {
   p.port = c.port;
   p.tls = c.tls;
   p.tls_ca = c.tls_ca;
+  p.busy_poll = std::chrono::microseconds(c.busy_poll_us);
   if (!c.key_file.empty()) {
     try {
       p.key = rpc::load_key_file(c.key_file);
@@ -272,6 +273,7 @@ peer_actor::behavior_type peer(peer_ptr self, peer_params p) {
   o.tls_verify = init.params.tls_verify;
   o.connect_timeout = init.params.connect_timeout;
   o.io_timeout = init.params.io_timeout;
+  o.busy_poll = init.params.busy_poll;
   o.auto_reconnect = false;  // only this actor reconnects, with backoff
   init.client = std::make_shared<rpc::client>(std::move(o));
   // The client reports a lost connection from the thread whose request failed.

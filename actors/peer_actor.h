@@ -75,6 +75,7 @@ struct peer_params {
   bool tls_verify = true;                           // false: any certificate (tests only)
   std::chrono::milliseconds connect_timeout{3000};
   std::chrono::milliseconds io_timeout{300000};     // one request on the connection (bulk uploads too)
+  std::chrono::microseconds busy_poll{250};         // rpc::client_options::busy_poll
   std::chrono::milliseconds health_interval{1000};  // between health checks while up
   std::chrono::milliseconds health_timeout{2000};   // a check not answered within this fails
   backoff_params backoff;

@@ -18,7 +18,7 @@ using config_toml::get;
 
 namespace {
 
-// [[peer]] tables: name, address = "host:port", key_file, tls, tls_ca.
+// [[peer]] tables: name, address = "host:port", key_file, tls, tls_ca, busy_poll_us.
 void parse_peers(const toml::table& root, runtime_config& c, const std::string& source) {
   const toml::node* pn = root.get("peer");
   if (pn == nullptr) return;
@@ -27,7 +27,7 @@ void parse_peers(const toml::table& root, runtime_config& c, const std::string& 
   for (const toml::node& node : *peers) {
     const toml::table* t = node.as_table();
     if (t == nullptr) fail(source, "[[peer]] must be an array of tables", node.source());
-    check_keys(*t, {"name", "address", "key_file", "tls", "tls_ca"}, "[[peer]]", source);
+    check_keys(*t, {"name", "address", "key_file", "tls", "tls_ca", "busy_poll_us"}, "[[peer]]", source);
     peer_config p;
     p.name = get<std::string>(*t, "name", "", "peer", source);
     const std::string address = get<std::string>(*t, "address", "", "peer", source);
@@ -60,6 +60,7 @@ void parse_peers(const toml::table& root, runtime_config& c, const std::string& 
     p.key_file = get<std::string>(*t, "key_file", "", "peer", source);
     p.tls = get<bool>(*t, "tls", false, "peer", source);
     p.tls_ca = get<std::string>(*t, "tls_ca", "", "peer", source);
+    p.busy_poll_us = get<uint32_t>(*t, "busy_poll_us", p.busy_poll_us, "peer", source);
     c.peers.push_back(std::move(p));
   }
 }

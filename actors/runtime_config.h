@@ -71,6 +71,7 @@ struct peer_config {
   std::string key_file;
   bool tls = false;
   std::string tls_ca;
+  uint32_t busy_poll_us = 250;  // how long a reply is polled for before sleeping on the socket (0: never)
 };
 
 struct runtime_config {

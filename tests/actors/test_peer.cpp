@@ -214,6 +214,7 @@ name = "box"
 address = "10.0.0.2:50052"
 tls = true
 tls_ca = "ca.pem"
+busy_poll_us = 0
 
 [[peer]]
 name = "v6"
@@ -225,6 +226,9 @@ address = "[::1]:7000"
   CHECK(c.peers[0].port == 50052);
   CHECK(c.peers[0].tls);
   CHECK(c.peers[0].tls_ca == "ca.pem");
+  CHECK(c.peers[0].busy_poll_us == 0);
+  CHECK(to_peer_params(c.peers[0]).busy_poll == 0us);
+  CHECK(c.peers[1].busy_poll_us == 250);
   CHECK(c.peers[1].host == "::1");
   CHECK(c.peers[1].port == 7000);
   CHECK_THROWS_WITH(parse_runtime_config("[[peer]]\nname = \"x\"\naddress = \"nohost\"\n"), Catch::Contains("host:port"));
@@ -232,6 +236,8 @@ address = "[::1]:7000"
   CHECK_THROWS_WITH(parse_runtime_config("[[peer]]\nname = \"x\"\naddress = \"h:1\"\nkey = \"k\"\n"), Catch::Contains("'key'"));
   CHECK_THROWS_WITH(parse_runtime_config("[[peer]]\nname = \"x\"\naddress = \"h:1\"\n[[peer]]\nname = \"x\"\naddress = \"h:2\"\n"),
                     Catch::Contains("twice"));
+  CHECK_THROWS_WITH(parse_runtime_config("[[peer]]\nname = \"x\"\naddress = \"h:1\"\nbusy_poll_us = -5\n"),
+                    Catch::Contains("busy_poll_us"));
   peer_config missing{.name = "x", .host = "h", .port = 1, .key_file = "/nonexistent/peer.key"};
   CHECK_THROWS_WITH(to_peer_params(missing), Catch::Contains("peer x") && Catch::Contains("/nonexistent/peer.key"));
 }
