@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <utility>
 #include <map>
 #include <set>
 
@@ -62,6 +63,7 @@ struct supervisor_state {
   actor_status loader_status{"loader"};
   uint64_t next_session = 1;
   bool shutting_down = false;
+  std::function<void()> after_reloads;  // a shutdown waiting for running reloads to end
   static inline const char* name = "troupe.supervisor";
 };
 
@@ -211,9 +213,11 @@ void load_model(supervisor_ptr self, load_request r, std::function<void(caf::exp
           [self, r, done](const model_info& info) {
             auto& s = self->state;
             if (s.shutting_down) {
-              // Loaded while the runtime began to stop: give the weights back at once.
-              self->request(s.loader, caf::infinite, unload_atom_v, info.name).then([](bool) {}, [](const caf::error&) {});
-              return done(make_error(errc::down, "the runtime is shutting down"));
+              // Loaded while the runtime began to stop: give the weights back before saying so.
+              auto refuse = [done] { done(make_error(errc::down, "the runtime is shutting down")); };
+              self->request(s.loader, caf::infinite, unload_atom_v, info.name)
+                  .then([refuse](bool) { refuse(); }, [refuse](const caf::error&) { refuse(); });
+              return;
             }
             model_entry& e = s.models[info.name];
             e.sched = start_scheduler(self, info.name);
@@ -232,25 +236,40 @@ void load_model(supervisor_ptr self, load_request r, std::function<void(caf::exp
           [done](const caf::error& e) { done(e); });
 }
 
+// After a reload ended: a shutdown waiting for the running ones goes on when none is left.
+void reload_ended(supervisor_ptr self) {
+  auto& st = self->state;
+  const bool running = std::any_of(st.reloads.begin(), st.reloads.end(), [](const auto& kv) { return kv.second.running; });
+  if (!running && st.after_reloads) std::exchange(st.after_reloads, nullptr)();
+}
+
 // Loads a model of st.reloads again (it is not loaded now).
 void run_reload(supervisor_ptr self, const std::string& name) {
   auto& st = self->state;
   const auto it = st.reloads.find(name);
-  if (it == st.reloads.end() || st.shutting_down) return;
+  if (it == st.reloads.end()) return;
+  if (st.shutting_down) {
+    it->second.running = false;
+    reload_ended(self);
+    return;
+  }
   it->second.running = true;
   TROUPE_LOG(info, "supervisor: loading model " << name << " again (" << it->second.status.last_error << ")");
   load_model(self, it->second.request, [self, name](caf::expected<model_info> r) {
     auto& s = self->state;
     const auto e = s.reloads.find(name);
-    if (e == s.reloads.end()) return;
-    if (r) {
-      TROUPE_LOG(info, "supervisor: model " << name << " is loaded again");
-      s.reloads.erase(e);
-      return;
+    if (e != s.reloads.end()) {
+      if (r) {
+        TROUPE_LOG(info, "supervisor: model " << name << " is loaded again");
+        s.reloads.erase(e);
+      } else {
+        e->second.running = false;
+        e->second.status.last_error = "loading it again failed: " + describe(r.error());
+        TROUPE_LOG(warn, "supervisor: model " << name << ": " << e->second.status.last_error);
+      }
     }
-    e->second.running = false;
-    e->second.status.last_error = "loading it again failed: " + describe(r.error());
-    TROUPE_LOG(warn, "supervisor: model " << name << ": " << e->second.status.last_error);
+    // A shutdown waits for running reloads (their weights must be given back before the final figures).
+    reload_ended(self);
   });
 }
 
@@ -522,8 +541,17 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
         auto model_done = [left, finish]() mutable {
           if (--*left == 0) finish();
         };
-        for (const std::string& name : names) stop_model(self, name, model_done);
-        model_done();
+        // Models being loaded again finish first (a model they load now is given back at once).
+        auto stop_models = [self, names, model_done]() mutable {
+          for (const std::string& name : names) stop_model(self, name, model_done);
+          model_done();
+        };
+        const bool reloading = std::any_of(st.reloads.begin(), st.reloads.end(), [](const auto& kv) { return kv.second.running; });
+        if (reloading) {
+          st.after_reloads = stop_models;
+        } else {
+          stop_models();
+        }
         return rp;
       },
   };

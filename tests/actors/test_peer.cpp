@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <future>
 #include <string>
 #include <thread>
@@ -510,4 +511,49 @@ TEST_CASE("a peer that comes up after the engine started: its devices join, a mo
   const memory_breakdown final_b = eng.shutdown();
   CHECK(final_b.model == 0);
   CHECK(final_b.n_rejected == 0);
+}
+
+TEST_CASE("a shutdown while a model is being loaded again waits for it, and everything is given back", "[actors][peer]") {
+  // SmolLM2 (92 MiB over loopback) so that the reload lasts long enough to shut down in the middle of it.
+  const auto path = test::smollm2_path();
+  if (!path) return;
+  register_builtin_backends();
+  auto peer = std::make_unique<peer_process>();
+  const uint16_t port = peer->port();
+  const std::string device = "RPC[127.0.0.1:" + std::to_string(port) + "]#0";
+  runtime_config cfg;
+  cfg.n_threads = 1;
+  cfg.peers = {{.name = "box", .host = "127.0.0.1", .port = port}};
+  engine eng(cfg);
+  load_options lo;
+  lo.devices = {{device, 99}};
+  lo.n_ctx = 128;
+  lo.n_seq_max = 1;
+  lo.n_threads = 1;
+  eng.load_model("m", path->string(), lo);
+  auto model_error = [&]() -> std::optional<std::string> {
+    for (const actor_status& a : eng.status().actors) {
+      if (a.name == "model:m") return a.up ? std::string() : a.last_error;
+    }
+    return std::nullopt;
+  };
+  peer->kill();
+  peer.reset();
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (model_error() == std::string() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  REQUIRE(model_error().value_or("").find("needs peer box") != std::string::npos);
+
+  peer = std::make_unique<peer_process>(port);
+  deadline = std::chrono::steady_clock::now() + 30s;
+  std::optional<std::string> e;
+  while (((e = model_error()) && e->find("loading it again") == std::string::npos && !e->empty()) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  if (!e || e->find("loading it again") == std::string::npos) WARN("the reload ended before the shutdown began");
+  const memory_breakdown b = eng.shutdown();
+  CHECK(b.model == 0);
+  CHECK(b.context == 0);
+  CHECK(b.compute == 0);
+  CHECK(b.n_rejected == 0);
 }
