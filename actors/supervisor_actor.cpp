@@ -236,11 +236,14 @@ void load_model(supervisor_ptr self, load_request r, std::function<void(caf::exp
           [done](const caf::error& e) { done(e); });
 }
 
+bool reload_running(const supervisor_state& st) {
+  return std::any_of(st.reloads.begin(), st.reloads.end(), [](const auto& kv) { return kv.second.running; });
+}
+
 // After a reload ended: a shutdown waiting for the running ones goes on when none is left.
 void reload_ended(supervisor_ptr self) {
   auto& st = self->state;
-  const bool running = std::any_of(st.reloads.begin(), st.reloads.end(), [](const auto& kv) { return kv.second.running; });
-  if (!running && st.after_reloads) std::exchange(st.after_reloads, nullptr)();
+  if (!reload_running(st) && st.after_reloads) std::exchange(st.after_reloads, nullptr)();
 }
 
 // Loads a model of st.reloads again (it is not loaded now).
@@ -546,8 +549,7 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
           for (const std::string& name : names) stop_model(self, name, model_done);
           model_done();
         };
-        const bool reloading = std::any_of(st.reloads.begin(), st.reloads.end(), [](const auto& kv) { return kv.second.running; });
-        if (reloading) {
+        if (reload_running(st)) {
           st.after_reloads = stop_models;
         } else {
           stop_models();
