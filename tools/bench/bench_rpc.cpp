@@ -27,6 +27,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/rpc/rpc.h"
+#include "net/rpc/busy_poll.h"
 #include "net/rpc/server.h"
 #include "runtime/llm/llm_context.h"
 
@@ -46,15 +47,12 @@ void raw_read(tcp::socket& s, void* p, size_t n, bool poll) {
   size_t done = 0;
   if (poll) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
-    while (done < n && std::chrono::steady_clock::now() < until) {
-      std::error_code ec;
+    std::error_code ec;
+    rpc::busy_poll(until, [&] {
       done += s.read_some(asio::buffer(dst + done, n - done), ec);
-      if (ec == asio::error::would_block || ec == asio::error::try_again) {
-        std::this_thread::yield();
-      } else if (ec) {
-        throw std::system_error(ec);
-      }
-    }
+      return done == n || (ec && ec != asio::error::would_block && ec != asio::error::try_again);
+    });
+    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) throw std::system_error(ec);
     if (done == n) return;
     s.non_blocking(false);
   }
