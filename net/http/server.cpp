@@ -107,6 +107,7 @@ class lease {
   lease(const lease&) = delete;
   lease& operator=(const lease&) = delete;
   session& get() { return *s_; }
+  const std::string& model() const { return ms_.config.name; }
   void broken() { broken_ = true; }
   // Swaps in a fresh session for one that stopped working (its model was loaded again, say); the old one
   // is closed outside the lock.
@@ -192,7 +193,6 @@ std::unique_ptr<lease> acquire(engine& eng, daemon::model_slots& ms, daemon_metr
 // the same thread; the shared state keeps the lease until the response is gone).
 struct answer_state {
   completion_request request;
-  std::string model;  // the configured model's name
   std::unique_ptr<lease> claim;
   std::string id;
   int64_t created = 0;
@@ -488,7 +488,6 @@ void daemon::routes() {
                           chat ? "messages" : "prompt", "context_length_exceeded");
         }
         st->claim = acquire(eng_, ms, metrics_, cfg_.server, stopping_);
-        st->model = ms.config.name;
         st->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id_.fetch_add(1));
         st->created = unix_now();
         if (cfg_.server.request_timeout_s > 0) {
@@ -539,7 +538,7 @@ void daemon::routes() {
               // on a fresh session.
               if (attempt == 0 && first && e.is(actors::errc::down)) {
                 try {
-                  st->claim->replace(std::make_unique<session>(eng_.open_session(st->model)));
+                  st->claim->replace(std::make_unique<session>(eng_.open_session(st->claim->model())));
                   TROUPE_LOG(info, "http: " << st->id << ": " << e.what() << "; retrying on a new session");
                   continue;
                 } catch (const std::exception&) {
