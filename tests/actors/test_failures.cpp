@@ -13,6 +13,7 @@
 #include "actors/runtime.h"
 #include "backends/cpu_instance.h"
 #include "backends/registry.h"
+#include "tests/actors/ask.h"
 #include "tests/test_models.h"
 
 using namespace troupe;
@@ -22,11 +23,7 @@ namespace {
 
 template <class T, class Handle, class... Ts>
 caf::expected<T> ask(caf::actor_system& sys, const Handle& h, Ts&&... xs) {
-  caf::scoped_actor self{sys};
-  caf::expected<T> out{caf::error{}};
-  self->request(h, std::chrono::seconds(30), std::forward<Ts>(xs)...)
-      .receive([&](T& v) { out = std::move(v); }, [&](caf::error& e) { out = std::move(e); });
-  return out;
+  return test::ask_within<T>(std::chrono::seconds(30), sys, h, std::forward<Ts>(xs)...);
 }
 
 }  // namespace

@@ -34,6 +34,7 @@
 #include "runtime/llm/model.h"
 #include "runtime/llm/vocab.h"
 #include "runtime/ops.h"
+#include "tests/actors/ask.h"
 #include "tests/test_models.h"
 
 extern char** environ;
@@ -123,14 +124,7 @@ caf::actor_system_config& config() {
   return cfg;
 }
 
-template <class T, class Handle, class... Ts>
-caf::expected<T> ask(caf::actor_system& sys, const Handle& h, Ts&&... xs) {
-  caf::scoped_actor self{sys};
-  caf::expected<T> out{caf::error{}};
-  self->request(h, std::chrono::seconds(60), std::forward<Ts>(xs)...)
-      .receive([&](T& v) { out = std::move(v); }, [&](caf::error& e) { out = std::move(e); });
-  return out;
-}
+using test::ask;
 
 // Polls the peer's status until pred holds (at most `limit`); returns the last status seen.
 peer_status wait_for(caf::actor_system& sys, const peer_actor& p, const std::function<bool(const peer_status&)>& pred,

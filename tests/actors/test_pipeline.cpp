@@ -14,6 +14,7 @@
 #include "actors/runtime.h"
 #include "actors/scheduler_actor.h"
 #include "runtime/ops.h"
+#include "tests/actors/ask.h"
 #include "tests/actors/pipeline_fixture.h"
 
 using namespace troupe;
@@ -21,14 +22,7 @@ using namespace troupe::actors;
 
 namespace {
 
-template <class T, class Handle, class... Ts>
-caf::expected<T> ask(caf::actor_system& sys, const Handle& h, Ts&&... xs) {
-  caf::scoped_actor self{sys};
-  caf::expected<T> out{caf::error{}};
-  self->request(h, std::chrono::seconds(60), std::forward<Ts>(xs)...)
-      .receive([&](T& v) { out = std::move(v); }, [&](caf::error& e) { out = std::move(e); });
-  return out;
-}
+using test::ask;
 
 std::pair<backend_i*, backend_i*> backends(engine& eng) {
   for (int i = 0; i < 500; ++i) {
