@@ -30,10 +30,7 @@ caf::error error_from(const std::exception& e) {
   const std::string what = e.what();
   if (dynamic_cast<const load_cancelled*>(&e) != nullptr) return make_error(errc::cancelled, what);
   if (dynamic_cast<const capacity_error*>(&e) != nullptr) return make_error(errc::capacity, what);
-  if (dynamic_cast<const backend_error*>(&e) != nullptr &&
-      (what.find("allocate") != std::string::npos || what.find("exceed") != std::string::npos)) {
-    return make_error(errc::out_of_memory, what);
-  }
+  if (dynamic_cast<const out_of_memory_error*>(&e) != nullptr) return make_error(errc::out_of_memory, what);
   return make_error(errc::failed, what);
 }
 

@@ -35,8 +35,8 @@ std::string_view errc_name(errc e);
 constexpr caf::atom_value error_category = caf::atom("troupe");
 
 caf::error make_error(errc code, std::string message);
-// The error for an exception caught at an actor's edge: backend_error -> out_of_memory when it says it
-// cannot allocate, capacity_error -> capacity, load_cancelled -> cancelled, otherwise failed.
+// The error for an exception caught at an actor's edge, by its type: out_of_memory_error -> out_of_memory,
+// capacity_error -> capacity, load_cancelled -> cancelled, anything else -> failed.
 caf::error error_from(const std::exception& e);
 // "not_found: no model named 'x'" for troupe's errors, CAF's rendering otherwise.
 std::string describe(const caf::error& e);

@@ -113,8 +113,8 @@ buffer_ptr instance_buffer_type::alloc_buffer(size_t size) {
     size_t cur = used_.load();
     do {
       if (cur + bytes > limit_) {
-        throw backend_error("buffer type " + name_ + ": cannot allocate " + std::to_string(size) + " bytes (" +
-                            std::to_string(limit_ - cur) + " of " + std::to_string(limit_) + " bytes free)");
+        throw out_of_memory_error("buffer type " + name_ + ": cannot allocate " + std::to_string(size) + " bytes (" +
+                                  std::to_string(limit_ - cur) + " of " + std::to_string(limit_) + " bytes free)");
       }
     } while (!used_.compare_exchange_weak(cur, cur + bytes));
   } else {
@@ -123,7 +123,7 @@ buffer_ptr instance_buffer_type::alloc_buffer(size_t size) {
   void* p = alloc_memory(bytes);
   if (p == nullptr) {
     used_.fetch_sub(bytes);
-    throw backend_error("buffer type " + name_ + ": cannot allocate " + std::to_string(size) + " bytes");
+    throw out_of_memory_error("buffer type " + name_ + ": cannot allocate " + std::to_string(size) + " bytes");
   }
   return std::make_unique<instance_buffer>(*this, p, size, bytes);
 }

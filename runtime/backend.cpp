@@ -147,8 +147,8 @@ buffer_ptr alloc_ctx_tensors(context& ctx, buffer_type_i& bt) {
   });
   if (total == 0) return nullptr;
   if (total > bt.max_size()) {
-    throw backend_error("alloc_ctx_tensors: " + std::to_string(total) + " bytes exceed the max buffer size " +
-                        std::to_string(bt.max_size()) + " of buffer type " + std::string(bt.name()));
+    throw out_of_memory_error("alloc_ctx_tensors: " + std::to_string(total) + " bytes exceed the max buffer size " +
+                              std::to_string(bt.max_size()) + " of buffer type " + std::string(bt.name()));
   }
   buffer_ptr buf = bt.alloc_buffer(total);
   auto* base = static_cast<char*>(buf->base());

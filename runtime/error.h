@@ -41,4 +41,11 @@ class backend_error : public error {
   using error::error;
 };
 
+// A buffer type could not allocate what was asked: the device (or a configured limit) has no room, or the
+// size exceeds the buffer type's max_size. Thrown by buffer types; actors report it as errc::out_of_memory.
+class out_of_memory_error : public backend_error {
+ public:
+  using backend_error::backend_error;
+};
+
 }  // namespace troupe

@@ -61,14 +61,14 @@ class host_buffer_type_impl final : public buffer_type_i {
   std::string_view name() const override { return name_; }
   buffer_ptr alloc_buffer(size_t size) override {
     if (size > max_size_) {
-      throw backend_error("buffer type " + name_ + ": " + std::to_string(size) + " bytes exceed its max size " +
-                          std::to_string(max_size_));
+      throw out_of_memory_error("buffer type " + name_ + ": " + std::to_string(size) + " bytes exceed its max size " +
+                                std::to_string(max_size_));
     }
     // Never hand out a null base, even for an empty buffer, so tensors of size 0 still have an address.
     const size_t bytes = std::max<size_t>(host_alignment, (size + host_alignment - 1) / host_alignment * host_alignment);
     void* p = std::aligned_alloc(host_alignment, bytes);
     if (p == nullptr) {
-      throw backend_error("buffer type " + name_ + ": cannot allocate " + std::to_string(size) + " bytes");
+      throw out_of_memory_error("buffer type " + name_ + ": cannot allocate " + std::to_string(size) + " bytes");
     }
     return std::make_unique<host_buffer>(*this, p, size, true);
   }
@@ -200,7 +200,7 @@ class cpu_backend_impl final : public cpu_backend {
       size = 0;
       const size_t bytes = (n + host_alignment - 1) / host_alignment * host_alignment;
       data = static_cast<uint8_t*>(std::aligned_alloc(host_alignment, bytes));
-      if (data == nullptr) throw backend_error("CPU: cannot allocate a work buffer of " + std::to_string(n) + " bytes");
+      if (data == nullptr) throw out_of_memory_error("CPU: cannot allocate a work buffer of " + std::to_string(n) + " bytes");
       size = n;
     }
   };

@@ -640,7 +640,14 @@ remote_buffer client::alloc_buffer(uint32_t device, uint64_t size) {
   writer w(p);
   w.u32(device);
   w.u64(size);
-  const auto rep = impl_->call(command::alloc_buffer, p, 16);
+  std::vector<uint8_t> rep;
+  try {
+    rep = impl_->call(command::alloc_buffer, p, 16);
+  } catch (const remote_error& e) {
+    // The peer checked the request (device index, sizes); a refusal after that is its memory or its limits.
+    if (e.code() == status::failed) throw out_of_memory_error(e.what());
+    throw;
+  }
   if (rep.size() != 16) impl_->fail("bad alloc_buffer reply");
   return {impl_->epoch, read_u64(rep)};
 }

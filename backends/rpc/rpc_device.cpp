@@ -51,8 +51,8 @@ device_i& rpc_buffer_type::device() const { return dev_; }
 
 buffer_ptr rpc_buffer_type::alloc_buffer(size_t size) {
   if (size > max_size_) {
-    throw backend_error("buffer type " + std::string(name()) + ": " + std::to_string(size) +
-                        " bytes exceed its max size " + std::to_string(max_size_));
+    throw out_of_memory_error("buffer type " + std::string(name()) + ": " + std::to_string(size) +
+                              " bytes exceed its max size " + std::to_string(max_size_));
   }
   const remote_buffer rb = dev_.conn().alloc_buffer(dev_.index(), size);
   return std::make_unique<rpc_buffer>(*this, dev_.conn_ptr(), rb, size);

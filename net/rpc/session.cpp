@@ -284,12 +284,12 @@ reply session::alloc_buffer(reader& r) {
   uint64_t limit = dev.buffer_type().max_size();
   if (cfg_.max_buffer_size != 0) limit = std::min(limit, cfg_.max_buffer_size);
   if (size > limit) {
-    throw backend_error("a buffer of " + std::to_string(size) + " bytes exceeds the limit of " +
-                        std::to_string(limit) + " on " + std::string(dev.name()));
+    throw out_of_memory_error("a buffer of " + std::to_string(size) + " bytes exceeds the limit of " +
+                              std::to_string(limit) + " on " + std::string(dev.name()));
   }
   if (cfg_.max_connection_bytes != 0 && size > cfg_.max_connection_bytes - std::min(bytes_, cfg_.max_connection_bytes)) {
-    throw backend_error("a buffer of " + std::to_string(size) + " bytes exceeds this connection's limit (" +
-                        std::to_string(bytes_) + " of " + std::to_string(cfg_.max_connection_bytes) + " in use)");
+    throw out_of_memory_error("a buffer of " + std::to_string(size) + " bytes exceeds this connection's limit (" +
+                              std::to_string(bytes_) + " of " + std::to_string(cfg_.max_connection_bytes) + " in use)");
   }
   if (buffers_.size() >= cfg_.max_buffers) {
     throw backend_error("this connection already holds " + std::to_string(buffers_.size()) + " buffers");

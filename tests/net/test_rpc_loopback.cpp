@@ -535,3 +535,22 @@ TEST_CASE("several devices per server, each its own remote device", "[rpc][loopb
     for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-6));
   }
 }
+
+TEST_CASE("a peer that refuses an allocation is an out-of-memory error on the client, by type", "[rpc][loopback]") {
+  auto srv = testing::start_server({.max_connection_bytes = 1u << 20});
+  client c(local(srv->port()));
+  c.connect();
+  const remote_buffer fits = c.alloc_buffer(0, 512u << 10);
+  CHECK_THROWS_AS(c.alloc_buffer(0, 768u << 10), out_of_memory_error);  // over the connection's limit
+  bool refused = false;
+  try {
+    c.alloc_buffer(7, 1024);  // no such device: a bad request, not memory
+  } catch (const out_of_memory_error&) {
+    FAIL("a bad device index is not an out-of-memory error");
+  } catch (const remote_error& e) {
+    refused = e.code() != status::ok;
+  }
+  CHECK(refused);
+  c.free_buffer(fits);
+  CHECK_NOTHROW(c.free_buffer(c.alloc_buffer(0, 768u << 10)));  // room again
+}
