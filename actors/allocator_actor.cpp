@@ -73,17 +73,18 @@ allocator_actor::behavior_type allocator(allocator_ptr self, runtime_env_ptr env
         m.planned = now;
         return now;
       },
+      [self](release_atom, all_atom) -> uint64_t {
+        auto& st = self->state;
+        uint64_t n = 0;
+        for (const auto& [o, m] : st.owners) {
+          n += m.total();
+          report(self, o, -static_cast<int64_t>(m.total()));
+        }
+        st.owners.clear();
+        return n;
+      },
       [self](release_atom, const std::string& owner) -> uint64_t {
         auto& st = self->state;
-        if (owner.empty()) {
-          uint64_t n = 0;
-          for (const auto& [o, m] : st.owners) {
-            n += m.total();
-            report(self, o, -static_cast<int64_t>(m.total()));
-          }
-          st.owners.clear();
-          return n;
-        }
         const auto it = st.owners.find(owner);
         if (it == st.owners.end()) return 0;
         const uint64_t n = it->second.total();

@@ -10,8 +10,6 @@
 #pragma once
 
 #include <caf/actor_system.hpp>
-#include <caf/replies_to.hpp>
-#include <caf/typed_actor.hpp>
 
 #include <string>
 
@@ -21,16 +19,7 @@
 
 namespace troupe::actors {
 
-using allocator_actor = caf::typed_actor<
-    // The owner's externally held compute memory of this buffer type is now `bytes`; replies the change.
-    caf::replies_to<reserve_atom, compute_reservation>::with<int64_t>,
-    // Places an in-process graph (local_registry id) in this owner's buffers, growing them if needed;
-    // replies the bytes the owner's buffers now hold.
-    caf::replies_to<plan_atom, graph_plan>::with<uint64_t>,
-    // Releases every reservation and buffer of an owner ("": of every owner); replies the bytes released.
-    caf::replies_to<release_atom, std::string>::with<uint64_t>,
-    // Bytes per owner.
-    caf::replies_to<get_atom, usage_atom>::with<allocator_usage>>;
+// The interface (using allocator_actor = caf::typed_actor<...>) is in actors/handles.h.
 
 // The allocator for the default buffer type of `device`. Throws error when the registry has no such device.
 allocator_actor spawn_allocator_actor(caf::actor_system& sys, runtime_env_ptr env, const std::string& device,

@@ -119,15 +119,17 @@ device_actor::behavior_type device(device_ptr self, runtime_env_ptr env, device_
       },
       [self](free_atom, uint64_t id) -> caf::result<uint64_t> {
         auto& st = self->state;
+        if (st.find(id) == nullptr) return not_found(st, "no buffer " + std::to_string(id));
+        const uint64_t n = free_buffer(self, id);
+        self->send(st.accountant, device_atom_v, st.status());
+        return n;
+      },
+      [self](free_atom, all_atom) -> uint64_t {
+        auto& st = self->state;
+        std::vector<uint64_t> ids;
+        for (const auto& [i, b] : st.buffers) ids.push_back(i);
         uint64_t n = 0;
-        if (id == 0) {  // every buffer
-          std::vector<uint64_t> ids;
-          for (const auto& [i, b] : st.buffers) ids.push_back(i);
-          for (uint64_t i : ids) n += free_buffer(self, i);
-        } else {
-          if (st.find(id) == nullptr) return not_found(st, "no buffer " + std::to_string(id));
-          n = free_buffer(self, id);
-        }
+        for (uint64_t i : ids) n += free_buffer(self, i);
         self->send(st.accountant, device_atom_v, st.status());
         return n;
       },
@@ -185,25 +187,28 @@ device_actor::behavior_type device(device_ptr self, runtime_env_ptr env, device_
           return make_error(errc::bad_request, e.what());
         }
       },
+      [self](compute_atom, const decode_split& r) -> caf::result<split_result> {
+        // A split of a model context's decode (the model's scheduler actor waits for it).
+        auto& st = self->state;
+        const std::shared_ptr<split_task> task = st.env->objects.get<split_task>(r.task);
+        if (!task) return not_found(st, "no decode split task " + std::to_string(r.task) + " in this process");
+        if (task->device != st.dev->name()) {
+          return make_error(errc::bad_request, "split " + std::to_string(r.split) + " runs on " + task->device);
+        }
+        const auto t0 = clock_type::now();
+        ++st.n_splits;
+        try {
+          (*task->work)();
+        } catch (const std::exception& e) {
+          task->failure = std::current_exception();
+          return error_from(e);
+        }
+        return split_result{0, r.split, std::chrono::duration<double>(clock_type::now() - t0).count()};
+      },
       [self](compute_atom, const split_ref& r) -> caf::result<split_result> {
         auto& st = self->state;
-        if (const std::shared_ptr<split_task> task = st.env->objects.get<split_task>(r.job)) {
-          // A split of a model context's decode (the model's scheduler actor waits for it).
-          if (task->device != st.dev->name()) {
-            return make_error(errc::bad_request, "split " + std::to_string(r.split) + " runs on " + task->device);
-          }
-          const auto t0 = clock_type::now();
-          ++st.n_splits;
-          try {
-            (*task->work)();
-          } catch (const std::exception& e) {
-            task->failure = std::current_exception();
-            return error_from(e);
-          }
-          return split_result{r.microbatch, r.split, std::chrono::duration<double>(clock_type::now() - t0).count()};
-        }
         const std::shared_ptr<pipeline_job> job = st.env->objects.get<pipeline_job>(r.job);
-        if (!job) return not_found(st, "no pipeline job or split " + std::to_string(r.job) + " in this process");
+        if (!job) return not_found(st, "no pipeline job " + std::to_string(r.job) + " in this process");
         if (r.microbatch >= job->microbatches.size()) return make_error(errc::bad_request, "no such micro-batch");
         scheduler& sched = *job->microbatches[r.microbatch].sched;
         if (static_cast<int>(r.split) >= sched.n_splits()) return make_error(errc::bad_request, "no such split");

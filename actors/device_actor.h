@@ -13,8 +13,6 @@
 #pragma once
 
 #include <caf/actor_system.hpp>
-#include <caf/replies_to.hpp>
-#include <caf/typed_actor.hpp>
 
 #include <string>
 #include <vector>
@@ -25,21 +23,7 @@
 
 namespace troupe::actors {
 
-using device_actor = caf::typed_actor<
-    // Allocates a buffer of the device's default buffer type, accounted as the request's kind and owner.
-    caf::replies_to<alloc_atom, alloc_request>::with<buffer_info>,
-    // Frees a buffer this actor allocated; replies its size.
-    caf::replies_to<free_atom, uint64_t>::with<uint64_t>,
-    // Writes bytes into a buffer this actor allocated; replies the bytes written.
-    caf::replies_to<upload_atom, range_upload>::with<uint64_t>,
-    // Loads this device's part of a staged model load (range-mapped reads and uploads).
-    caf::replies_to<upload_atom, upload_job>::with<upload_result>,
-    // Returns bytes of a buffer this actor allocated.
-    caf::replies_to<get_atom, tensor_range>::with<std::vector<char>>,
-    // Computes one split of a pipeline job on this device's backend (its inputs copied in first).
-    caf::replies_to<compute_atom, split_ref>::with<split_result>,
-    // The device's memory now.
-    caf::replies_to<memory_atom>::with<device_status>>;
+// The interface (using device_actor = caf::typed_actor<...>) is in actors/handles.h.
 
 struct device_actor_params {
   int n_threads = 0;  // threads of the device's backend (CPU devices); 0: all

@@ -21,7 +21,7 @@ struct in_flight {
   caf::typed_response_promise<model_info> promise;
   std::shared_ptr<staged_load> load;
   uint64_t job_id = 0;
-  load_request request;
+  model_settings settings;            // resolved
   std::vector<buffer_type_i*> queue;  // targets not dispatched yet (sequential loads)
   size_t outstanding = 0;             // uploads dispatched and not answered
   std::vector<upload_result> uploads;
@@ -73,15 +73,14 @@ void complete(loader_ptr self, const std::string& name) {
     lm->model = std::move(f.load->opened);
     lm->model->attach(f.load->job->finish());
     lm->vocab = std::make_unique<llm::vocab>(lm->model->meta());
-    lm->chat = f.request.chat_template.empty()
+    lm->chat = f.settings.chat_template.empty()
                    ? std::make_unique<llm::chat_template>(lm->model->meta())
-                   : std::make_unique<llm::chat_template>(llm::chat_template::named(f.request.chat_template));
-    lm->request = f.request;
-    lm->request.progress = nullptr;
+                   : std::make_unique<llm::chat_template>(llm::chat_template::named(f.settings.chat_template));
+    lm->settings = f.settings;
     model_info& info = lm->info;
     const llm::hparams& hp = lm->model->hp();
     info.name = name;
-    info.path = f.request.path;
+    info.path = f.settings.path;
     info.arch = hp.name;
     info.n_layer = hp.n_layer;
     info.n_vocab = hp.n_vocab;
@@ -153,9 +152,14 @@ loader_actor::behavior_type loader(loader_ptr self, runtime_env_ptr env, memory_
   self->state.env = env;
   self->state.accountant = acct;
   return {
-      [self](load_atom, const load_request& r) -> caf::result<model_info> {
+      [self](load_atom, const load_request& req) -> caf::result<model_info> {
         auto& st = self->state;
-        if (r.name.empty()) return make_error(errc::bad_request, "load: a model needs a name");
+        model_settings r;
+        try {
+          r = req.model.resolved();
+        } catch (const settings_error& e) {
+          return make_error(errc::bad_request, "load" + (req.model.name.empty() ? "" : " " + req.model.name) + ": " + e.what());
+        }
         if (st.env->model(r.name) || st.loads.count(r.name)) {
           return make_error(errc::bad_request, "load: a model named '" + r.name + "' is already loaded or loading");
         }
@@ -176,20 +180,9 @@ loader_actor::behavior_type loader(loader_ptr self, runtime_env_ptr env, memory_
           }
           mp.overrides.emplace_back(o.pattern, dev);
         }
-        if (!r.chat_template.empty()) {
-          try {
-            (void)llm::chat_template::named(r.chat_template);
-          } catch (const std::exception& e) {
-            return make_error(errc::bad_request, "load " + r.name + ": " + e.what());
-          }
-        }
-        if (r.kv_type != "f16" && r.kv_type != "f32" && r.kv_type != "q8_0") {
-          return make_error(errc::bad_request, "load " + r.name + ": kv_type must be \"f16\", \"f32\" or \"q8_0\", not \"" +
-                                                   r.kv_type + "\"");
-        }
         auto load = std::make_shared<staged_load>();
         load->model = r.name;
-        load->progress = r.progress;
+        load->progress = req.progress;
         try {
           load->opened = llm::model::open(r.path, mp);
           load->job = std::make_unique<load_job>(load->opened->loader().begin(load->opened->plan(), {.use_mmap = r.use_mmap}));
@@ -206,7 +199,7 @@ loader_actor::behavior_type loader(loader_ptr self, runtime_env_ptr env, memory_
         f.promise = self->make_response_promise<model_info>();
         f.load = load;
         f.job_id = st.env->objects.put(load);
-        f.request = r;
+        f.settings = r;
         f.t0 = clock_type::now();
         const std::vector<buffer_type_i*> targets = load->job->targets();
         if (targets.empty()) {
@@ -235,9 +228,7 @@ loader_actor::behavior_type loader(loader_ptr self, runtime_env_ptr env, memory_
         it->second.load->job->cancel();
         it->second.queue.clear();
       },
-      [self](device_atom, const std::string& name, const caf::actor& dev) {
-        self->state.devices[name] = caf::actor_cast<device_actor>(dev);
-      },
+      [self](device_atom, const std::string& name, const device_actor& dev) { self->state.devices[name] = dev; },
   };
 }
 

@@ -4,15 +4,15 @@
 // with progress messages and cancellation. The loaded model is published in the runtime's env and its
 // weights reported to the memory accountant as "model" memory; unload reverses both.
 //
-//   self->request(loader, infinite, load_atom_v, load_request{.name = "m", .path = "m.gguf",
-//                 .devices = {{"CPU1", 8}}, .progress = my_actor}).then(
+//   load_request r{{.name = "m", .path = "m.gguf", .devices = {{"CPU1", 8}}}, my_listener};
+//   self->request(loader, infinite, load_atom_v, r).then(
 //       [](const model_info& i) { ... }, [](const caf::error& e) { ... });   // errc::cancelled, not_found...
+//
+// The settings are validated and resolved here (model_settings::resolved): bad ones are errc::bad_request.
 //   caf::anon_send(loader, cancel_atom_v, std::string("m"));                // stops a running load
 #pragma once
 
 #include <caf/actor_system.hpp>
-#include <caf/replies_to.hpp>
-#include <caf/typed_actor.hpp>
 
 #include <string>
 
@@ -22,15 +22,7 @@
 
 namespace troupe::actors {
 
-using loader_actor = caf::typed_actor<
-    // Loads a model; progress goes to request.progress as (progress_atom, load_progress).
-    caf::replies_to<load_atom, load_request>::with<model_info>,
-    // Releases a loaded model's weights (the caller has stopped its users); replies whether it existed.
-    caf::replies_to<unload_atom, std::string>::with<bool>,
-    // Cancels a running load of that name (its requester gets errc::cancelled).
-    caf::reacts_to<cancel_atom, std::string>,
-    // The device actor serving a device (again, after a restart).
-    caf::reacts_to<device_atom, std::string, caf::actor>>;
+// The interface (using loader_actor = caf::typed_actor<...>) is in actors/handles.h.
 
 loader_actor spawn_loader_actor(caf::actor_system& sys, runtime_env_ptr env, memory_accountant_actor accountant);
 

@@ -50,7 +50,7 @@ double parallel_capacity() {
 load_overlap_figures measure_load_overlap(const measure_params& p) {
   engine eng({.cpu_instances = 2, .n_threads = p.n_threads});
   const int n_layer = static_cast<int>(llm::model::open(p.model)->hp().n_layer);
-  load_options o;
+  model_settings o;
   o.devices = {{"CPU1", n_layer / 2}, {"CPU2", n_layer - n_layer / 2}};
   o.use_mmap = true;  // the host's part (token embeddings) is mapped; the two devices' parts are copied
   load_overlap_figures f;
@@ -86,7 +86,7 @@ batching_figures measure_batching(const measure_params& p) {
   caf::scoped_actor self{eng.system()};
   scheduler_actor sched;
   self->request(eng.supervisor(), std::chrono::seconds(30), get_atom_v, directory_atom_v)
-      .receive([&](const actor_directory& d) { sched = caf::actor_cast<scheduler_actor>(d.schedulers.at(0)); },
+      .receive([&](const actor_directory& d) { sched = d.schedulers.at(0); },
                [](caf::error& e) { throw request_error(e); });
   auto stats = [&] {
     sched_stats s;
@@ -122,9 +122,7 @@ batching_figures measure_batching(const measure_params& p) {
     // The synchronous layer's own batching gain on this model and machine: the bound for the actors.
     std::shared_ptr<const loaded_model> lm = eng.env()->model("m");
     llm::llm_context ctx(*lm->model, {.n_ctx = 2048, .n_seq_max = 2, .n_threads = p.n_threads});
-    llm::generate_params gp;
-    gp.max_tokens = p.max_tokens;
-    gp.sampling.temperature = 0.0f;
+    const auto gp = llm::generate_params::greedy(p.max_tokens);
     const auto prompt = lm->vocab->tokenize(p.prompt, true);
     llm::generate_together(ctx, *lm->vocab, {prompt}, gp);  // warm-up
     double one_tps = 0, two_tps = 0;
@@ -149,9 +147,7 @@ overhead_figures measure_overhead(const measure_params& p) {
   llm::vocab v(m->meta());
   llm::llm_context ctx(*m, {.n_ctx = 2048, .n_seq_max = 1, .n_threads = p.n_threads});
   llm::generator gen(ctx, v);
-  llm::generate_params gp;
-  gp.max_tokens = p.max_tokens;
-  gp.sampling.temperature = 0.0f;
+  const auto gp = llm::generate_params::greedy(p.max_tokens);
   const auto prompt = v.tokenize(p.prompt, true);
 
   // Two runtimes: decode splits dispatched to the device actor (the default), and run in the scheduler.

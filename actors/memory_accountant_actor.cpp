@@ -16,7 +16,7 @@ namespace {
 struct accountant_state {
   memory_ledger ledger;
   std::map<std::string, device_status> devices;  // by name
-  std::vector<caf::actor> subscribers;
+  std::vector<breakdown_subscriber> subscribers;
   uint64_t n_events = 0;
   uint64_t n_rejected = 0;
   static inline const char* name = "troupe.memory_accountant";
@@ -46,7 +46,7 @@ using accountant_ptr = memory_accountant_actor::stateful_pointer<accountant_stat
 void push(accountant_ptr self) {
   if (self->state.subscribers.empty()) return;
   const memory_breakdown b = self->state.breakdown();
-  for (const caf::actor& s : self->state.subscribers) caf::anon_send(s, update_atom_v, b);
+  for (const breakdown_subscriber& s : self->state.subscribers) caf::anon_send(s, update_atom_v, b);
 }
 
 // (CAF 0.17 dereferences a null argument tuple for actors spawned without arguments, which UBSan reports:
@@ -54,7 +54,7 @@ void push(accountant_ptr self) {
 memory_accountant_actor::behavior_type accountant(accountant_ptr self, size_t max_subscribers) {
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& subs = self->state.subscribers;
-    subs.erase(std::remove_if(subs.begin(), subs.end(), [&](const caf::actor& a) { return a.address() == dm.source; }),
+    subs.erase(std::remove_if(subs.begin(), subs.end(), [&](const breakdown_subscriber& a) { return a.address() == dm.source; }),
                subs.end());
   });
   return {
@@ -79,14 +79,14 @@ memory_accountant_actor::behavior_type accountant(accountant_ptr self, size_t ma
         push(self);
       },
       [self](get_atom, breakdown_atom) { return self->state.breakdown(); },
-      [self, max_subscribers](subscribe_atom, const caf::actor& s) {
+      [self, max_subscribers](subscribe_atom, const breakdown_subscriber& s) {
         if (!s || self->state.subscribers.size() >= max_subscribers) return false;
         self->monitor(s);
         self->state.subscribers.push_back(s);
         caf::anon_send(s, update_atom_v, self->state.breakdown());
         return true;
       },
-      [self](unsubscribe_atom, const caf::actor& s) {
+      [self](unsubscribe_atom, const breakdown_subscriber& s) {
         auto& subs = self->state.subscribers;
         subs.erase(std::remove(subs.begin(), subs.end(), s), subs.end());
       },

@@ -5,16 +5,18 @@
 // Conventions: sizes and offsets are bytes (uint64_t); kinds are memory_kind as uint8_t; ids of
 // in-process objects (a load job, a pipeline job, a graph) are uint64_t handles into the runtime's
 // local_registry (actors/local_registry.h) that mean nothing in another process, where a request naming
-// one fails with errc::not_found. Subscribers are untyped caf::actor handles that receive the documented
-// (atom, struct) messages.
+// one fails with errc::not_found. Handles in messages are typed (actors/handles.h).
 #pragma once
 
-#include <caf/actor.hpp>
 #include <caf/meta/type_name.hpp>
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "actors/handles.h"
+#include "actors/model_settings.h"
+#include "runtime/llm/generate_params.h"
 
 namespace troupe::actors {
 
@@ -122,6 +124,14 @@ struct split_ref {
   friend bool operator==(const split_ref&, const split_ref&) = default;
 };
 
+// Compute split `split` of the decode graph of a model context: `task` is the local_registry id of the
+// split task (runtime_env.h) its scheduler actor registered for the device actor.
+struct decode_split {
+  uint64_t task = 0;
+  uint32_t split = 0;
+  friend bool operator==(const decode_split&, const decode_split&) = default;
+};
+
 struct split_result {
   uint32_t microbatch = 0;
   uint32_t split = 0;
@@ -162,36 +172,11 @@ struct allocator_usage {
 
 // ---- loading ----
 
-struct device_layers {
-  std::string device;  // a device with an actor: "CPU1"
-  int32_t layers = 0;  // the model's last layers it takes (as n_gpu_layers)
-  friend bool operator==(const device_layers&, const device_layers&) = default;
-};
-
-// Tensors whose name matches `pattern` (an ECMAScript regex, anywhere in the name) go to `device`,
-// whatever layer they belong to (as llama.cpp's --override-tensor).
-struct tensor_override {
-  std::string pattern;
-  std::string device;
-  friend bool operator==(const tensor_override&, const tensor_override&) = default;
-};
-
+// A model to load: its settings (model_settings.h, validated and resolved by the loader) and who hears
+// of the progress.
 struct load_request {
-  std::string name;                    // the model's name in this runtime (unique)
-  std::string path;                    // GGUF file
-  std::vector<device_layers> devices;  // empty: everything on the CPU
-  bool use_mmap = true;
-  bool parallel = true;                // upload to every device at once (false: one device after another)
-  uint32_t n_ctx = 2048;               // context of the model's sessions together (cells)
-  uint32_t n_batch = 512;
-  uint32_t n_ubatch = 512;
-  uint32_t n_seq_max = 4;              // sessions that may be open at once
-  int32_t n_threads = 0;               // CPU threads for decoding; 0: all
-  uint32_t n_ctx_seq = 0;              // most cells one session may use (prompt + answer); 0: n_ctx
-  std::string kv_type = "f16";         // KV cache element type: "f16", "f32" or "q8_0"
-  std::string chat_template;           // a template family name overriding the model's own; "": the model's
-  std::vector<tensor_override> overrides;
-  caf::actor progress;                 // optional: receives (progress_atom, load_progress)
+  model_settings model;
+  progress_listener progress;  // optional: receives (progress_atom, load_progress)
   friend bool operator==(const load_request&, const load_request&) = default;
 };
 
@@ -220,28 +205,8 @@ struct model_info {
 
 // ---- sessions ----
 
-struct generation_params {
-  int32_t max_tokens = 256;
-  uint32_t seed = 0;
-  float temperature = 0.8f;
-  int32_t top_k = 40;
-  float top_p = 0.95f;
-  float min_p = 0.05f;
-  int32_t penalty_last_n = 64;
-  float repeat_penalty = 1.0f;
-  float frequency_penalty = 0.0f;
-  float presence_penalty = 0.0f;
-  std::vector<std::string> stop;
-  friend bool operator==(const generation_params&, const generation_params&) = default;
-
-  // Greedy decoding (temperature 0) of at most max_tokens tokens: reproducible answers.
-  static generation_params greedy(int32_t max_tokens) {
-    generation_params g;
-    g.max_tokens = max_tokens;
-    g.temperature = 0.0f;
-    return g;
-  }
-};
+// Sampling, length and stop strings of one answer: the LLM layer's own parameters, as they are.
+using generation_params = llm::generate_params;
 
 struct chat_message {
   std::string role;
@@ -254,7 +219,7 @@ struct generate_request {
   std::string prompt;
   std::vector<chat_message> messages;
   generation_params params;
-  caf::actor subscriber;               // optional: receives (token_atom, token_event) per piece
+  token_subscriber subscriber;         // optional: receives (token_atom, token_event) per piece
   friend bool operator==(const generate_request&, const generate_request&) = default;
 };
 
@@ -265,15 +230,9 @@ struct token_event {
   friend bool operator==(const token_event&, const token_event&) = default;
 };
 
-struct generate_reply {
+// The answer (the LLM layer's result: text, finish, tokens, prompt and generation figures) of a session.
+struct generate_reply : llm::generate_result {
   uint64_t session = 0;
-  std::string text;
-  std::string finish;  // "stop", "length"
-  std::vector<int32_t> tokens;
-  int32_t n_prompt = 0;
-  int32_t n_prompt_decoded = 0;
-  double prompt_seconds = 0;
-  double gen_seconds = 0;
   friend bool operator==(const generate_reply&, const generate_reply&) = default;
 };
 
@@ -367,16 +326,16 @@ struct runtime_status {
 
 // Handles of a runtime's actors (for hosts and remote peers that talk to them directly).
 struct actor_directory {
-  caf::actor accountant;
-  caf::actor loader;
+  memory_accountant_actor accountant;
+  loader_actor loader;
   std::vector<std::string> device_names;
-  std::vector<caf::actor> devices;     // device actors, in device_names order
-  std::vector<caf::actor> allocators;  // allocator actors, one per device's buffer type, same order
+  std::vector<device_actor> devices;        // device actors, in device_names order
+  std::vector<allocator_actor> allocators;  // allocator actors, one per device's buffer type, same order
   std::vector<std::string> model_names;
-  std::vector<caf::actor> schedulers;  // one per loaded model, in model_names order
-  caf::actor graphs;                   // the scheduler actor for in-process pipeline jobs
+  std::vector<scheduler_actor> schedulers;  // one per loaded model, in model_names order
+  scheduler_actor graphs;                   // the scheduler actor for in-process pipeline jobs
   std::vector<std::string> peer_names;
-  std::vector<caf::actor> peers;       // peer actors, in peer_names order
+  std::vector<peer_actor> peers;            // peer actors, in peer_names order
   friend bool operator==(const actor_directory&, const actor_directory&) = default;
 };
 
@@ -429,6 +388,10 @@ typename Inspector::result_type inspect(Inspector& f, split_ref& x) {
   return f(caf::meta::type_name("split_ref"), x.job, x.microbatch, x.split);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, decode_split& x) {
+  return f(caf::meta::type_name("decode_split"), x.task, x.split);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, split_result& x) {
   return f(caf::meta::type_name("split_result"), x.microbatch, x.split, x.seconds);
 }
@@ -449,17 +412,8 @@ typename Inspector::result_type inspect(Inspector& f, allocator_usage& x) {
   return f(caf::meta::type_name("allocator_usage"), x.buft, x.owners, x.total, x.n_reallocations);
 }
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, device_layers& x) {
-  return f(caf::meta::type_name("device_layers"), x.device, x.layers);
-}
-template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, load_request& x) {
-  return f(caf::meta::type_name("load_request"), x.name, x.path, x.devices, x.use_mmap, x.parallel, x.n_ctx, x.n_batch,
-           x.n_ubatch, x.n_seq_max, x.n_threads, x.n_ctx_seq, x.kv_type, x.chat_template, x.overrides, x.progress);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, tensor_override& x) {
-  return f(caf::meta::type_name("tensor_override"), x.pattern, x.device);
+  return f(caf::meta::type_name("load_request"), x.model, x.progress);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, load_progress& x) {
@@ -469,11 +423,6 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_info& x) {
   return f(caf::meta::type_name("model_info"), x.name, x.path, x.arch, x.n_layer, x.n_vocab, x.n_ctx_train, x.n_params,
            x.weight_bytes, x.chat_template, x.uploads, x.upload_seconds, x.load_seconds);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, generation_params& x) {
-  return f(caf::meta::type_name("generation_params"), x.max_tokens, x.seed, x.temperature, x.top_k, x.top_p, x.min_p,
-           x.penalty_last_n, x.repeat_penalty, x.frequency_penalty, x.presence_penalty, x.stop);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, chat_message& x) {
@@ -541,3 +490,14 @@ typename Inspector::result_type inspect(Inspector& f, actor_directory& x) {
 }
 
 }  // namespace troupe::actors
+
+// The LLM layer's generation parameters cross process boundaries inside generate_request.
+namespace troupe::llm {
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, generate_params& x) {
+  return f(caf::meta::type_name("generate_params"), x.max_tokens, x.seed, x.temperature, x.top_k, x.top_p, x.min_p,
+           x.penalty_last_n, x.repeat_penalty, x.frequency_penalty, x.presence_penalty, x.stop);
+}
+
+}  // namespace troupe::llm

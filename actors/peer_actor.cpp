@@ -104,7 +104,7 @@ struct peer_state {
   caf::actor worker;
   peer_status status;
   std::set<std::string> models;
-  std::vector<caf::actor> subscribers;
+  std::vector<peer_subscriber> subscribers;
   uint64_t generation = 0;  // of the scheduled retry or check; bumping it cancels the pending one
   clock::time_point retry_at{};
   bool busy = false;        // an attempt or a check is in flight on the worker
@@ -138,10 +138,9 @@ peer_status snapshot(peer_ptr self) {
 void publish(peer_ptr self, bool changed = true) {
   auto& st = self->state;
   const peer_status s = snapshot(self);
-  // With this actor as the sender (subscribers such as the supervisor tell peers apart by it); the
-  // subscribers are untyped handles, which a typed actor's send() refuses.
+  // With this actor as the sender: subscribers such as the supervisor tell peers apart by it.
   if (changed) {
-    for (const caf::actor& sub : st.subscribers) caf::unsafe_send_as(self, sub, update_atom_v, s);
+    for (const peer_subscriber& sub : st.subscribers) self->send(sub, update_atom_v, s);
   }
   if (!st.busy) {
     for (auto& rp : st.waiting) rp.deliver(s);
@@ -281,7 +280,7 @@ peer_actor::behavior_type peer(peer_ptr self, peer_params p) {
   const std::weak_ptr<rpc::client> weak = init.client;
   init.client->set_on_lost([me, weak](const std::string& why) {
     auto c = weak.lock();
-    auto h = caf::actor_cast<caf::actor>(me);
+    auto h = caf::actor_cast<peer_actor>(me);  // the actor if it still lives (the client holds no reference)
     if (c && h) caf::anon_send(h, lost_atom_v, c->epoch(), why);
   });
   init.worker = self->spawn<caf::detached + caf::linked>(peer_worker, init.client);
@@ -321,13 +320,13 @@ peer_actor::behavior_type peer(peer_ptr self, peer_params p) {
       [self](detach_atom, const std::string& model) {
         if (self->state.models.erase(model) > 0) publish(self);
       },
-      [self](subscribe_atom, const caf::actor& a) {
+      [self](subscribe_atom, const peer_subscriber& a) {
         auto& subs = self->state.subscribers;
         if (std::find(subs.begin(), subs.end(), a) == subs.end()) subs.push_back(a);
-        caf::unsafe_send_as(self, a, update_atom_v, snapshot(self));
+        self->send(a, update_atom_v, snapshot(self));
         return true;
       },
-      [self](unsubscribe_atom, const caf::actor& a) {
+      [self](unsubscribe_atom, const peer_subscriber& a) {
         auto& subs = self->state.subscribers;
         subs.erase(std::remove(subs.begin(), subs.end(), a), subs.end());
       },

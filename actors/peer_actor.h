@@ -19,8 +19,6 @@
 #pragma once
 
 #include <caf/actor_system.hpp>
-#include <caf/replies_to.hpp>
-#include <caf/typed_actor.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -33,25 +31,7 @@ namespace troupe::actors {
 
 struct peer_config;
 
-using peer_actor = caf::typed_actor<
-    // The peer's state, epoch, last error, devices and the models that use it.
-    caf::replies_to<get_atom, status_atom>::with<peer_status>,
-    // A health check now (when up) or a connection attempt now (when down); replies the state after it.
-    caf::replies_to<check_atom>::with<peer_status>,
-    // Every device's memory on the peer, asked over the connection. errc::down at once when the peer is
-    // down; a request in flight when it drops fails (never waits for the I/O timeout).
-    caf::replies_to<memory_atom>::with<peer_memory>,
-    // A model placed weights on the peer's devices / no longer does (the supervisor sends these).
-    caf::reacts_to<attach_atom, std::string>,
-    caf::reacts_to<detach_atom, std::string>,
-    // Subscribers receive (update_atom, peer_status) whenever the state, epoch or models change.
-    caf::replies_to<subscribe_atom, caf::actor>::with<bool>,
-    caf::reacts_to<unsubscribe_atom, caf::actor>,
-    // Internal: a scheduled attempt or health check (stale generations are ignored), and the client's
-    // report of a lost connection (epoch, why).
-    caf::reacts_to<retry_atom, uint64_t>,
-    caf::reacts_to<check_atom, uint64_t>,
-    caf::reacts_to<lost_atom, uint64_t, std::string>>;
+// The interface (using peer_actor = caf::typed_actor<...>) is in actors/handles.h.
 
 // Reconnect backoff: the wait before attempt n (n >= 1 failures so far) is initial * 2^(n-1), at most max,
 // shortened by a random fraction of up to `jitter` (so peers that dropped together do not retry together).

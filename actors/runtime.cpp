@@ -96,30 +96,20 @@ engine::~engine() {
   own_sys_.reset();
 }
 
-actors::model_info engine::load_model(const std::string& name, const std::string& path, const load_options& o) {
-  actors::load_request r;
-  r.name = name;
-  r.path = path;
-  r.devices = o.devices;
-  r.use_mmap = o.use_mmap;
-  r.parallel = o.parallel;
-  r.n_ctx = o.n_ctx;
-  r.n_batch = o.n_batch;
-  r.n_ubatch = o.n_ubatch;
-  r.n_seq_max = o.n_seq_max;
-  r.n_threads = o.n_threads;
-  r.n_ctx_seq = o.n_ctx_seq;
-  r.kv_type = o.kv_type;
-  r.chat_template = o.chat_template;
-  r.overrides = o.overrides;
-  return load_model(std::move(r), o.progress);
+actors::model_info engine::load_model(const std::string& name, const std::string& path, actors::model_settings s,
+                                      const progress_callback& progress) {
+  s.name = name;
+  s.path = path;
+  return load_model(s, progress);
 }
 
-actors::model_info engine::load_model(actors::load_request r, const progress_callback& progress) {
+actors::model_info engine::load_model(const actors::model_settings& s, const progress_callback& progress) {
+  actors::load_request r{s, {}};
   if (!progress) return ask<actors::model_info>(*sys_, supervisor_, actors::load_atom_v, r);
-  // Progress messages come to this thread's scoped actor, with the reply.
+  // Progress messages come to this thread's scoped actor, with the reply. (A scoped actor is untyped: it
+  // is the listener because the receive below handles the listener's message.)
   caf::scoped_actor self{*sys_};
-  r.progress = caf::actor_cast<caf::actor>(self);
+  r.progress = caf::actor_cast<actors::progress_listener>(self);
   std::optional<actors::model_info> info;
   caf::error err;
   // An asynchronous message: its reply (or error) arrives as an ordinary message, after the progress.
@@ -145,7 +135,7 @@ actors::model_info engine::load_model(actors::load_request r, const progress_cal
 }
 
 void engine::load_configured_models() {
-  for (const actors::model_config& m : cfg_.models) load_model(actors::to_load_request(m));
+  for (const actors::model_settings& m : cfg_.models) load_model(m);
 }
 
 void engine::unload_model(const std::string& name) {
@@ -169,9 +159,8 @@ actors::runtime_status engine::status() {
 std::vector<actors::sched_stats> engine::scheduler_stats() {
   const auto dir = ask<actors::actor_directory>(*sys_, supervisor_, actors::get_atom_v, actors::directory_atom_v);
   std::vector<actors::sched_stats> out;
-  for (const caf::actor& s : dir.schedulers) {
-    out.push_back(ask<actors::sched_stats>(*sys_, caf::actor_cast<actors::scheduler_actor>(s), actors::get_atom_v,
-                                           actors::stats_atom_v));
+  for (const actors::scheduler_actor& s : dir.schedulers) {
+    out.push_back(ask<actors::sched_stats>(*sys_, s, actors::get_atom_v, actors::stats_atom_v));
   }
   return out;
 }
@@ -233,10 +222,10 @@ actors::generate_reply session::chat(const std::vector<actors::chat_message>& me
 actors::generate_reply session::run(actors::generate_request r, const token_callback& on_piece) {
   if (!handle_) throw actors::request_error(actors::make_error(actors::errc::not_found, "session is closed"));
   // This thread's scoped actor is the subscriber: pieces and the reply arrive in order, and the callback
-  // runs here.
+  // runs here. (A scoped actor is untyped: it subscribes because the receive below handles tokens.)
   caf::scoped_actor self{*sys_};
   self->monitor(handle_);
-  r.subscriber = caf::actor_cast<caf::actor>(self);
+  r.subscriber = caf::actor_cast<actors::token_subscriber>(self);
   std::string text;
   std::vector<int32_t> tokens;
   std::optional<actors::generate_reply> reply;

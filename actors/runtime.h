@@ -1,7 +1,7 @@
 // The embedding API: a small C++ API over troupe's actors, for programs that want answers, not messages.
 //
 //   troupe::engine eng({.n_threads = 2});                          // its own CAF actor system
-//   eng.load_model("stories", "stories260K.gguf", {.n_ctx = 512});  // blocks until loaded (throws on error)
+//   eng.load_model("stories", "stories260K.gguf", {.n_ctx = 512});  // model_settings; blocks until loaded (throws)
 //   troupe::session s = eng.open_session("stories");
 //   auto r = s.generate("Once upon a time", {.max_tokens = 32}, [](std::string_view piece) {
 //     std::cout << piece << std::flush;
@@ -47,22 +47,6 @@ namespace troupe {
 using token_callback = std::function<bool(std::string_view piece)>;
 // Load progress: (bytes loaded, bytes in all).
 using progress_callback = std::function<void(uint64_t, uint64_t)>;
-
-struct load_options {
-  std::vector<actors::device_layers> devices;  // layers per device; empty: CPU only
-  bool use_mmap = true;
-  bool parallel = true;   // load every device at once
-  uint32_t n_ctx = 2048;  // cells shared by the model's sessions
-  uint32_t n_batch = 512;
-  uint32_t n_ubatch = 512;
-  uint32_t n_seq_max = 4;  // sessions at once
-  int32_t n_threads = 0;   // decode threads; 0: all
-  uint32_t n_ctx_seq = 0;  // most cells one session may use; 0: n_ctx
-  std::string kv_type = "f16";  // "f16", "f32" or "q8_0"
-  std::string chat_template;    // a family name overriding the model's template ("raw" for base models)
-  std::vector<actors::tensor_override> overrides;  // tensor-name regex -> device
-  progress_callback progress;
-};
 
 class engine;
 
@@ -112,11 +96,12 @@ class engine {
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
 
-  // Loads a model; blocks until it is loaded. Throws actors::request_error.
-  actors::model_info load_model(const std::string& name, const std::string& path, const load_options& o = {});
-  // Loads a model from a whole load request (a configured model: actors::to_load_request). r.progress is
-  // replaced by this thread's actor when `progress` is given.
-  actors::model_info load_model(actors::load_request r, const progress_callback& progress = {});
+  // Loads a model (s with its name and path set to these); blocks until it is loaded. Throws
+  // actors::request_error (errc::bad_request for settings that model_settings::validate refuses).
+  actors::model_info load_model(const std::string& name, const std::string& path, actors::model_settings s = {},
+                                const progress_callback& progress = {});
+  // Loads a model with these settings (a configured [[model]] as it is), reporting progress when given.
+  actors::model_info load_model(const actors::model_settings& s, const progress_callback& progress = {});
   // Loads the configuration's [[model]] entries.
   void load_configured_models();
   void unload_model(const std::string& name);

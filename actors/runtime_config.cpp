@@ -1,14 +1,9 @@
 #include "actors/runtime_config.h"
 
-#include <algorithm>
-#include <fstream>
-#include <regex>
 #include <set>
-#include <sstream>
 
 #include "actors/config_toml.h"
 #include "runtime/error.h"
-#include "runtime/llm/chat_template.h"
 
 namespace troupe::actors {
 
@@ -65,6 +60,58 @@ void parse_peers(const toml::table& root, runtime_config& c, const std::string& 
   }
 }
 
+// An array of {a, b} tables: each checked for its keys, read by `read`.
+template <class F>
+void parse_tables(const toml::table& t, const char* key, const std::string& shape, const std::string& source, F read) {
+  const toml::node* n = t.get(key);
+  if (n == nullptr) return;
+  const std::string what = std::string("model.") + key;
+  const toml::array* a = n->as_array();
+  if (a == nullptr) fail(source, what + " must be an array of " + shape + " tables", n->source());
+  for (const toml::node& e : *a) {
+    const toml::table* et = e.as_table();
+    if (et == nullptr) fail(source, what + " must be an array of " + shape + " tables", e.source());
+    read(*et, what);
+  }
+}
+
+// A [[model]] table: the model_settings fields (n_threads is `threads`), validated by model_settings with
+// the error placed at the key at fault.
+model_settings parse_model(const toml::table& t, const std::string& source) {
+  check_keys(t, {"name", "path", "devices", "use_mmap", "parallel", "n_ctx", "n_batch", "n_ubatch", "n_seq_max", "threads",
+                 "n_ctx_seq", "kv_type", "chat_template", "overrides"},
+             "[[model]]", source);
+  model_settings m;
+  m.name = get<std::string>(t, "name", "", "model", source);
+  m.path = get<std::string>(t, "path", "", "model", source);
+  m.use_mmap = get<bool>(t, "use_mmap", m.use_mmap, "model", source);
+  m.parallel = get<bool>(t, "parallel", m.parallel, "model", source);
+  m.n_ctx = get<uint32_t>(t, "n_ctx", m.n_ctx, "model", source);
+  m.n_batch = get<uint32_t>(t, "n_batch", m.n_batch, "model", source);
+  m.n_ubatch = get<uint32_t>(t, "n_ubatch", m.n_ubatch, "model", source);
+  m.n_seq_max = get<uint32_t>(t, "n_seq_max", m.n_seq_max, "model", source);
+  m.n_threads = get<int32_t>(t, "threads", m.n_threads, "model", source);
+  m.n_ctx_seq = get<uint32_t>(t, "n_ctx_seq", m.n_ctx_seq, "model", source);
+  m.kv_type = get<std::string>(t, "kv_type", m.kv_type, "model", source);
+  m.chat_template = get<std::string>(t, "chat_template", m.chat_template, "model", source);
+  parse_tables(t, "overrides", "{pattern, device}", source, [&](const toml::table& ot, const std::string& where) {
+    check_keys(ot, {"pattern", "device"}, where, source);
+    m.overrides.push_back({get<std::string>(ot, "pattern", "", where, source), get<std::string>(ot, "device", "", where, source)});
+  });
+  parse_tables(t, "devices", "{device, layers}", source, [&](const toml::table& dt, const std::string& where) {
+    check_keys(dt, {"device", "layers"}, where, source);
+    m.devices.push_back({get<std::string>(dt, "device", "", where, source), get<int32_t>(dt, "layers", 0, where, source)});
+  });
+  if (m.name.empty() || m.path.empty()) fail(source, "a [[model]] needs a name and a path", t.source());
+  try {
+    m.validate();
+  } catch (const settings_error& e) {
+    const toml::node* at = e.field().empty() ? nullptr : t.get(e.field());
+    fail(source, "model." + std::string(e.what()), at != nullptr ? at->source() : t.source());
+  }
+  return m;
+}
+
 }  // namespace
 
 runtime_config parse_runtime_config(std::string_view text, const std::string& source,
@@ -114,73 +161,7 @@ runtime_config parse_runtime_config(std::string_view text, const std::string& so
     for (const toml::node& node : *models) {
       const toml::table* t = node.as_table();
       if (t == nullptr) fail(source, "[[model]] must be an array of tables", node.source());
-      const std::string where = "[[model]]";
-      check_keys(*t, {"name", "path", "devices", "use_mmap", "n_ctx", "n_batch", "n_ubatch", "n_seq_max", "threads",
-                      "n_ctx_seq", "kv_type", "chat_template", "overrides"},
-                 where, source);
-      model_config m;
-      m.name = get<std::string>(*t, "name", "", "model", source);
-      m.path = get<std::string>(*t, "path", "", "model", source);
-      if (m.name.empty() || m.path.empty()) fail(source, "a [[model]] needs a name and a path", t->source());
-      m.use_mmap = get<bool>(*t, "use_mmap", m.use_mmap, "model", source);
-      m.n_ctx = get<uint32_t>(*t, "n_ctx", m.n_ctx, "model", source);
-      m.n_batch = get<uint32_t>(*t, "n_batch", m.n_batch, "model", source);
-      m.n_ubatch = get<uint32_t>(*t, "n_ubatch", m.n_ubatch, "model", source);
-      m.n_seq_max = get<uint32_t>(*t, "n_seq_max", m.n_seq_max, "model", source);
-      m.n_threads = get<int32_t>(*t, "threads", m.n_threads, "model", source);
-      m.n_ctx_seq = get<uint32_t>(*t, "n_ctx_seq", m.n_ctx_seq, "model", source);
-      m.kv_type = get<std::string>(*t, "kv_type", m.kv_type, "model", source);
-      if (m.kv_type != "f16" && m.kv_type != "f32" && m.kv_type != "q8_0") {
-        fail(source, "model.kv_type must be \"f16\", \"f32\" or \"q8_0\", not \"" + m.kv_type + "\"",
-             t->get("kv_type")->source());
-      }
-      m.chat_template = get<std::string>(*t, "chat_template", m.chat_template, "model", source);
-      if (!m.chat_template.empty()) {
-        try {
-          (void)llm::chat_template::named(m.chat_template);
-        } catch (const std::exception& e) {
-          fail(source, "model.chat_template: " + std::string(e.what()), t->get("chat_template")->source());
-        }
-      }
-      if (m.n_ctx == 0 || m.n_seq_max == 0 || m.n_batch == 0 || m.n_ubatch == 0) {
-        fail(source, "model.n_ctx, n_batch, n_ubatch and n_seq_max must be positive", t->source());
-      }
-      if (m.n_ctx_seq > m.n_ctx) {
-        fail(source, "model.n_ctx_seq (" + std::to_string(m.n_ctx_seq) + ") is larger than model.n_ctx (" +
-                         std::to_string(m.n_ctx) + ")", t->get("n_ctx_seq")->source());
-      }
-      if (const toml::node* o = t->get("overrides")) {
-        const toml::array* a = o->as_array();
-        if (a == nullptr) fail(source, "model.overrides must be an array of {pattern, device} tables", o->source());
-        for (const toml::node& e : *a) {
-          const toml::table* ot = e.as_table();
-          if (ot == nullptr) fail(source, "model.overrides must be an array of {pattern, device} tables", e.source());
-          check_keys(*ot, {"pattern", "device"}, "model.overrides", source);
-          tensor_override ov{get<std::string>(*ot, "pattern", "", "model.overrides", source),
-                             get<std::string>(*ot, "device", "", "model.overrides", source)};
-          if (ov.pattern.empty() || ov.device.empty()) {
-            fail(source, "model.overrides entries need a pattern and a device", ot->source());
-          }
-          try {
-            (void)std::regex(ov.pattern);
-          } catch (const std::regex_error& re) {
-            fail(source, "model.overrides: invalid regex '" + ov.pattern + "': " + re.what(), ot->source());
-          }
-          m.overrides.push_back(std::move(ov));
-        }
-      }
-      if (const toml::node* d = t->get("devices")) {
-        const toml::array* a = d->as_array();
-        if (a == nullptr) fail(source, "model.devices must be an array of {device, layers} tables", d->source());
-        for (const toml::node& e : *a) {
-          const toml::table* dt = e.as_table();
-          if (dt == nullptr) fail(source, "model.devices must be an array of {device, layers} tables", e.source());
-          check_keys(*dt, {"device", "layers"}, "model.devices", source);
-          m.devices.push_back({get<std::string>(*dt, "device", "", "model.devices", source),
-                               get<int32_t>(*dt, "layers", 0, "model.devices", source)});
-        }
-      }
-      c.models.push_back(std::move(m));
+      c.models.push_back(parse_model(*t, source));
     }
   }
   parse_peers(root, c, source);
@@ -189,24 +170,6 @@ runtime_config parse_runtime_config(std::string_view text, const std::string& so
 
 runtime_config load_runtime_config(const std::filesystem::path& path) {
   return parse_runtime_config(config_toml::read_file(path), path.string());
-}
-
-load_request to_load_request(const model_config& m) {
-  load_request r;
-  r.name = m.name;
-  r.path = m.path;
-  r.devices = m.devices;
-  r.use_mmap = m.use_mmap;
-  r.n_ctx = m.n_ctx;
-  r.n_batch = m.n_batch;
-  r.n_ubatch = m.n_ubatch;
-  r.n_seq_max = m.n_seq_max;
-  r.n_threads = m.n_threads;
-  r.n_ctx_seq = m.n_ctx_seq > 0 ? m.n_ctx_seq : std::max<uint32_t>(1, m.n_ctx / std::max<uint32_t>(1, m.n_seq_max));
-  r.kv_type = m.kv_type;
-  r.chat_template = m.chat_template;
-  r.overrides = m.overrides;
-  return r;
 }
 
 }  // namespace troupe::actors

@@ -14,13 +14,14 @@
 //                                  # model's scheduler actor's thread)
 //   reload_on_peer_reconnect = true  # a model whose weights were on a peer that reconnected is loaded again
 //
-//   [[model]]
+//   [[model]]                      # the fields of actors::model_settings (model_settings.h)
 //   name = "stories"
 //   path = "models/stories260K.gguf"
 //   n_ctx = 2048                   # cells shared by the model's sessions
 //   n_seq_max = 4                  # sessions at once
 //   threads = 2                    # decode threads; 0: all
 //   use_mmap = true
+//   parallel = true                # upload to every device at once (false: one after another)
 //   n_ctx_seq = 0                  # cells one session may use; 0: n_ctx / n_seq_max
 //   kv_type = "f16"                # KV cache type: "f16", "f32" or "q8_0"
 //   chat_template = ""             # "": the model's own; or a family ("chatml", "llama3", "raw", ...)
@@ -36,25 +37,9 @@
 #include <string_view>
 #include <vector>
 
-#include "actors/messages.h"
+#include "actors/model_settings.h"
 
 namespace troupe::actors {
-
-struct model_config {
-  std::string name;
-  std::string path;
-  std::vector<device_layers> devices;
-  bool use_mmap = true;
-  uint32_t n_ctx = 2048;
-  uint32_t n_batch = 512;
-  uint32_t n_ubatch = 512;
-  uint32_t n_seq_max = 4;
-  int32_t n_threads = 0;
-  uint32_t n_ctx_seq = 0;         // cells one session may use; 0: n_ctx / n_seq_max (no session can starve another)
-  std::string kv_type = "f16";    // "f16", "f32", "q8_0"
-  std::string chat_template;      // "": the model's own; a family name ("chatml", "llama3", "raw", ...)
-  std::vector<tensor_override> overrides;
-};
 
 // A remote peer (`troupe peer` on another machine) whose devices this runtime may use:
 //
@@ -88,7 +73,7 @@ struct runtime_config {
   uint32_t flush_delay_us = 2000;
   bool dispatch_splits = true;
   bool reload_on_peer_reconnect = true;  // see supervisor_params::reload_on_reconnect
-  std::vector<model_config> models;
+  std::vector<model_settings> models;  // [[model]] tables, validated (defaults not resolved yet)
   std::vector<peer_config> peers;  // [[peer]] tables (actors/peer_actor.h runs one actor per peer)
 };
 
@@ -97,8 +82,5 @@ struct runtime_config {
 runtime_config parse_runtime_config(std::string_view toml, const std::string& source = "config",
                                     const std::vector<std::string>& extra_sections = {});
 runtime_config load_runtime_config(const std::filesystem::path& path);
-
-// The load request for a configured model.
-load_request to_load_request(const model_config& m);
 
 }  // namespace troupe::actors

@@ -29,7 +29,7 @@ struct loaded_model {
   std::unique_ptr<llm::model> model;
   std::unique_ptr<llm::vocab> vocab;
   std::unique_ptr<llm::chat_template> chat;
-  load_request request;  // context parameters for its scheduler
+  model_settings settings;  // as loaded, resolved (model_settings::resolved): its context's and sessions' sizes
   model_info info;
 };
 
@@ -39,7 +39,7 @@ struct staged_load {
   std::string model;
   std::unique_ptr<llm::model> opened;  // weights pending until the job finishes
   std::unique_ptr<load_job> job;
-  caf::actor progress;                 // optional: (progress_atom, load_progress)
+  progress_listener progress;          // optional: (progress_atom, load_progress)
   std::atomic<uint64_t> reported{0};   // bytes loaded at the last progress message
 };
 
@@ -57,7 +57,7 @@ struct pipeline_job {
 };
 
 // One split of a model context's decode graph, handed by the model's scheduler actor to the device actor
-// that owns the split's device (split_ref{id, 0, index}): the device actor runs `work` (copy the split's
+// that owns the split's device (decode_split{id, index}): the device actor runs `work` (copy the split's
 // inputs in, compute, synchronize) on its own thread and keeps an exception for the scheduler to rethrow
 // with its type (a full cache stays a capacity error). The scheduler waits for the answer, so `work` is
 // valid while the task is registered.

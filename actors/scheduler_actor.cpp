@@ -2,203 +2,12 @@
 
 #include <caf/all.hpp>
 
-#include <chrono>
-#include <functional>
-#include <map>
-#include <set>
-
-#include "actors/device_actor.h"
-#include "actors/errors.h"
-#include "runtime/llm/batch_decoder.h"
-#include "runtime/llm/llm_context.h"
-#include "runtime/log.h"
-#include "runtime/memory.h"
+#include "actors/detail/scheduler_state.h"
 
 namespace troupe::actors {
+namespace detail {
 
 namespace {
-
-using clock_type = std::chrono::steady_clock;
-
-struct waiting_step {
-  decode_step step;
-  caf::typed_response_promise<step_logits> promise;
-};
-
-// A pipeline job being run: the next split of each micro-batch goes out when its previous one is done.
-struct pipeline_run {
-  caf::typed_response_promise<pipeline_result> promise;
-  std::shared_ptr<pipeline_job> job;
-  uint64_t job_id = 0;
-  size_t outstanding = 0;
-  pipeline_result result;
-  caf::error failure;
-  clock_type::time_point t0;
-};
-
-struct scheduler_state {
-  runtime_env_ptr env;
-  memory_accountant_actor accountant;
-  scheduler_params params;
-  std::shared_ptr<const loaded_model> model;
-  std::unique_ptr<llm::llm_context> ctx;
-  std::unique_ptr<llm::batch_decoder> dec;
-  std::vector<caf::actor_addr> seqs;  // the session attached to each sequence (empty: free)
-  std::set<int32_t> generating;       // sequences whose next step the next batch waits for
-  std::vector<waiting_step> waiting;
-  bool flush_scheduled = false;
-  std::map<std::string, device_actor> devices;
-  std::map<std::string, uint64_t> compute_reported;  // by buffer type name
-  std::map<uint64_t, pipeline_run> runs;
-  uint64_t next_run = 1;
-  static inline const char* name = "troupe.scheduler";
-
-  std::string owner() const { return "context:" + params.model; }
-
-  ~scheduler_state() {
-    for (waiting_step& w : waiting) w.promise.deliver(make_error(errc::down, "scheduler of " + params.model + " terminated"));
-    for (auto& [id, r] : runs) r.promise.deliver(make_error(errc::down, "scheduler terminated during a pipeline job"));
-  }
-};
-
-using scheduler_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
-
-memory_event event_for(buffer_type_i& bt, memory_kind kind, int64_t bytes, const std::string& owner) {
-  return {std::string(bt.name()), std::string(bt.device().name()), bt.is_host(), static_cast<uint8_t>(kind), bytes, owner};
-}
-
-// Tells the allocator actors (or the accountant, for a buffer type without one) the context's compute
-// memory per buffer type; `done` runs once every allocator asked has answered (at once when none was).
-void report_compute(scheduler_ptr self, std::function<void()> done = {}) {
-  auto& st = self->state;
-  auto left = std::make_shared<size_t>(1);
-  auto finish = [left, done] {
-    if (--*left == 0 && done) done();
-  };
-  if (st.ctx) {
-    scheduler& sched = st.ctx->sched();
-    std::map<buffer_type_i*, uint64_t> now;
-    for (int b = 0; b < sched.n_backends(); ++b) now[&sched.buffer_type(b)] += sched.compute_buffer_size(b);
-    for (const auto& [bt, bytes] : now) {
-      const std::string name(bt->name());
-      uint64_t& reported = st.compute_reported[name];
-      if (reported == bytes) continue;
-      const auto it = st.params.allocators.find(name);
-      if (it != st.params.allocators.end()) {
-        ++*left;
-        self->request(it->second, caf::infinite, reserve_atom_v, compute_reservation{st.owner(), bytes})
-            .then([finish](int64_t) { finish(); },
-                  [finish, name](const caf::error& e) {
-                    TROUPE_LOG(warn, "scheduler: allocator " << name << " did not take a reservation: " << describe(e));
-                    finish();
-                  });
-      } else {
-        self->send(st.accountant, record_atom_v,
-                   event_for(*bt, memory_kind::compute, static_cast<int64_t>(bytes) - static_cast<int64_t>(reported), st.owner()));
-      }
-      reported = bytes;
-    }
-  }
-  finish();
-}
-
-// The loader checked the name; anything else is f16.
-type kv_type(const std::string& name) {
-  if (name == "f32") return type::f32;
-  if (name == "q8_0") return type::q8_0;
-  return type::f16;
-}
-
-// Runs one split of the context's decode graph on the thread of the device actor that owns its device, and
-// waits for it (the scheduler actor is detached: blocking here holds no shared worker). A device without an
-// actor (none in this runtime) computes here. A failure comes back with the exception's own type.
-void run_split_on_device(scheduler_ptr self, int index, const scheduler::split& sp, const std::function<void()>& work) {
-  auto& st = self->state;
-  const std::string device(st.ctx->sched().backend(sp.backend).device().name());
-  const auto dev = st.devices.find(device);
-  if (dev == st.devices.end()) {
-    work();
-    return;
-  }
-  auto task = std::make_shared<split_task>();
-  task->work = &work;
-  task->device = device;
-  const uint64_t id = st.env->objects.put(task);
-  caf::error err;
-  {
-    caf::scoped_actor blocking{self->system()};
-    blocking->request(dev->second, caf::infinite, compute_atom_v, split_ref{id, 0, static_cast<uint32_t>(index)})
-        .receive([](const split_result&) {}, [&](caf::error& e) { err = std::move(e); });
-  }
-  st.env->objects.erase(id);
-  if (task->failure) std::rethrow_exception(task->failure);
-  if (err) throw backend_error("device actor " + device + ": " + describe(err));
-}
-
-void create_context(scheduler_ptr self) {
-  auto& st = self->state;
-  const load_request& r = st.model->request;
-  st.ctx = std::make_unique<llm::llm_context>(
-      *st.model->model, llm::context_params{.n_ctx = r.n_ctx, .n_batch = r.n_batch, .n_ubatch = r.n_ubatch,
-                                            .n_seq_max = r.n_seq_max, .type_k = kv_type(r.kv_type),
-                                            .type_v = kv_type(r.kv_type), .n_threads = r.n_threads});
-  if (st.params.dispatch_splits) {
-    st.ctx->sched().set_split_runner([self](int index, const scheduler::split& sp, const std::function<void()>& work) {
-      run_split_on_device(self, index, sp, work);
-    });
-  }
-  st.dec = std::make_unique<llm::batch_decoder>(*st.ctx);
-  st.seqs.assign(st.ctx->params().n_seq_max, caf::actor_addr{});
-  for (const auto& [bt, bytes] : st.ctx->kv().bytes_by_buft()) {
-    self->send(st.accountant, record_atom_v, event_for(*bt, memory_kind::context, static_cast<int64_t>(bytes), st.owner()));
-  }
-}
-
-// Releases the context's memory; replies through rp once every allocator has answered.
-void release_context(scheduler_ptr self, caf::typed_response_promise<bool> rp) {
-  auto& st = self->state;
-  for (waiting_step& w : st.waiting) w.promise.deliver(make_error(errc::down, "the model's context was released"));
-  st.waiting.clear();
-  st.generating.clear();
-  if (!st.ctx) {
-    rp.deliver(true);
-    return;
-  }
-  for (const auto& [bt, bytes] : st.ctx->kv().bytes_by_buft()) {
-    self->send(st.accountant, record_atom_v, event_for(*bt, memory_kind::context, -static_cast<int64_t>(bytes), st.owner()));
-  }
-  std::vector<allocator_actor> asked;
-  for (auto& [name, reported] : st.compute_reported) {
-    if (reported == 0) continue;
-    const auto it = st.params.allocators.find(name);
-    if (it != st.params.allocators.end()) {
-      asked.push_back(it->second);
-    } else {
-      scheduler& sched = st.ctx->sched();
-      for (int b = 0; b < sched.n_backends(); ++b) {
-        if (sched.buffer_type(b).name() == name) {
-          self->send(st.accountant, record_atom_v,
-                     event_for(sched.buffer_type(b), memory_kind::compute, -static_cast<int64_t>(reported), st.owner()));
-          break;
-        }
-      }
-    }
-    reported = 0;
-  }
-  st.dec.reset();
-  st.ctx.reset();
-  st.seqs.clear();
-  if (asked.empty()) {
-    rp.deliver(true);
-    return;
-  }
-  auto left = std::make_shared<size_t>(asked.size());
-  for (const allocator_actor& a : asked) {
-    self->request(a, caf::infinite, release_atom_v, st.owner())
-        .then([rp, left](uint64_t) mutable { if (--*left == 0) rp.deliver(true); },
-              [rp, left](const caf::error&) mutable { if (--*left == 0) rp.deliver(true); });
-  }
-}
 
 void run_batch(scheduler_ptr self) {
   auto& st = self->state;
@@ -260,50 +69,6 @@ void drop_sequence(scheduler_ptr self, int32_t seq) {
   try_batch(self);
 }
 
-void dispatch_split(scheduler_ptr self, uint64_t run_id, uint32_t mb, uint32_t split);
-
-void split_done(scheduler_ptr self, uint64_t run_id) {
-  auto& st = self->state;
-  pipeline_run& r = st.runs.at(run_id);
-  if (--r.outstanding > 0) return;
-  r.result.seconds = std::chrono::duration<double>(clock_type::now() - r.t0).count();
-  if (r.failure) {
-    r.promise.deliver(r.failure);
-  } else {
-    r.promise.deliver(r.result);
-  }
-  st.runs.erase(run_id);
-}
-
-void dispatch_split(scheduler_ptr self, uint64_t run_id, uint32_t mb, uint32_t split) {
-  auto& st = self->state;
-  pipeline_run& r = st.runs.at(run_id);
-  scheduler& sched = *r.job->microbatches[mb].sched;
-  const std::string device(sched.backend(sched.splits()[split].backend).device().name());
-  const auto dev = st.devices.find(device);
-  ++r.outstanding;
-  if (dev == st.devices.end()) {
-    if (!r.failure) r.failure = make_error(errc::not_found, "pipeline: no device actor for " + device);
-    split_done(self, run_id);
-    return;
-  }
-  self->request(dev->second, caf::infinite, compute_atom_v, split_ref{r.job_id, mb, split})
-      .then(
-          [self, run_id, mb, split](const split_result& res) {
-            pipeline_run& run = self->state.runs.at(run_id);
-            run.result.busy_seconds += res.seconds;
-            ++run.result.splits;
-            const auto n = static_cast<uint32_t>(run.job->microbatches[mb].sched->n_splits());
-            if (!run.failure && split + 1 < n) dispatch_split(self, run_id, mb, split + 1);
-            split_done(self, run_id);
-          },
-          [self, run_id](const caf::error& e) {
-            pipeline_run& run = self->state.runs.at(run_id);
-            if (!run.failure) run.failure = e;
-            split_done(self, run_id);
-          });
-}
-
 scheduler_actor::behavior_type scheduler_fn(scheduler_ptr self, runtime_env_ptr env, memory_accountant_actor acct,
                                             scheduler_params p) {
   auto& init = self->state;
@@ -318,7 +83,7 @@ scheduler_actor::behavior_type scheduler_fn(scheduler_ptr self, runtime_env_ptr 
     }
   });
   return {
-      [self](attach_atom, const caf::actor& session) -> caf::result<int32_t> {
+      [self](attach_atom, const session_actor& session) -> caf::result<int32_t> {
         auto& st = self->state;
         if (!st.model) return make_error(errc::bad_request, "this scheduler serves no model");
         bool created = false;
@@ -385,20 +150,7 @@ scheduler_actor::behavior_type scheduler_fn(scheduler_ptr self, runtime_env_ptr 
         auto& st = self->state;
         std::shared_ptr<pipeline_job> job = st.env->objects.get<pipeline_job>(r.job);
         if (!job) return make_error(errc::not_found, "no pipeline job " + std::to_string(r.job) + " in this process");
-        const uint64_t id = st.next_run++;
-        pipeline_run& run = st.runs[id];
-        run.promise = self->make_response_promise<pipeline_result>();
-        run.job = job;
-        run.job_id = r.job;
-        run.t0 = clock_type::now();
-        run.result.microbatches = static_cast<uint32_t>(job->microbatches.size());
-        auto rp = run.promise;
-        run.outstanding = 1;  // held until every first split is out
-        for (uint32_t mb = 0; mb < job->microbatches.size(); ++mb) {
-          if (job->microbatches[mb].sched->n_splits() > 0) dispatch_split(self, id, mb, 0);
-        }
-        split_done(self, id);
-        return rp;
+        return start_pipeline(self, r.job, std::move(job));
       },
       [self](get_atom, stats_atom) {
         auto& st = self->state;
@@ -421,17 +173,16 @@ scheduler_actor::behavior_type scheduler_fn(scheduler_ptr self, runtime_env_ptr 
         release_context(self, rp);
         return rp;
       },
-      [self](device_atom, const std::string& name, const caf::actor& dev) {
-        self->state.devices[name] = caf::actor_cast<device_actor>(dev);
-      },
+      [self](device_atom, const std::string& name, const device_actor& dev) { self->state.devices[name] = dev; },
   };
 }
 
 }  // namespace
+}  // namespace detail
 
 scheduler_actor spawn_scheduler_actor(caf::actor_system& sys, runtime_env_ptr env, memory_accountant_actor accountant,
                                       const scheduler_params& p) {
-  return sys.spawn<caf::detached>(scheduler_fn, std::move(env), std::move(accountant), p);
+  return sys.spawn<caf::detached>(detail::scheduler_fn, std::move(env), std::move(accountant), p);
 }
 
 }  // namespace troupe::actors

@@ -16,8 +16,6 @@
 #pragma once
 
 #include <caf/actor_system.hpp>
-#include <caf/replies_to.hpp>
-#include <caf/typed_actor.hpp>
 
 #include <chrono>
 #include <map>
@@ -30,25 +28,7 @@
 
 namespace troupe::actors {
 
-using scheduler_actor = caf::typed_actor<
-    // A session joins the model: its sequence id (the context is created on the first attach).
-    caf::replies_to<attach_atom, caf::actor>::with<int32_t>,
-    // A session leaves: its sequence's cache is cleared and the id freed.
-    caf::replies_to<detach_atom, int32_t>::with<bool>,
-    // Decodes a step, batched with the other waiting steps; replies the logits of its last token.
-    caf::replies_to<step_atom, decode_step>::with<step_logits>,
-    // The session on this sequence has no further step for now (its answer ended or was cancelled).
-    caf::reacts_to<end_atom, int32_t>,
-    // Decodes the waiting steps now (sent to itself after flush_delay).
-    caf::reacts_to<flush_atom>,
-    // Runs an in-process pipeline job (local_registry id) over the device actors.
-    caf::replies_to<pipeline_atom, pipeline_ref>::with<pipeline_result>,
-    // Batching and memory figures.
-    caf::replies_to<get_atom, stats_atom>::with<sched_stats>,
-    // Frees the context (KV cache, compute memory) and reports the release; attached sessions are dropped.
-    caf::replies_to<release_atom>::with<bool>,
-    // The device actor serving a device (for pipeline jobs).
-    caf::reacts_to<device_atom, std::string, caf::actor>>;
+// The interface (using scheduler_actor = caf::typed_actor<...>) is in actors/handles.h.
 
 struct scheduler_params {
   std::string model;  // name of a loaded model in env; empty: a scheduler for pipeline jobs only

@@ -19,7 +19,7 @@ struct session_state {
   std::vector<llm::token_id> cached;        // tokens the sequence holds from earlier turns
   std::unique_ptr<llm::sequence> current;   // the answer in progress
   caf::typed_response_promise<generate_reply> promise;
-  caf::actor subscriber;
+  token_subscriber subscriber;
   bool cancelled = false;
   static inline const char* name = "troupe.session";
 
@@ -30,22 +30,6 @@ struct session_state {
 };
 
 using session_ptr = session_actor::stateful_pointer<session_state>;
-
-llm::generate_params to_params(const generation_params& g) {
-  llm::generate_params p;
-  p.max_tokens = g.max_tokens;
-  p.stop = g.stop;
-  p.sampling.seed = g.seed;
-  p.sampling.temperature = g.temperature;
-  p.sampling.top_k = g.top_k;
-  p.sampling.top_p = g.top_p;
-  p.sampling.min_p = g.min_p;
-  p.sampling.penalty_last_n = g.penalty_last_n;
-  p.sampling.repeat_penalty = g.repeat_penalty;
-  p.sampling.frequency_penalty = g.frequency_penalty;
-  p.sampling.presence_penalty = g.presence_penalty;
-  return p;
-}
 
 // The answer is over (done, failed or cancelled): the cache keeps what the sequence decoded.
 void end_answer(session_ptr self) {
@@ -84,9 +68,7 @@ void send_step(session_ptr self) {
               send_step(self);
               return;
             }
-            const llm::generate_result& r = s.current->result();
-            generate_reply reply{s.id, r.text, r.finish, r.tokens, r.n_prompt, r.n_prompt_decoded, r.prompt_seconds,
-                                 r.gen_seconds};
+            generate_reply reply{s.current->result(), s.id};
             end_answer(self);
             s.promise.deliver(std::move(reply));
           },
@@ -111,8 +93,8 @@ session_actor::behavior_type session(session_ptr self, std::shared_ptr<const loa
         if (st.seq < 0) return make_error(errc::down, "session " + std::to_string(st.id) + " has no sequence");
         try {
           const std::vector<llm::token_id> prompt = prompt_tokens(*st.model, r);
-          st.current = std::make_unique<llm::sequence>(*st.model->vocab, st.cached, prompt, to_params(r.params),
-                                                       session_context(*st.model));
+          st.current = std::make_unique<llm::sequence>(*st.model->vocab, st.cached, prompt, r.params,
+                                                       st.model->settings.n_ctx_seq);
         } catch (const std::exception& e) {
           st.current.reset();
           return error_from(e);
@@ -167,10 +149,6 @@ std::vector<llm::token_id> prompt_tokens(const loaded_model& m, const generate_r
   std::vector<llm::chat_message> chat;
   for (const chat_message& c : r.messages) chat.push_back({c.role, c.content});
   return m.vocab->tokenize(m.chat->apply(chat, true), true, true);
-}
-
-uint32_t session_context(const loaded_model& m) {
-  return m.request.n_ctx_seq > 0 ? std::min(m.request.n_ctx_seq, m.request.n_ctx) : m.request.n_ctx;
 }
 
 session_actor spawn_session_actor(caf::actor_system& sys, std::shared_ptr<const loaded_model> model,

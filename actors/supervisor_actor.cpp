@@ -11,6 +11,7 @@
 #include "actors/allocator_actor.h"
 #include "actors/device_actor.h"
 #include "actors/errors.h"
+#include "actors/fan_in.h"
 #include "actors/loader_actor.h"
 #include "actors/memory_accountant_actor.h"
 #include "actors/scheduler_actor.h"
@@ -31,14 +32,15 @@ struct model_entry {
   std::set<session_actor> sessions;
   actor_status status;
   std::map<std::string, uint64_t> peer_epochs;  // peers holding its weights: the connection they are on
-  load_request request;                         // as loaded (without a progress actor): what a reload repeats
+  std::string down_for_peer;                    // the peer it is marked down for ("": up, or down for another reason)
+  model_settings settings;                      // as requested: what a reload repeats
 };
 
 // A model loaded again because a peer holding its weights reconnected (its buffers there went with the old
 // connection). Listed in runtime_status as its model, down, while it runs or after it failed (until the
 // peer's next reconnect retries it, or the user loads or unloads the model).
 struct reload_entry {
-  load_request request;
+  model_settings settings;
   actor_status status;
   bool running = false;
 };
@@ -72,7 +74,7 @@ using supervisor_ptr = supervisor_actor::stateful_pointer<supervisor_state>;
 // Tells the actors that dispatch to devices which actor serves a device now.
 void announce_device(supervisor_ptr self, const std::string& name) {
   auto& st = self->state;
-  const caf::actor dev = caf::actor_cast<caf::actor>(st.devices.at(name).actor);
+  const device_actor& dev = st.devices.at(name).actor;
   self->send(st.loader, device_atom_v, name, dev);
   self->send(st.graphs, device_atom_v, name, dev);
   for (auto& [m, e] : st.models) self->send(e.sched, device_atom_v, name, dev);
@@ -105,7 +107,7 @@ void start_loader(supervisor_ptr self) {
   st.loader = spawn_loader_actor(self->system(), st.env, st.accountant);
   self->monitor(st.loader);
   st.loader_status.up = true;
-  for (auto& [name, e] : st.devices) self->send(st.loader, device_atom_v, name, caf::actor_cast<caf::actor>(e.actor));
+  for (auto& [name, e] : st.devices) self->send(st.loader, device_atom_v, name, e.actor);
 }
 
 scheduler_actor start_scheduler(supervisor_ptr self, const std::string& model) {
@@ -116,7 +118,7 @@ scheduler_actor start_scheduler(supervisor_ptr self, const std::string& model) {
                                              .flush_delay = st.params.flush_delay,
                                              .dispatch_splits = st.params.dispatch_splits});
   self->monitor(s);
-  for (auto& [name, e] : st.devices) self->send(s, device_atom_v, name, caf::actor_cast<caf::actor>(e.actor));
+  for (auto& [name, e] : st.devices) self->send(s, device_atom_v, name, e.actor);
   return s;
 }
 
@@ -163,6 +165,7 @@ void on_down(supervisor_ptr self, const caf::down_msg& dm) {
     if (m.sched.address() == dm.source) {
       m.status.up = false;
       m.status.last_error = why;
+      m.down_for_peer.clear();
       TROUPE_LOG(warn, "supervisor: the scheduler of model " << name << " terminated (" << why << "); model marked down");
       return;
     }
@@ -185,8 +188,8 @@ const peer_entry* peer_of(const supervisor_state& st, const std::string& device)
 
 void stop_model(supervisor_ptr self, const std::string& name, std::function<void()> done);
 
-// The devices a load request places anything on (layers and tensor overrides).
-std::vector<std::string> devices_of(const load_request& r) {
+// The devices a model's settings place anything on (layers and tensor overrides).
+std::vector<std::string> devices_of(const model_settings& r) {
   std::vector<std::string> out;
   for (const device_layers& d : r.devices) out.push_back(d.device);
   for (const tensor_override& o : r.overrides) out.push_back(o.device);
@@ -195,10 +198,11 @@ std::vector<std::string> devices_of(const load_request& r) {
 
 // Checks r's devices, has the loader load the model and starts its scheduler; `done` gets the result.
 void load_model(supervisor_ptr self, load_request r, std::function<void(caf::expected<model_info>)> done) {
+  const model_settings& settings = r.model;
   auto& st = self->state;
   if (st.shutting_down) return done(make_error(errc::down, "the runtime is shutting down"));
   if (!st.loader_status.up) return done(make_error(errc::down, "the loader is down"));
-  for (const std::string& name : devices_of(r)) {
+  for (const std::string& name : devices_of(settings)) {
     const auto it = st.devices.find(name);
     if (it == st.devices.end()) return done(make_error(errc::not_found, "no device actor for device '" + name + "'"));
     if (!it->second.status.up) return done(make_error(errc::down, "device " + name + " is down"));
@@ -210,7 +214,7 @@ void load_model(supervisor_ptr self, load_request r, std::function<void(caf::exp
   }
   self->request(st.loader, caf::infinite, load_atom_v, r)
       .then(
-          [self, r, done](const model_info& info) {
+          [self, settings, done](const model_info& info) {
             auto& s = self->state;
             if (s.shutting_down) {
               // Loaded while the runtime began to stop: give the weights back before saying so.
@@ -223,9 +227,8 @@ void load_model(supervisor_ptr self, load_request r, std::function<void(caf::exp
             e.sched = start_scheduler(self, info.name);
             e.status.name = "model:" + info.name;
             e.status.up = true;
-            e.request = r;
-            e.request.progress = caf::actor{};
-            for (const std::string& d : devices_of(r)) {
+            e.settings = settings;
+            for (const std::string& d : devices_of(settings)) {
               const peer_entry* pe = peer_of(s, d);
               if (pe == nullptr || e.peer_epochs.count(pe->status.name)) continue;
               e.peer_epochs[pe->status.name] = pe->status.epoch;
@@ -258,7 +261,7 @@ void run_reload(supervisor_ptr self, const std::string& name) {
   }
   it->second.running = true;
   TROUPE_LOG(info, "supervisor: loading model " << name << " again (" << it->second.status.last_error << ")");
-  load_model(self, it->second.request, [self, name](caf::expected<model_info> r) {
+  load_model(self, load_request{it->second.settings, {}}, [self, name](caf::expected<model_info> r) {
     auto& s = self->state;
     const auto e = s.reloads.find(name);
     if (e != s.reloads.end()) {
@@ -305,15 +308,17 @@ void on_peer_update(supervisor_ptr self, const peer_status& ps) {
     const auto it = m.peer_epochs.find(ps.name);
     if (it == m.peer_epochs.end()) continue;
     // Down for another reason (its scheduler failed): that stays the news.
-    if (!m.status.up && m.status.last_error.rfind("needs peer " + ps.name + " ", 0) != 0) continue;
+    if (!m.status.up && m.down_for_peer != ps.name) continue;
     if (ps.state != "up") {
       if (!m.status.up) continue;  // already reported
       m.status.up = false;
+      m.down_for_peer = ps.name;
       m.status.last_error = "needs peer " + ps.name + " (" + ps.address + "), which is " + ps.state +
                             (ps.last_error.empty() ? "" : ": " + ps.last_error);
     } else if (ps.epoch != it->second) {
       const std::string was = m.status.last_error;
       m.status.up = false;
+      m.down_for_peer = ps.name;
       m.status.last_error = "needs peer " + ps.name + " (" + ps.address + "), which reconnected (connection " +
                             std::to_string(ps.epoch) + "): its weights there were lost with the old connection; " +
                             (st.params.reload_on_reconnect ? "loading it again" : "unload and load the model again");
@@ -330,14 +335,14 @@ void on_peer_update(supervisor_ptr self, const peer_status& ps) {
   if (st.shutting_down) return;
   for (const std::string& name : reloads) {
     model_entry& m = st.models.at(name);
-    st.reloads[name] = reload_entry{m.request, m.status, true};
+    st.reloads[name] = reload_entry{m.settings, m.status, true};
     stop_model(self, name, [self, name] { run_reload(self, name); });
   }
   // Reloads that failed earlier (the peer went away again meanwhile, say) are retried when it is back.
   if (ps.state == "up") {
     for (auto& [name, r] : st.reloads) {
       if (r.running) continue;
-      const auto ds = devices_of(r.request);
+      const auto ds = devices_of(r.settings);
       if (std::any_of(ds.begin(), ds.end(), [&](const std::string& d) {
             return std::find(ps.devices.begin(), ps.devices.end(), d) != ps.devices.end();
           })) {
@@ -373,6 +378,51 @@ void stop_model(supervisor_ptr self, const std::string& name, std::function<void
   self->request(sched, caf::infinite, release_atom_v).then([unload](bool) { unload(); }, [unload](const caf::error&) { unload(); });
 }
 
+// ---- shutdown, step by step ----
+
+// Stops every model (stop_model); `done` runs when all have been released.
+void stop_all_models(supervisor_ptr self, std::function<void()> done) {
+  std::vector<std::string> names;
+  for (const auto& [name, m] : self->state.models) names.push_back(name);
+  fan_in join(names.size(), std::move(done));
+  for (const std::string& name : names) stop_model(self, name, join);
+}
+
+// Frees every device actor's buffers and releases every allocator's compute memory; `done` runs after.
+void free_all_buffers(supervisor_ptr self, std::function<void()> done) {
+  auto& st = self->state;
+  fan_in join(2 * st.devices.size(), std::move(done));
+  for (auto& [n, e] : st.devices) {
+    self->request(e.actor, caf::infinite, free_atom_v, all_atom_v).then([join](uint64_t) { join(); },
+                                                                       [join](const caf::error&) { join(); });
+    self->request(e.allocator, caf::infinite, release_atom_v, all_atom_v)
+        .then([join](uint64_t) { join(); }, [join](const caf::error&) { join(); });
+  }
+}
+
+// Replies the final breakdown, stops every actor and terminates.
+void finish_shutdown(supervisor_ptr self, caf::typed_response_promise<memory_breakdown> rp) {
+  self->request(self->state.accountant, caf::infinite, get_atom_v, breakdown_atom_v)
+      .then(
+          [self, rp](const memory_breakdown& b) mutable {
+            rp.deliver(b);
+            auto& st = self->state;
+            for (auto& [n, e] : st.devices) {
+              self->send_exit(e.actor, caf::exit_reason::user_shutdown);
+              self->send_exit(e.allocator, caf::exit_reason::user_shutdown);
+            }
+            self->send_exit(st.loader, caf::exit_reason::user_shutdown);
+            self->send_exit(st.graphs, caf::exit_reason::user_shutdown);
+            self->send_exit(st.accountant, caf::exit_reason::user_shutdown);
+            for (const peer_entry& pe : st.peers) self->send_exit(pe.actor, caf::exit_reason::user_shutdown);
+            self->quit();
+          },
+          [self, rp](const caf::error& e) mutable {
+            rp.deliver(e);
+            self->quit();
+          });
+}
+
 supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr env, supervisor_params p) {
   auto& init = self->state;
   init.env = env;
@@ -384,20 +434,20 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
   }
   init.graphs = spawn_scheduler_actor(self->system(), env, init.accountant, {.allocators = init.allocators});
   self->monitor(init.graphs);
-  for (auto& [name, e] : init.devices) self->send(init.graphs, device_atom_v, name, caf::actor_cast<caf::actor>(e.actor));
+  for (auto& [name, e] : init.devices) self->send(init.graphs, device_atom_v, name, e.actor);
   start_loader(self);
   for (const peer_actor& pa : init.params.peers) {
     init.peers.push_back({pa, {}});
     self->monitor(pa);
-    self->request(pa, caf::infinite, subscribe_atom_v, caf::actor_cast<caf::actor>(self)).then([](bool) {}, [](const caf::error&) {});
+    self->request(pa, caf::infinite, subscribe_atom_v, peer_subscriber{self}).then([](bool) {}, [](const caf::error&) {});
   }
   self->set_down_handler([self](const caf::down_msg& dm) { on_down(self, dm); });
 
   return {
       [self](load_atom, const load_request& r) -> caf::result<model_info> {
         auto& st = self->state;
-        if (const auto it = st.reloads.find(r.name); it != st.reloads.end()) {
-          if (it->second.running) return make_error(errc::busy, "model " + r.name + " is being loaded again right now");
+        if (const auto it = st.reloads.find(r.model.name); it != st.reloads.end()) {
+          if (it->second.running) return make_error(errc::busy, "model " + r.model.name + " is being loaded again right now");
           st.reloads.erase(it);  // the user's load replaces the failed reload
         }
         auto rp = self->make_response_promise<model_info>();
@@ -437,7 +487,7 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
         const session_actor s = spawn_session_actor(self->system(), m, it->second.sched, st.next_session++);
         auto rp = self->make_response_promise<session_actor>();
         const std::string model = r.model;
-        self->request(it->second.sched, caf::infinite, attach_atom_v, caf::actor_cast<caf::actor>(s))
+        self->request(it->second.sched, caf::infinite, attach_atom_v, s)
             .then(
                 [self, rp, s, model](int32_t seq) mutable {
                   self->send(s, attach_atom_v, seq);
@@ -479,21 +529,21 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
       [self](get_atom, directory_atom) {
         auto& st = self->state;
         actor_directory d;
-        d.accountant = caf::actor_cast<caf::actor>(st.accountant);
-        d.loader = caf::actor_cast<caf::actor>(st.loader);
+        d.accountant = st.accountant;
+        d.loader = st.loader;
         for (const std::string& name : st.device_order) {
           d.device_names.push_back(name);
-          d.devices.push_back(caf::actor_cast<caf::actor>(st.devices.at(name).actor));
-          d.allocators.push_back(caf::actor_cast<caf::actor>(st.devices.at(name).allocator));
+          d.devices.push_back(st.devices.at(name).actor);
+          d.allocators.push_back(st.devices.at(name).allocator);
         }
         for (const auto& [name, m] : st.models) {
           d.model_names.push_back(name);
-          d.schedulers.push_back(caf::actor_cast<caf::actor>(m.sched));
+          d.schedulers.push_back(m.sched);
         }
-        d.graphs = caf::actor_cast<caf::actor>(st.graphs);
+        d.graphs = st.graphs;
         for (const peer_entry& pe : st.peers) {
           d.peer_names.push_back(pe.status.name);
-          d.peers.push_back(caf::actor_cast<caf::actor>(pe.actor));
+          d.peers.push_back(pe.actor);
         }
         return d;
       },
@@ -504,50 +554,10 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
         if (st.shutting_down) return make_error(errc::down, "already shutting down");
         st.shutting_down = true;
         auto rp = self->make_response_promise<memory_breakdown>();
-        // After the models: every device's and allocator's buffers, then the final breakdown, then exit.
-        auto finish = [self, rp]() mutable {
-          auto& s = self->state;
-          auto left = std::make_shared<size_t>(2 * s.devices.size() + 1);
-          auto last = [self, rp, left]() mutable {
-            if (--*left > 0) return;
-            self->request(self->state.accountant, caf::infinite, get_atom_v, breakdown_atom_v)
-                .then(
-                    [self, rp](const memory_breakdown& b) mutable {
-                      rp.deliver(b);
-                      auto& s2 = self->state;
-                      for (auto& [n, e] : s2.devices) {
-                        self->send_exit(e.actor, caf::exit_reason::user_shutdown);
-                        self->send_exit(e.allocator, caf::exit_reason::user_shutdown);
-                      }
-                      self->send_exit(s2.loader, caf::exit_reason::user_shutdown);
-                      self->send_exit(s2.graphs, caf::exit_reason::user_shutdown);
-                      self->send_exit(s2.accountant, caf::exit_reason::user_shutdown);
-                      for (const peer_entry& pe : s2.peers) self->send_exit(pe.actor, caf::exit_reason::user_shutdown);
-                      self->quit();
-                    },
-                    [self, rp](const caf::error& e) mutable {
-                      rp.deliver(e);
-                      self->quit();
-                    });
-          };
-          for (auto& [n, e] : s.devices) {
-            self->request(e.actor, caf::infinite, free_atom_v, uint64_t{0}).then([last](uint64_t) mutable { last(); },
-                                                                                [last](const caf::error&) mutable { last(); });
-            self->request(e.allocator, caf::infinite, release_atom_v, std::string())
-                .then([last](uint64_t) mutable { last(); }, [last](const caf::error&) mutable { last(); });
-          }
-          last();
-        };
-        std::vector<std::string> names;
-        for (const auto& [name, m] : st.models) names.push_back(name);
-        auto left = std::make_shared<size_t>(names.size() + 1);
-        auto model_done = [left, finish]() mutable {
-          if (--*left == 0) finish();
-        };
-        // Models being loaded again finish first (a model they load now is given back at once).
-        auto stop_models = [self, names, model_done]() mutable {
-          for (const std::string& name : names) stop_model(self, name, model_done);
-          model_done();
+        // Models being loaded again finish first (a model they load now is given back at once); then the
+        // models, then every device's and allocator's buffers, then the final breakdown.
+        auto stop_models = [self, rp]() mutable {
+          stop_all_models(self, [self, rp]() mutable { free_all_buffers(self, [self, rp]() mutable { finish_shutdown(self, rp); }); });
         };
         if (reload_running(st)) {
           st.after_reloads = stop_models;

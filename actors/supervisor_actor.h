@@ -5,14 +5,12 @@
 // marked down. Requests for something down are errc::down errors; nothing waits forever.
 //
 //   supervisor_actor sup = spawn_supervisor(sys, {.devices = {"CPU", "CPU1"}});
-//   self->request(sup, infinite, load_atom_v, load_request{.name = "m", .path = p}).then(...);
+//   self->request(sup, infinite, load_atom_v, load_request{{.name = "m", .path = p}, {}}).then(...);
 //   self->request(sup, t, open_atom_v, session_request{"m"}).then([](session_actor s) { ... });
 //   self->request(sup, t, shutdown_atom_v).then([](const memory_breakdown& final) { ... });  // all zero
 #pragma once
 
 #include <caf/actor_system.hpp>
-#include <caf/replies_to.hpp>
-#include <caf/typed_actor.hpp>
 
 #include <chrono>
 #include <string>
@@ -25,26 +23,7 @@
 
 namespace troupe::actors {
 
-using supervisor_actor = caf::typed_actor<
-    // Loads a model (loader actor), then starts its scheduler.
-    caf::replies_to<load_atom, load_request>::with<model_info>,
-    // Stops a model's scheduler and sessions and releases its memory; replies whether it was loaded.
-    caf::replies_to<unload_atom, std::string>::with<bool>,
-    // A new session on a loaded model.
-    caf::replies_to<open_atom, session_request>::with<session_actor>,
-    // The memory breakdown.
-    caf::replies_to<get_atom, breakdown_atom>::with<memory_breakdown>,
-    // Every supervised actor and whether it is up.
-    caf::replies_to<get_atom, status_atom>::with<runtime_status>,
-    // The handles of the runtime's actors.
-    caf::replies_to<get_atom, directory_atom>::with<actor_directory>,
-    // Cancels a running load.
-    caf::reacts_to<cancel_atom, std::string>,
-    // A peer actor's new state (the supervisor subscribes to every peer it is given).
-    caf::reacts_to<update_atom, peer_status>,
-    // Stops every session, scheduler and model, frees every buffer, and replies the final breakdown
-    // (all zero); the supervisor and its actors then terminate.
-    caf::replies_to<shutdown_atom>::with<memory_breakdown>>;
+// The interface (using supervisor_actor = caf::typed_actor<...>) is in actors/handles.h.
 
 struct supervisor_params {
   std::vector<std::string> devices = {"CPU"};  // registered devices to run device actors for

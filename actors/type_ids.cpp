@@ -14,7 +14,11 @@ namespace troupe::actors {
 
 void add_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_types<caf::id_block::troupe>();
-  // Actor handles that travel in messages (a session from open_atom) or are looked up remotely.
+  // Actor handles that travel in messages (a session from open_atom, subscribers) or are looked up remotely.
+  cfg.add_message_type<progress_listener>("troupe::actors::progress_listener");
+  cfg.add_message_type<token_subscriber>("troupe::actors::token_subscriber");
+  cfg.add_message_type<breakdown_subscriber>("troupe::actors::breakdown_subscriber");
+  cfg.add_message_type<peer_subscriber>("troupe::actors::peer_subscriber");
   cfg.add_message_type<memory_accountant_actor>("troupe::actors::memory_accountant_actor");
   cfg.add_message_type<device_actor>("troupe::actors::device_actor");
   cfg.add_message_type<allocator_actor>("troupe::actors::allocator_actor");

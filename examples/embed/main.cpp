@@ -28,7 +28,7 @@ struct printer_state {
   static inline const char* name = "host.printer";
 };
 
-caf::behavior printer(caf::stateful_actor<printer_state>* self, std::string tag) {
+token_subscriber::behavior_type printer(token_subscriber::stateful_pointer<printer_state> self, std::string tag) {
   return {
       [self, tag](token_atom, const token_event& e) {
         self->state.text[e.session] += e.piece;
@@ -40,14 +40,10 @@ caf::behavior printer(caf::stateful_actor<printer_state>* self, std::string tag)
 
 // The host's service logic: load, open two sessions, two answers at once, the breakdown. `done` gets the
 // outcome ("" on success).
-void run_service(caf::event_based_actor* self, supervisor_actor troupe, std::string path, int tokens, caf::actor sink,
+void run_service(caf::event_based_actor* self, supervisor_actor troupe, std::string path, int tokens, token_subscriber sink,
                  std::shared_ptr<std::promise<std::string>> done) {
   auto fail = [done](const caf::error& e) { done->set_value(describe(e)); };
-  load_request load;
-  load.name = "model";
-  load.path = std::move(path);
-  load.n_ctx = 1024;
-  load.n_seq_max = 2;
+  const load_request load{{.name = "model", .path = std::move(path), .n_ctx = 1024, .n_seq_max = 2}, {}};
   self->request(troupe, caf::infinite, load_atom_v, load).then(
       [=](const model_info& info) {
         std::printf("loaded %s (%s, %u layers, %llu bytes of weights) in %.1f ms\n", info.path.c_str(), info.arch.c_str(),
@@ -107,7 +103,7 @@ int main(int argc, char** argv) {
   int rc = 0;
   try {
     troupe::engine eng(sys, {.n_threads = 2});
-    const caf::actor sink = sys.spawn(printer, std::string("session"));
+    const token_subscriber sink = sys.spawn(printer, std::string("session"));
     auto done = std::make_shared<std::promise<std::string>>();
     auto outcome = done->get_future();
     sys.spawn(run_service, eng.supervisor(), std::string(argv[1]), tokens, sink, done);

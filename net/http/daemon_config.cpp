@@ -49,7 +49,7 @@ daemon_config parse_daemon_config(std::string_view text, const std::string& sour
     const std::filesystem::path fp(p);
     return (fp.is_relative() && !base_dir.empty()) ? (base_dir / fp).lexically_normal().string() : p;
   };
-  for (actors::model_config& m : c.runtime.models) m.path = resolve(m.path);
+  for (actors::model_settings& m : c.runtime.models) m.path = resolve(m.path);
 
   const toml::table& s = section(root, "server", source);
   check_keys(s,
@@ -109,7 +109,7 @@ void validate_daemon_config(const daemon_config& c) {
     throw error(where + ": no model to serve (add a [[model]] table with a name and a path, or pass --model)");
   }
   std::set<std::string> names;
-  for (const actors::model_config& m : c.runtime.models) {
+  for (const actors::model_settings& m : c.runtime.models) {
     if (!names.insert(m.name).second) throw error(where + ": two models are named '" + m.name + "'");
     std::error_code ec;
     if (!std::filesystem::is_regular_file(m.path, ec)) {

@@ -28,7 +28,7 @@ class daemon::listener : public httplib::Server {
 };
 
 struct daemon::model_slots {
-  actors::model_config config;
+  actors::model_settings config;
   uint32_t slots = 1;
   std::atomic<bool> loaded{false};
   actors::model_info info;
@@ -202,7 +202,7 @@ struct answer_state {
 }  // namespace
 
 daemon::daemon(engine& eng, daemon_config cfg) : eng_(eng), cfg_(std::move(cfg)), svr_(std::make_unique<listener>()) {
-  for (const actors::model_config& m : cfg_.runtime.models) {
+  for (const actors::model_settings& m : cfg_.runtime.models) {
     auto ms = std::make_unique<model_slots>();
     ms->config = m;
     ms->slots = std::max<uint32_t>(1, m.n_seq_max);
@@ -251,13 +251,13 @@ void daemon::serve() {
 void daemon::load_models() {
   for (auto& ms : models_) {
     if (stopping_.load()) return;
-    ms->info = eng_.load_model(actors::to_load_request(ms->config));
+    ms->info = eng_.load_model(ms->config);
     ms->model = eng_.env()->model(ms->config.name);
     ms->created = unix_now();
     ms->loaded.store(true);
     TROUPE_LOG(info, "model '" << ms->config.name << "' loaded: " << ms->info.arch << ", " << ms->info.n_params
                                << " parameters, " << ms->slots << " parallel sessions of "
-                               << actors::session_context(*ms->model) << " tokens, chat template "
+                               << ms->model->settings.n_ctx_seq << " tokens, chat template "
                                << ms->info.chat_template << " (" << ms->info.load_seconds << " s)");
   }
   ready_.store(true);
@@ -432,7 +432,7 @@ void daemon::routes() {
                         {"n_params", ms->info.n_params},
                         {"n_vocab", ms->info.n_vocab},
                         {"n_ctx_train", ms->info.n_ctx_train},
-                        {"n_ctx_seq", actors::session_context(*ms->model)},
+                        {"n_ctx_seq", ms->model->settings.n_ctx_seq},
                         {"parallel", ms->slots},
                         {"chat_template", ms->info.chat_template},
                         {"weight_bytes", ms->info.weight_bytes}}}});
@@ -480,7 +480,7 @@ void daemon::routes() {
         } catch (const std::exception& e) {
           throw bad_request(std::string("cannot tokenize the prompt: ") + e.what(), chat ? "messages" : "prompt");
         }
-        const uint32_t n_ctx = actors::session_context(*ms.model);
+        const uint32_t n_ctx = ms.model->settings.n_ctx_seq;
         if (n_prompt >= n_ctx) {
           throw api_error(400, "invalid_request_error",
                           "the prompt has " + std::to_string(n_prompt) + " tokens; this model's sessions hold " +

@@ -1,4 +1,6 @@
-// Generation for one sequence: prompt processing with prefix reuse, sampling, stop conditions, streaming.
+// Generation for one sequence, synchronously: prompt processing with prefix reuse, sampling, stop
+// conditions, streaming. It drives an llm::sequence (sequence.h, the one state machine of an answer) and
+// decodes each of its steps alone on the context.
 //
 //   generator gen(ctx, vocab, /*seq*/ 0);
 //   auto r = gen.generate(vocab.tokenize(prompt, true), {.max_tokens = 64}, [](std::string_view piece, token_id) {
@@ -14,34 +16,17 @@
 #include <cstdint>
 #include <functional>
 #include <span>
-#include <string>
 #include <string_view>
 #include <vector>
 
-#include "runtime/llm/detokenizer.h"
+#include "runtime/llm/generate_params.h"
 #include "runtime/llm/llm_context.h"
-#include "runtime/llm/sampler.h"
 #include "runtime/llm/vocab.h"
 
 namespace troupe::llm {
 
-struct generate_params {
-  int32_t max_tokens = 256;              // generated tokens at most (the context may end it earlier)
-  sampling_params sampling;
-  std::vector<std::string> stop;         // stop strings: generation ends before them
-};
-
-struct generate_result {
-  std::vector<token_id> tokens;  // generated
-  std::string text;              // generated text (without a matched stop string)
-  std::string finish;            // "stop", "length" or "cancelled"
-  int32_t n_prompt = 0;          // prompt tokens in the request
-  int32_t n_prompt_decoded = 0;  // prompt tokens actually decoded (the rest reused from the cache)
-  double prompt_seconds = 0;
-  double gen_seconds = 0;
-};
-
-// Called with each new piece of text and its token; returning false cancels.
+// Called with each new piece of text and its token (token_null for text flushed at the end); returning
+// false cancels.
 using piece_fn = std::function<bool(std::string_view piece, token_id id)>;
 
 class generator {
@@ -57,7 +42,7 @@ class generator {
   const std::vector<token_id>& cached() const { return cached_; }
 
  private:
-  void decode_tokens(std::span<const token_id> tokens, bool last_logits);
+  void decode_tokens(std::span<const token_id> tokens);
 
   llm_context& ctx_;
   const vocab& vocab_;

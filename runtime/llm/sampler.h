@@ -100,6 +100,7 @@ struct sampling_params {
 
   // Throws sampling_error naming the first bad field.
   void validate() const;
+  friend bool operator==(const sampling_params&, const sampling_params&) = default;
 };
 
 class sampler_chain {

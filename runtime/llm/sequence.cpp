@@ -8,7 +8,7 @@ namespace troupe::llm {
 
 sequence::sequence(const vocab& v, std::span<const token_id> cached, std::span<const token_id> prompt,
                    const generate_params& p, uint32_t n_ctx)
-    : vocab_(v), params_(p), n_ctx_(n_ctx), chain_(p.sampling), detok_(v) {
+    : vocab_(v), params_(p), n_ctx_(n_ctx), chain_(p), detok_(v) {
   result_.n_prompt = static_cast<int32_t>(prompt.size());
   if (prompt.empty()) throw error("generate: empty prompt");
   if (prompt.size() >= n_ctx) {
@@ -62,7 +62,7 @@ sequence_output sequence::advance(std::span<const float> logits) {
     result_.prompt_seconds = std::chrono::duration<double>(t1_ - t0_).count();
     in_prompt_ = false;
   }
-  // As generator::generate: up to max_tokens samples, each decoded after it is streamed.
+  // Up to max_tokens samples, each decoded (the next pending step) after it is streamed.
   if (n_sampled_ >= params_.max_tokens || cached_.size() + 1 >= n_ctx_) return finish("length", true);
   const token_id t = chain_.sample(logits);
   chain_.accept(t);

@@ -1,6 +1,8 @@
 // One answer on one sequence, step by step: the sequence says what to decode next, the caller decodes it
-// (alone, or batched with other sequences: batch_decoder.h) and hands back the logits of its last token;
-// the sequence samples, handles stop conditions and returns the text to stream.
+// and hands back the logits of its last token; the sequence samples, handles stop conditions and returns
+// the text to stream. It is the one state machine of an answer: the synchronous generator (generator.h)
+// decodes its steps alone, generate_together (batch_decoder.h) and the scheduler actor batch them with
+// other sequences' steps, and the session actor drives one per conversation turn.
 //
 //   llm::sequence s(vocab, cached, prompt, {.max_tokens = 64}, ctx.params().n_ctx);
 //   while (!s.done()) {
@@ -10,8 +12,8 @@
 //   }
 //   s.result().finish;                                   // "stop", "length" or "cancelled"
 //
-// It makes exactly the decisions generator.h makes for the same inputs (prefix reuse, sampling, stop
-// strings, the context limit), so a sequence decoded alone produces the generator's tokens.
+// Its decisions (prefix reuse, sampling, stop strings, the context limit) depend only on the logits it is
+// given, so the same sequence decoded alone or in a batch produces the same tokens.
 #pragma once
 
 #include <chrono>
@@ -21,7 +23,7 @@
 #include <vector>
 
 #include "runtime/llm/detokenizer.h"
-#include "runtime/llm/generator.h"
+#include "runtime/llm/generate_params.h"
 #include "runtime/llm/sampler.h"
 
 namespace troupe::llm {

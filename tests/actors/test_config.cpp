@@ -44,7 +44,7 @@ devices = [{ device = "CPU1", layers = 2 }]
   CHECK(c.max_restarts == 5);
   CHECK(c.flush_delay_us == 500);
   REQUIRE(c.models.size() == 1);
-  const model_config& m = c.models[0];
+  const model_settings& m = c.models[0];
   CHECK(m.name == "stories");
   CHECK(m.n_ctx == 512);
   CHECK(m.n_batch == 256);
@@ -55,7 +55,7 @@ devices = [{ device = "CPU1", layers = 2 }]
   REQUIRE(m.devices.size() == 1);
   CHECK(m.devices[0].device == "CPU1");
   CHECK(m.devices[0].layers == 2);
-  const load_request r = to_load_request(m);
+  const model_settings r = m.resolved();
   CHECK(r.n_seq_max == 3);
 
   const runtime_config d = parse_runtime_config("");

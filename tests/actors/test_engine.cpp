@@ -21,7 +21,7 @@ llm::generate_result reference(const llm::model& m, int n) {
   llm::generator gen(c, v);
   llm::generate_params gp;
   gp.max_tokens = n;
-  gp.sampling.temperature = 0.0f;
+  gp.temperature = 0.0f;
   return gen.generate(v.tokenize("Once upon a time", true), gp);
 }
 
@@ -92,7 +92,7 @@ TEST_CASE("engine: decode splits run on the device actors that own their devices
     REQUIRE(dir.device_names.size() == 2);
     for (size_t i = 0; i < dir.devices.size(); ++i) {
       device_status st;
-      self->request(caf::actor_cast<device_actor>(dir.devices[i]), std::chrono::seconds(30), memory_atom_v)
+      self->request(dir.devices[i], std::chrono::seconds(30), memory_atom_v)
           .receive([&](device_status& d) { st = std::move(d); }, [](caf::error& e) { FAIL(describe(e)); });
       INFO("device " << dir.device_names[i]);
       // 16 tokens: the prompt's decode and 15 more, each with a split on both devices.

@@ -60,7 +60,7 @@ TEST_CASE("a device that cannot allocate fails the load with out_of_memory, whil
   const auto dir = ask<actor_directory>(eng.system(), eng.supervisor(), get_atom_v, directory_atom_v);
   REQUIRE(dir);
   REQUIRE(dir->device_names.size() == 2);
-  const auto dev9 = caf::actor_cast<device_actor>(dir->devices[1]);
+  const auto dev9 = dir->devices[1];
   const auto big = ask<buffer_info>(eng.system(), dev9, alloc_atom_v, alloc_request{1 << 20, 2, "test"});
   REQUIRE_FALSE(big);
   CHECK(is(big.error(), errc::out_of_memory));
@@ -166,11 +166,9 @@ TEST_CASE("a load cancelled mid-way fails with cancelled, leaves nothing behind,
   engine eng({.cpu_instances = 1, .n_threads = 1});
   caf::scoped_actor self{eng.system()};
   load_request r;
-  r.name = "m";
-  r.path = path->string();
-  r.devices = {{"CPU1", 30}};
-  r.use_mmap = false;  // every byte read and copied: slow enough to cancel
-  r.progress = caf::actor_cast<caf::actor>(self);
+  r.model = {.name = "m", .path = path->string(), .devices = {{"CPU1", 30}},
+             .use_mmap = false};  // every byte read and copied: slow enough to cancel
+  r.progress = caf::actor_cast<progress_listener>(self);  // the scoped actor handles progress below
   self->send(eng.supervisor(), load_atom_v, r);
   bool done = false, cancelled = false, loaded = false;
   int progress = 0;

@@ -173,25 +173,13 @@ struct stop_on_exit {
 };
 
 // One session of the model with every layer on `device` (a peer's), one thread, 128 cells.
-load_request load_on(const std::string& name, const std::string& path, const std::string& device) {
-  load_request r;
-  r.name = name;
-  r.path = path;
-  r.devices = {{device, 99}};
-  r.n_ctx = 128;
-  r.n_seq_max = 1;
-  r.n_threads = 1;
-  return r;
+model_settings settings_on(const std::string& name, const std::string& path, const std::string& device) {
+  return {.name = name, .path = path, .devices = {{device, 99}}, .n_ctx = 128, .n_seq_max = 1, .n_threads = 1};
 }
 
-// The same through the embedding API.
-load_options load_options_on(const std::string& device) {
-  load_options o;
-  o.devices = {{device, 99}};
-  o.n_ctx = 128;
-  o.n_seq_max = 1;
-  o.n_threads = 1;
-  return o;
+// The same as a load request for the supervisor.
+load_request load_on(const std::string& name, const std::string& path, const std::string& device) {
+  return {settings_on(name, path, device), {}};
 }
 
 // The status of the actor named `name` ("model:m", "device:CPU"), if it is listed (a copy: the status is
@@ -489,7 +477,7 @@ TEST_CASE("a peer that comes up after the engine started: its devices join, a mo
 
   const auto path = test::model_path("stories260K.gguf");
   if (!path) return;
-  const model_info info = eng.load_model("m", path->string(), load_options_on(device));
+  const model_info info = eng.load_model(settings_on("m", path->string(), device));
   CHECK(info.n_layer == 5);
   const memory_breakdown mb = eng.memory();
   bool on_peer = false;
@@ -504,7 +492,7 @@ TEST_CASE("a peer that comes up after the engine started: its devices join, a mo
   llm::generator gen(c, v);
   llm::generate_params gp;
   gp.max_tokens = 8;
-  gp.sampling.temperature = 0.0f;
+  gp.temperature = 0.0f;
   CHECK(r.tokens == gen.generate(v.tokenize("Once upon a time", true), gp).tokens);
   s.close();
   const memory_breakdown final_b = eng.shutdown();
@@ -524,7 +512,7 @@ TEST_CASE("a shutdown while a model is being loaded again waits for it, and ever
   cfg.n_threads = 1;
   cfg.peers = {{.name = "box", .host = "127.0.0.1", .port = port}};
   engine eng(cfg);
-  eng.load_model("m", path->string(), load_options_on(device));
+  eng.load_model(settings_on("m", path->string(), device));
   auto model_error = [&]() -> std::optional<std::string> {
     const auto a = find_actor(eng.status(), "model:m");
     if (!a) return std::nullopt;

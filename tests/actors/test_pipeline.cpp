@@ -49,7 +49,7 @@ TEST_CASE("pipeline: splits go to their device actors, micro-batches overlap, re
   const uint64_t id = eng.env()->objects.put(fx.job);
   const auto dir = ask<actor_directory>(eng.system(), eng.supervisor(), get_atom_v, directory_atom_v);
   REQUIRE(dir);
-  const auto graphs = caf::actor_cast<scheduler_actor>(dir->graphs);
+  const auto graphs = dir->graphs;
   const auto r = ask<pipeline_result>(eng.system(), graphs, pipeline_atom_v, pipeline_ref{id});
   REQUIRE(r);
   CHECK(r->microbatches == 4);
@@ -72,7 +72,7 @@ TEST_CASE("pipeline: splits go to their device actors, micro-batches overlap, re
   const auto missing = ask<pipeline_result>(eng.system(), graphs, pipeline_atom_v, pipeline_ref{id + 1000});
   REQUIRE_FALSE(missing);
   CHECK(is(missing.error(), errc::not_found));
-  const auto wrong = ask<split_result>(eng.system(), caf::actor_cast<device_actor>(dir->devices[0]), compute_atom_v,
+  const auto wrong = ask<split_result>(eng.system(), dir->devices[0], compute_atom_v,
                                        split_ref{id, 0, 0});
   REQUIRE_FALSE(wrong);
   CHECK(is(wrong.error(), errc::bad_request));
@@ -84,7 +84,7 @@ TEST_CASE("allocator actor: plans a graph in chunked buffers it owns, grows for 
   engine eng({.cpu_instances = 1, .n_threads = 1});
   const auto dir = ask<actor_directory>(eng.system(), eng.supervisor(), get_atom_v, directory_atom_v);
   REQUIRE(dir);
-  const auto alloc = caf::actor_cast<allocator_actor>(dir->allocators[1]);  // CPU1's
+  const auto alloc = dir->allocators[1];  // CPU1's
   auto make = [](int64_t n) {
     auto ctx = std::make_shared<context>(context_params{.max_tensors = 8, .no_alloc = true});
     tensor* x = ctx->new_tensor_2d(type::f32, n, 8);

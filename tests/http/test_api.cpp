@@ -66,13 +66,13 @@ overrides = [{ pattern = "output", device = "CPU" }]
   CHECK_FALSE(c.logging.access_log);
   CHECK(c.runtime.n_threads == 2);
   REQUIRE(c.runtime.models.size() == 1);
-  const actors::model_config& m = c.runtime.models[0];
+  const actors::model_settings& m = c.runtime.models[0];
   CHECK(m.path == "/etc/troupe/m.gguf");  // relative to the configuration's folder
   CHECK(m.kv_type == "q8_0");
   CHECK(m.chat_template == "raw");
   REQUIRE(m.overrides.size() == 1);
   CHECK(m.overrides[0].device == "CPU");
-  const actors::load_request lr = actors::to_load_request(m);
+  const actors::model_settings lr = m.resolved();
   CHECK(lr.n_ctx_seq == 512);  // n_ctx / n_seq_max by default
 
   // The shipped example parses (its model may not be downloaded: validation is separate).

@@ -14,7 +14,7 @@ namespace {
 generate_params greedy_params(int n) {
   generate_params p;
   p.max_tokens = n;
-  p.sampling.temperature = 0.0f;
+  p.temperature = 0.0f;
   return p;
 }
 

@@ -23,7 +23,7 @@ TEST_CASE("SmolLM2-135M-Instruct: a short multi-turn chat answers sensibly", "[l
   generator gen(ctx, v);
   generate_params p;
   p.max_tokens = 64;
-  p.sampling.temperature = 0.0f;  // greedy: the answer is deterministic
+  p.temperature = 0.0f;  // greedy: the answer is deterministic
 
   std::vector<chat_message> chat = {{"user", "Hi! Can you name three colors?"}};
   std::string streamed;
@@ -56,7 +56,7 @@ TEST_CASE("generation stops at stop strings and at the token limit, and can be c
   llm_context ctx(*m, {.n_ctx = 128, .n_threads = 1});
   generator gen(ctx, v);
   generate_params p;
-  p.sampling.temperature = 0.0f;
+  p.temperature = 0.0f;
   p.max_tokens = 32;
   const auto prompt = v.tokenize("Once upon a time", true);
   generate_result r = gen.generate(prompt, p);

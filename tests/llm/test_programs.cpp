@@ -103,7 +103,7 @@ TEST_CASE("q8_0 KV cache: refused for heads that split blocks, usable otherwise"
     llm::generator gen(ctx, v);
     llm::generate_params p;
     p.max_tokens = 8;
-    p.sampling.temperature = 0.0f;
+    p.temperature = 0.0f;
     return gen.generate(v.tokenize("The capital of France is", true), p).text;
   };
   const std::string f16 = answer(type::f16);

@@ -75,7 +75,7 @@ int run_serve(const serve_options& o) {
   }
   // Flags over the file.
   if (!o.model.empty()) {
-    actors::model_config m;
+    actors::model_settings m;
     if (!cfg.runtime.models.empty()) m = cfg.runtime.models.front();
     m.path = o.model;
     m.name = !o.name.empty() ? o.name : std::filesystem::path(o.model).stem().string();
@@ -93,13 +93,13 @@ int run_serve(const serve_options& o) {
   for (const std::string& k : o.api_keys) cfg.server.api_keys.push_back(k);
   if (o.threads >= 0) {
     cfg.runtime.n_threads = o.threads;
-    for (actors::model_config& m : cfg.runtime.models) m.n_threads = o.threads;
+    for (actors::model_settings& m : cfg.runtime.models) m.n_threads = o.threads;
   }
   if (o.parallel > 0) {
-    for (actors::model_config& m : cfg.runtime.models) m.n_seq_max = static_cast<uint32_t>(o.parallel);
+    for (actors::model_settings& m : cfg.runtime.models) m.n_seq_max = static_cast<uint32_t>(o.parallel);
   }
   if (o.ctx > 0) {
-    for (actors::model_config& m : cfg.runtime.models) m.n_ctx = static_cast<uint32_t>(o.ctx);
+    for (actors::model_settings& m : cfg.runtime.models) m.n_ctx = static_cast<uint32_t>(o.ctx);
   }
   if (!o.log_level.empty()) cfg.logging.level = o.log_level;
   http::validate_daemon_config(cfg);

@@ -1,0 +1,49 @@
+#include "actors/model_settings.h"
+
+#include <algorithm>
+#include <regex>
+
+#include "runtime/llm/chat_template.h"
+
+namespace troupe::actors {
+
+void model_settings::validate() const {
+  if (name.empty() || path.empty()) throw settings_error("", "a model needs a name and a path");
+  if (n_ctx == 0 || n_seq_max == 0 || n_batch == 0 || n_ubatch == 0) {
+    throw settings_error("", "n_ctx, n_batch, n_ubatch and n_seq_max must be positive");
+  }
+  if (n_ctx_seq > n_ctx) {
+    throw settings_error("n_ctx_seq", "n_ctx_seq (" + std::to_string(n_ctx_seq) + ") is larger than n_ctx (" +
+                                          std::to_string(n_ctx) + ")");
+  }
+  if (kv_type != "f16" && kv_type != "f32" && kv_type != "q8_0") {
+    throw settings_error("kv_type", "kv_type must be \"f16\", \"f32\" or \"q8_0\", not \"" + kv_type + "\"");
+  }
+  if (!chat_template.empty()) {
+    try {
+      (void)llm::chat_template::named(chat_template);
+    } catch (const std::exception& e) {
+      throw settings_error("chat_template", "chat_template: " + std::string(e.what()));
+    }
+  }
+  for (const tensor_override& o : overrides) {
+    if (o.pattern.empty() || o.device.empty()) throw settings_error("overrides", "overrides entries need a pattern and a device");
+    try {
+      (void)std::regex(o.pattern);
+    } catch (const std::regex_error& re) {
+      throw settings_error("overrides", "overrides: invalid regex '" + o.pattern + "': " + re.what());
+    }
+  }
+  for (const device_layers& d : devices) {
+    if (d.device.empty()) throw settings_error("devices", "devices entries need a device");
+  }
+}
+
+model_settings model_settings::resolved() const {
+  validate();
+  model_settings r = *this;
+  if (r.n_ctx_seq == 0) r.n_ctx_seq = std::max<uint32_t>(1, r.n_ctx / r.n_seq_max);
+  return r;
+}
+
+}  // namespace troupe::actors

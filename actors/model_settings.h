@@ -1,0 +1,86 @@
+// How a model is loaded and served: the one definition of a model's settings. The embedding API
+// (engine::load_model), a [[model]] table of a TOML configuration (actors/runtime_config.h) and the load
+// request the supervisor and loader actors exchange (actors/messages.h) all carry this struct.
+//
+//   actors::model_settings s{.name = "stories", .path = "stories260K.gguf", .n_ctx = 512, .n_seq_max = 2};
+//   s.validate();                         // throws settings_error naming the field
+//   const model_settings r = s.resolved();  // r.n_ctx_seq == 256: defaults that depend on other fields
+//
+// Fields keep their TOML key's name, except n_threads (TOML: `threads`).
+#pragma once
+
+#include <caf/meta/type_name.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/error.h"
+
+namespace troupe::actors {
+
+struct device_layers {
+  std::string device;  // a device with an actor: "CPU1"
+  int32_t layers = 0;  // the model's last layers it takes (as n_gpu_layers)
+  friend bool operator==(const device_layers&, const device_layers&) = default;
+};
+
+// Tensors whose name matches `pattern` (an ECMAScript regex, anywhere in the name) go to `device`,
+// whatever layer they belong to (as llama.cpp's --override-tensor).
+struct tensor_override {
+  std::string pattern;
+  std::string device;
+  friend bool operator==(const tensor_override&, const tensor_override&) = default;
+};
+
+// A setting no model can run with. field(): the field (and TOML key) at fault, "" for several.
+class settings_error : public error {
+ public:
+  settings_error(std::string field, const std::string& what) : error(what), field_(std::move(field)) {}
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
+};
+
+struct model_settings {
+  std::string name;                    // the model's name in this runtime (unique)
+  std::string path;                    // GGUF file
+  std::vector<device_layers> devices;  // layers per device; empty: everything on the CPU
+  bool use_mmap = true;
+  bool parallel = true;                // upload to every device at once (false: one device after another)
+  uint32_t n_ctx = 2048;               // KV cells shared by the model's sessions
+  uint32_t n_batch = 512;              // tokens per decode call
+  uint32_t n_ubatch = 512;             // tokens per graph (micro-batch)
+  uint32_t n_seq_max = 4;              // sessions that may be open at once
+  int32_t n_threads = 0;               // CPU threads for decoding; 0: all
+  uint32_t n_ctx_seq = 0;              // most cells one session may use (prompt + answer); 0: n_ctx / n_seq_max,
+                                       // so that no session can starve another
+  std::string kv_type = "f16";         // KV cache element type: "f16", "f32" or "q8_0"
+  std::string chat_template;           // a template family overriding the model's own ("raw" for base models);
+                                       // "": the model's
+  std::vector<tensor_override> overrides;  // tensor-name regex -> device
+  friend bool operator==(const model_settings&, const model_settings&) = default;
+
+  // Throws settings_error for the first field no model can run with (name and path empty, counts of 0,
+  // n_ctx_seq above n_ctx, an unknown kv_type or chat template family, an invalid override regex).
+  void validate() const;
+  // These settings validated, with the defaults that depend on other fields filled in (n_ctx_seq).
+  model_settings resolved() const;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, device_layers& x) {
+  return f(caf::meta::type_name("device_layers"), x.device, x.layers);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tensor_override& x) {
+  return f(caf::meta::type_name("tensor_override"), x.pattern, x.device);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, model_settings& x) {
+  return f(caf::meta::type_name("model_settings"), x.name, x.path, x.devices, x.use_mmap, x.parallel, x.n_ctx, x.n_batch,
+           x.n_ubatch, x.n_seq_max, x.n_threads, x.n_ctx_seq, x.kv_type, x.chat_template, x.overrides);
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,46 @@
+// What one answer is asked for and what it gives: the parameters of generation (sampling, length, stop
+// strings) and the result. One definition, shared by the synchronous generator, the batch decoder, the
+// session actor and the HTTP API (actors/messages.h makes them inspectable for CAF as they are).
+//
+//   llm::generate_params p = llm::generate_params::greedy(64);   // temperature 0: reproducible answers
+//   p.stop = {"\n\n"};
+//   p.temperature = 0.7f;                                         // the sampling_params fields, flat
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/llm/sampler.h"
+#include "runtime/llm/vocab.h"
+
+namespace troupe::llm {
+
+// Sampling (the sampling_params fields, flat as in OpenAI's API) plus how long an answer may be and where
+// it stops.
+struct generate_params : sampling_params {
+  int32_t max_tokens = 256;           // generated tokens at most (the context may end the answer earlier)
+  std::vector<std::string> stop;      // stop strings: generation ends before the first match
+  friend bool operator==(const generate_params&, const generate_params&) = default;
+
+  // Greedy decoding (temperature 0) of at most max_tokens tokens.
+  static generate_params greedy(int32_t max_tokens) {
+    generate_params p;
+    p.max_tokens = max_tokens;
+    p.temperature = 0.0f;
+    return p;
+  }
+};
+
+struct generate_result {
+  std::vector<token_id> tokens;  // generated
+  std::string text;              // generated text (without a matched stop string)
+  std::string finish;            // "stop", "length" or "cancelled"
+  int32_t n_prompt = 0;          // prompt tokens in the request
+  int32_t n_prompt_decoded = 0;  // prompt tokens actually decoded (the rest reused from the cache)
+  double prompt_seconds = 0;
+  double gen_seconds = 0;
+  friend bool operator==(const generate_result&, const generate_result&) = default;
+};
+
+}  // namespace troupe::llm
