@@ -104,3 +104,75 @@ TEST_CASE("an engine from a TOML file loads its configured models", "[actors][co
   s.close();
   CHECK(eng.shutdown().model == 0);
 }
+
+TEST_CASE("model settings: one validation, one resolution of defaults, reached from TOML, the API and the wire",
+          "[actors][config]") {
+  const model_settings s{.name = "m", .path = "m.gguf", .n_ctx = 1000, .n_seq_max = 3};
+  CHECK(s.n_ctx_seq == 0);
+  CHECK(s.resolved().n_ctx_seq == 333);  // n_ctx / n_seq_max: no session can starve another
+  model_settings explicit_seq = s;
+  explicit_seq.n_ctx_seq = 800;
+  CHECK(explicit_seq.resolved().n_ctx_seq == 800);
+  model_settings one = s;
+  one.n_ctx = 2;
+  one.n_seq_max = 4;
+  CHECK(one.resolved().n_ctx_seq == 1);  // never 0
+
+  auto field_of = [](model_settings m) {
+    try {
+      m.validate();
+    } catch (const settings_error& e) {
+      return e.field() + ": " + e.what();
+    }
+    return std::string("(valid)");
+  };
+  CHECK(field_of(s) == "(valid)");
+  model_settings bad = s;
+  bad.kv_type = "q4";
+  CHECK(field_of(bad) == "kv_type: kv_type must be \"f16\", \"f32\" or \"q8_0\", not \"q4\"");
+  bad = s;
+  bad.n_ctx_seq = 1001;
+  CHECK(field_of(bad) == "n_ctx_seq: n_ctx_seq (1001) is larger than n_ctx (1000)");
+  bad = s;
+  bad.n_ubatch = 0;
+  CHECK(field_of(bad) == ": n_ctx, n_batch, n_ubatch and n_seq_max must be positive");
+  bad = s;
+  bad.overrides = {{"(", "CPU"}};
+  CHECK(field_of(bad).rfind("overrides: overrides: invalid regex '('", 0) == 0);
+  bad = s;
+  bad.chat_template = "jinja";
+  CHECK(field_of(bad).rfind("chat_template: ", 0) == 0);
+  bad = s;
+  bad.path.clear();
+  CHECK(field_of(bad) == ": a model needs a name and a path");
+
+  // TOML: every field by its key (parallel included), the error placed at the key at fault.
+  const runtime_config c = parse_runtime_config("[[model]]\nname = \"m\"\npath = \"m.gguf\"\nparallel = false\n"
+                                                "n_ctx = 64\nn_ctx_seq = 32\n");
+  REQUIRE(c.models.size() == 1);
+  CHECK_FALSE(c.models[0].parallel);
+  CHECK(c.models[0].resolved().n_ctx_seq == 32);
+  try {
+    parse_runtime_config("[[model]]\nname = \"m\"\npath = \"m.gguf\"\nn_ctx = 64\nn_ctx_seq = 65\n", "t.toml");
+    FAIL("n_ctx_seq above n_ctx was accepted");
+  } catch (const troupe::error& e) {
+    CHECK(std::string(e.what()) == "t.toml:5: model.n_ctx_seq (65) is larger than n_ctx (64)");
+  }
+}
+
+TEST_CASE("model settings the embedding API gets are validated by the loader, naming the field", "[actors][config]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  engine eng({.n_threads = 1});
+  try {
+    eng.load_model("m", path->string(), {.n_ctx = 256, .kv_type = "q4"});
+    FAIL("a bad kv_type was accepted");
+  } catch (const request_error& e) {
+    CHECK(e.is(errc::bad_request));
+    CHECK(std::string(e.what()).find("load m: kv_type must be") != std::string::npos);
+  }
+  // The default per-session context is the same as the daemon's: n_ctx / n_seq_max.
+  eng.load_model("m", path->string(), {.n_ctx = 256, .n_seq_max = 2, .n_threads = 1});
+  CHECK(eng.env()->model("m")->settings.n_ctx_seq == 128);
+  CHECK(eng.shutdown().model == 0);
+}
