@@ -1,0 +1,264 @@
+#include <cstring>
+
+#include "backends/rpc/detail/client_impl.h"
+#include "net/rpc/auth.h"
+#include "runtime/log.h"
+
+namespace troupe::rpc {
+
+void client::impl::throw_if_down() const {
+  if (!down.load(std::memory_order_acquire)) return;
+  std::string why;
+  {
+    std::lock_guard l(down_mu);
+    why = down_reason;
+  }
+  throw backend_error("peer " + addr + " is down" + (why.empty() ? std::string() : ": " + why));
+}
+
+std::unique_lock<std::mutex> client::impl::enter() {
+  throw_if_down();
+  std::unique_lock<std::mutex> l(mu);
+  throw_if_down();
+  return l;
+}
+
+void client::impl::fail(const std::string& what) {
+  const bool was_up = established;
+  close_locked();
+  const std::string msg = "peer " + addr + ": " + what;
+  if (was_up) notify_lost(msg);
+  throw backend_error(msg);
+}
+
+void client::impl::notify_lost(const std::string& why) {
+  std::function<void(const std::string&)> cb;
+  {
+    std::lock_guard l(down_mu);
+    cb = on_lost;
+  }
+  if (cb) {
+    try {
+      cb(why);
+    } catch (...) {
+      // a notification must not turn into another failure
+    }
+  }
+}
+
+void client::impl::close_locked() {
+  if (up) TROUPE_LOG(debug, "rpc client: closing the connection to " << addr);
+  up = false;
+  established = false;
+  last_graph.clear();
+  recompute_latency.clear();
+  held.clear();
+  outputs.clear();
+  io.close();
+}
+
+void client::impl::ensure_up(bool may_reconnect) {
+  throw_if_down();
+  if (up) return;
+  if (may_reconnect && opts.auto_reconnect) {
+    connect_locked();
+    return;
+  }
+  throw backend_error("peer " + addr + ": not connected");
+}
+
+void client::impl::check(remote_buffer b) const {
+  if (!up || b.epoch != epoch) {
+    throw backend_error("peer " + addr + ": buffer " + std::to_string(b.handle) + " was lost when its connection dropped");
+  }
+}
+
+void client::impl::connect_locked() {
+  close_locked();
+  try {
+    io.connect(opts);
+  } catch (const transport_error& e) {
+    throw backend_error("peer " + addr + ": " + e.what());
+  }
+  up = true;  // from here on, fail() closes
+  try {
+    handshake_locked();
+  } catch (...) {
+    close_locked();
+    throw;
+  }
+  epoch += 1;
+  st.connects += 1;
+  last_graph.clear();
+  established = true;
+}
+
+void client::impl::handshake_locked() {
+  // Greeting.
+  uint8_t hdr[frame_header_size];
+  read_exact(hdr, sizeof hdr);
+  const frame_header gh = decode_header(hdr);
+  if (gh.code != 0 || gh.size > 256) fail("not a troupe peer (unexpected greeting)");
+  std::vector<uint8_t> g(gh.size);
+  read_exact(g.data(), g.size());
+  nonce server_nonce{};
+  uint32_t flags = 0;
+  try {
+    reader r(g);
+    if (r.u32() != greeting_magic) fail("not a troupe peer (bad greeting magic)");
+    server_ver.major = r.u16();
+    server_ver.minor = r.u16();
+    server_ver.patch = r.u16();
+    flags = r.u32();
+    std::memcpy(server_nonce.data(), r.bytes(server_nonce.size()).data(), server_nonce.size());
+  } catch (const protocol_error& e) {
+    fail(std::string("bad greeting: ") + e.what());
+  }
+  if ((flags & 1u) && opts.key.empty()) {
+    TROUPE_LOG(warn, "rpc client: peer " << addr << " requires a key and none was given");
+  }
+
+  // Hello.
+  const nonce cn = random_nonce();
+  std::vector<uint8_t> hello;
+  writer w(hello);
+  w.u16(opts.client_version.major);
+  w.u16(opts.client_version.minor);
+  w.u16(opts.client_version.patch);
+  w.u32(0);
+  w.bytes(cn.data(), cn.size());
+  const mac proof = opts.key.empty() ? mac{} : client_proof(opts.key, server_nonce, cn, opts.client_version);
+  w.bytes(proof.data(), proof.size());
+  const std::vector<uint8_t> rep = call(command::hello, hello, 64);
+  try {
+    reader r(rep);
+    version v;
+    v.major = r.u16();
+    v.minor = r.u16();
+    v.patch = r.u16();
+    mac sp{};
+    std::memcpy(sp.data(), r.bytes(sp.size()).data(), sp.size());
+    r.done("hello reply");
+    if (!compatible(opts.client_version, v)) {
+      fail("protocol " + to_string(v) + " of the peer is incompatible with ours (" + to_string(opts.client_version) + ")");
+    }
+    if (!opts.key.empty() && !equal_macs(sp, server_proof(opts.key, cn, server_nonce))) {
+      fail("the peer did not prove that it knows the shared key; refusing it");
+    }
+  } catch (const protocol_error& e) {
+    fail(std::string("bad hello reply: ") + e.what());
+  }
+}
+
+client::client(client_options opts) : impl_(std::make_unique<impl>()) {
+  impl_->opts = std::move(opts);
+  impl_->initial_opts = impl_->opts;
+  impl_->addr = impl_->opts.host + ":" + std::to_string(impl_->opts.port);
+}
+
+client::~client() {
+  std::lock_guard lock(impl_->mu);
+  impl_->close_locked();
+}
+
+void client::connect() {
+  std::lock_guard lock(impl_->mu);
+  impl_->connect_locked();
+  std::lock_guard l(impl_->down_mu);
+  impl_->down = false;
+  impl_->down_reason.clear();
+}
+
+void client::close() {
+  std::lock_guard lock(impl_->mu);
+  impl_->close_locked();
+}
+
+bool client::connected() const { return impl_->up.load() && !impl_->down.load(); }
+
+void client::reconnect() { connect(); }
+
+void client::mark_down(const std::string& reason) {
+  {
+    std::lock_guard l(impl_->down_mu);
+    impl_->down_reason = reason;
+    impl_->down = true;
+  }
+  // Wakes a request blocked on the socket (its poll sees the hang-up, the read fails): it throws, and
+  // closes the connection, on its own thread.
+  impl_->io.interrupt();
+  // Nothing in flight: close now.
+  std::unique_lock lock(impl_->mu, std::try_to_lock);
+  if (lock.owns_lock()) impl_->close_locked();
+}
+
+bool client::is_down() const { return impl_->down.load(); }
+
+std::string client::down_reason() const {
+  std::lock_guard l(impl_->down_mu);
+  return impl_->down_reason;
+}
+
+void client::set_on_lost(std::function<void(const std::string&)> f) {
+  std::lock_guard l(impl_->down_mu);
+  impl_->on_lost = std::move(f);
+}
+
+bool client::health_check(std::chrono::milliseconds timeout) {
+  if (impl_->down.load()) return false;
+  std::unique_lock lock(impl_->mu, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    // A request is in flight (a graph may compute for long): ask the peer on a connection of its own
+    // whether it still answers, so that a hung peer is found while the request waits.
+    return probe(timeout);
+  }
+  if (!impl_->up) return false;
+  const auto saved = impl_->opts.io_timeout;
+  impl_->opts.io_timeout = timeout;
+  bool ok = true;
+  try {
+    impl_->call(command::device_count, {}, max_small_payload * 256);
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  impl_->opts.io_timeout = saved;
+  return ok;
+}
+
+bool client::probe(std::chrono::milliseconds timeout) {
+  client_options o = impl_->initial_opts;
+  o.connect_timeout = timeout;
+  o.io_timeout = timeout;
+  o.auto_reconnect = false;
+  client c(std::move(o));
+  try {
+    c.connect();
+    c.impl_->call(command::device_count, {}, max_small_payload * 256);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+uint64_t client::epoch() const { return impl_->epoch.load(); }
+
+std::string client::address() const { return impl_->addr; }
+
+version client::server_version() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->server_ver;
+}
+
+client_stats client::stats() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->st;
+}
+
+void client::reset_stats() {
+  std::lock_guard lock(impl_->mu);
+  const uint64_t connects = impl_->st.connects;
+  impl_->st = {};
+  impl_->st.connects = connects;
+}
+
+}  // namespace troupe::rpc

@@ -1,0 +1,108 @@
+#include <cstring>
+
+#include "backends/rpc/detail/client_impl.h"
+
+namespace troupe::rpc {
+
+void client::impl::write_all(std::span<const asio::const_buffer> bufs, uint64_t total) {
+  try {
+    io.write_all(bufs, opts.io_timeout);
+  } catch (const transport_error& e) {
+    fail(e.what());
+  }
+  st.bytes_sent += total;
+}
+
+void client::impl::read_exact(void* p, size_t n, std::optional<poll_window> window) {
+  if (n == 0) return;
+  // By default a reply is expected soon: polling at once, for busy_poll.
+  const auto now = std::chrono::steady_clock::now();
+  try {
+    if (io.read_exact(p, n, opts.io_timeout, window ? *window : poll_window{now, now + opts.busy_poll})) st.polled_reads += 1;
+  } catch (const transport_error& e) {
+    fail(e.what());
+  }
+  st.bytes_received += n;
+}
+
+void client::impl::send_frame(command c, std::span<const uint8_t> a, std::span<const uint8_t> b, std::span<const uint8_t> d) {
+  uint8_t hdr[frame_header_size];
+  const uint64_t size = a.size() + b.size() + d.size();
+  encode_header(hdr, static_cast<uint8_t>(c), size);
+  if (c != command::get_tensor) outputs.clear();  // anything else may change what they hold
+  // Frames held back (small set_tensor) go first, in the same write.
+  const std::array<asio::const_buffer, 5> bufs{asio::buffer(held), asio::buffer(hdr), asio::buffer(a.data(), a.size()),
+                                               asio::buffer(b.data(), b.size()), asio::buffer(d.data(), d.size())};
+  const uint64_t n_held = held.size();
+  held.clear();
+  write_all(bufs, n_held + frame_header_size + size);
+  st.requests += 1;
+}
+
+// A frame without a reply, small enough to hold back until the next frame that is sent at once: a decode
+// step's inputs then travel with its graph in one write (one wake-up of the peer, not one per input).
+// Nothing can observe the delay: only this connection can read its buffers, and it sends something
+// before it reads.
+void client::impl::hold_frame(command c, std::span<const uint8_t> a, std::span<const uint8_t> b) {
+  if (held.size() + frame_header_size + a.size() + b.size() > max_held) {
+    send_frame(c, a, b);
+    return;
+  }
+  outputs.clear();
+  uint8_t hdr[frame_header_size];
+  encode_header(hdr, static_cast<uint8_t>(c), a.size() + b.size());
+  held.insert(held.end(), hdr, hdr + frame_header_size);
+  held.insert(held.end(), a.begin(), a.end());
+  held.insert(held.end(), b.begin(), b.end());
+  st.requests += 1;
+}
+
+void client::impl::receive_outputs(uint64_t n, uint64_t expected) {
+  if (n != expected) fail("graph reply of " + std::to_string(n) + " bytes, expected " + std::to_string(expected));
+  outputs.resize(pending_outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    outputs[i].range = pending_outputs[i];
+    outputs[i].bytes.resize(pending_outputs[i].size);
+    read_exact(outputs[i].bytes.data(), outputs[i].bytes.size());
+  }
+}
+
+bool client::impl::from_outputs(remote_buffer b, uint64_t offset, void* out, uint64_t size) {
+  for (const auto& o : outputs) {
+    const output_request& r = o.range;
+    if (r.buffer.handle == b.handle && r.buffer.epoch == b.epoch && offset >= r.offset &&
+        size <= r.size && offset - r.offset <= r.size - size) {
+      std::memcpy(out, o.bytes.data() + (offset - r.offset), size);
+      st.outputs_served += 1;
+      return true;
+    }
+  }
+  return false;
+}
+
+uint64_t client::impl::read_ok(command c, bool throw_on_error, status* out_status, std::optional<poll_window> window) {
+  uint8_t hdr[frame_header_size];
+  read_exact(hdr, sizeof hdr, window);
+  st.round_trips += 1;
+  const frame_header h = decode_header(hdr);
+  const auto s = static_cast<status>(h.code);
+  if (out_status) *out_status = s;
+  if (s == status::ok || !throw_on_error) return h.size;
+  if (h.size > max_message_bytes) fail(std::string(command_name(c)) + ": error reply of " + std::to_string(h.size) + " bytes");
+  std::string msg(h.size, '\0');
+  read_exact(msg.data(), msg.size());
+  if (s == status::protocol || s == status::version_mismatch || s == status::auth_failed) close_locked();
+  throw remote_error(s, "peer " + addr + ": " + std::string(command_name(c)) + " failed (" +
+                            std::string(status_name(s)) + "): " + msg);
+}
+
+std::vector<uint8_t> client::impl::call(command c, std::span<const uint8_t> payload, uint64_t max_reply) {
+  send_frame(c, payload);
+  const uint64_t n = read_ok(c);
+  if (n > max_reply) fail(std::string(command_name(c)) + ": reply of " + std::to_string(n) + " bytes, expected at most " + std::to_string(max_reply));
+  std::vector<uint8_t> out(n);
+  read_exact(out.data(), n);
+  return out;
+}
+
+}  // namespace troupe::rpc
