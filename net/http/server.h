@@ -7,6 +7,9 @@
 //   d.load_models();                    // loads the configured models; /health turns 200
 //   ...  d.stop();                      // from any thread (the signal watcher)
 //
+// Files: server.cpp (binding, loading, stopping), routes.cpp (authentication, errors, access log, the
+// reporting routes), completion.cpp (the completions), session_pool.h (a model's sessions and queue).
+//
 // Routes: POST /v1/chat/completions, POST /v1/completions (streaming as server-sent events or not), GET
 // /v1/models, GET /health, GET /metrics (Prometheus), GET /v1/memory (the memory breakdown as JSON). Every
 // route but /health needs a bearer key when keys are configured.
@@ -39,9 +42,14 @@
 
 namespace httplib {
 class Server;
-}
+struct Request;
+struct Response;
+class DataSink;
+}  // namespace httplib
 
 namespace troupe::http {
+
+struct model_slots;  // a model's sessions and queue (net/http/session_pool.h)
 
 class daemon {
  public:
@@ -66,11 +74,21 @@ class daemon {
   daemon_metrics& metrics() { return metrics_; }
   std::vector<model_gauges> gauges() const;
 
-  struct model_slots;  // a model's sessions and queue (server.cpp)
-
  private:
   class listener;
+  struct answer_state;  // one completion's request, session and progress (completion.cpp)
+
+  // The routes (routes.cpp): authentication, errors and the access log (middleware), and the routes that
+  // report.
   void routes();
+  void middleware();
+  void health(httplib::Response& res) const;
+  void list_models(httplib::Response& res) const;
+  // A completion request (completion.cpp): checked and given a session, then answered from the response's
+  // content provider.
+  void complete(bool chat, const httplib::Request& req, httplib::Response& res);
+  std::shared_ptr<answer_state> begin_answer(bool chat, const std::string& body);
+  bool write_answer(answer_state& st, httplib::DataSink& sink);
   void finish_stop();
 
   engine& eng_;
