@@ -77,6 +77,22 @@ uint64_t free_buffer(device_ptr self, uint64_t id) {
   return size;
 }
 
+// Runs one split's work on this actor's thread and times it; an exception becomes the requester's error
+// (and is kept in *failure when asked).
+template <class Work>
+caf::result<split_result> compute_timed(device_state& st, uint32_t microbatch, uint32_t split, Work&& work,
+                                        std::exception_ptr* failure = nullptr) {
+  const auto t0 = clock_type::now();
+  ++st.n_splits;
+  try {
+    work();
+  } catch (const std::exception& e) {
+    if (failure != nullptr) *failure = std::current_exception();
+    return error_from(e);
+  }
+  return split_result{microbatch, split, std::chrono::duration<double>(clock_type::now() - t0).count()};
+}
+
 device_actor::behavior_type device(device_ptr self, runtime_env_ptr env, device_i* dev, memory_accountant_actor acct,
                                    device_actor_params p) {
   auto& init = self->state;
@@ -195,15 +211,8 @@ device_actor::behavior_type device(device_ptr self, runtime_env_ptr env, device_
         if (task->device != st.dev->name()) {
           return make_error(errc::bad_request, "split " + std::to_string(r.split) + " runs on " + task->device);
         }
-        const auto t0 = clock_type::now();
-        ++st.n_splits;
-        try {
-          (*task->work)();
-        } catch (const std::exception& e) {
-          task->failure = std::current_exception();
-          return error_from(e);
-        }
-        return split_result{0, r.split, std::chrono::duration<double>(clock_type::now() - t0).count()};
+        // The scheduler rethrows the exception itself, with its type (a full cache stays a capacity error).
+        return compute_timed(st, 0, r.split, *task->work, &task->failure);
       },
       [self](compute_atom, const split_ref& r) -> caf::result<split_result> {
         auto& st = self->state;
@@ -217,14 +226,7 @@ device_actor::behavior_type device(device_ptr self, runtime_env_ptr env, device_
           return make_error(errc::bad_request, "split " + std::to_string(r.split) + " runs on " +
                                                    std::string(sched.backend(sp.backend).device().name()));
         }
-        const auto t0 = clock_type::now();
-        ++st.n_splits;
-        try {
-          sched.compute_split(static_cast<int>(r.split));
-        } catch (const std::exception& e) {
-          return error_from(e);
-        }
-        return split_result{r.microbatch, r.split, std::chrono::duration<double>(clock_type::now() - t0).count()};
+        return compute_timed(st, r.microbatch, r.split, [&] { sched.compute_split(static_cast<int>(r.split)); });
       },
       [self](memory_atom) { return self->state.status(); },
   };

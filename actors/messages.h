@@ -412,6 +412,20 @@ typename Inspector::result_type inspect(Inspector& f, allocator_usage& x) {
   return f(caf::meta::type_name("allocator_usage"), x.buft, x.owners, x.total, x.n_reallocations);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, device_layers& x) {
+  return f(caf::meta::type_name("device_layers"), x.device, x.layers);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tensor_override& x) {
+  return f(caf::meta::type_name("tensor_override"), x.pattern, x.device);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, model_settings& x) {
+  return f(caf::meta::type_name("model_settings"), x.name, x.path, x.devices, x.use_mmap, x.parallel, x.n_ctx, x.n_batch,
+           x.n_ubatch, x.n_seq_max, x.n_threads, x.n_ctx_seq, x.kv_type, x.chat_template, x.overrides);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, load_request& x) {
   return f(caf::meta::type_name("load_request"), x.model, x.progress);
 }

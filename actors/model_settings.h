@@ -6,10 +6,9 @@
 //   s.validate();                         // throws settings_error naming the field
 //   const model_settings r = s.resolved();  // r.n_ctx_seq == 256: defaults that depend on other fields
 //
-// Fields keep their TOML key's name, except n_threads (TOML: `threads`).
+// Fields keep their TOML key's name, except n_threads (TOML: `threads`). Plain C++: its inspect() for CAF is
+// in actors/messages.h with the other messages'.
 #pragma once
-
-#include <caf/meta/type_name.hpp>
 
 #include <cstdint>
 #include <string>
@@ -68,19 +67,5 @@ struct model_settings {
   // These settings validated, with the defaults that depend on other fields filled in (n_ctx_seq).
   model_settings resolved() const;
 };
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, device_layers& x) {
-  return f(caf::meta::type_name("device_layers"), x.device, x.layers);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, tensor_override& x) {
-  return f(caf::meta::type_name("tensor_override"), x.pattern, x.device);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, model_settings& x) {
-  return f(caf::meta::type_name("model_settings"), x.name, x.path, x.devices, x.use_mmap, x.parallel, x.n_ctx, x.n_batch,
-           x.n_ubatch, x.n_seq_max, x.n_threads, x.n_ctx_seq, x.kv_type, x.chat_template, x.overrides);
-}
 
 }  // namespace troupe::actors
