@@ -1,6 +1,6 @@
 // Backend interfaces: registry -> device -> backend (a stream that runs graphs), buffer type -> buffer.
 //
-//   register_builtin_backends();                         // backends/all: every compiled backend
+//   register_builtin_backends();                         // backends/registry.h: every compiled backend
 //   device_i& dev = *registry::instance().devices()[0];  // "CPU", "Vulkan0", "CUDA0", "RPC[host:port]"...
 //   backend_ptr be = dev.init_backend();
 //   context ctx({.max_tensors = 64, .no_alloc = true});

@@ -9,7 +9,8 @@
 //   }
 //
 // Every node gets memory when first needed and gives it back after its last consumer. Ops that allow it
-// (element-wise, scale, norms, rope, soft_max) reuse a parent's memory in place when that parent has no
+// (add, sub, mul, div, scale, silu, gelu, rope, rms_norm, soft_max: can_inplace() in graph_allocator.cpp;
+// of the norms only rms_norm) reuse a parent's memory in place when that parent has no
 // other pending consumer, is not a graph output and has no live views (the node then uses the parent's
 // placement, as ggml does: see allocate()). Views
 // take no memory. Tensors that already have memory elsewhere (weights, caller-placed inputs) are left alone.
