@@ -16,6 +16,7 @@
 #include <map>
 #include <string>
 
+#include "actors/fan_in.h"
 #include "actors/runtime.h"
 
 using namespace troupe::actors;
@@ -52,7 +53,17 @@ void run_service(caf::event_based_actor* self, supervisor_actor troupe, std::str
             [=](const session_actor& a) {
               self->request(troupe, caf::infinite, open_atom_v, session_request{"model"}).then(
                   [=](const session_actor& b) {
-                    auto left = std::make_shared<int>(2);
+                    // Both answers in, then the breakdown (fan_in: a reply counter for actors).
+                    const fan_in both(2, [=] {
+                      self->request(troupe, caf::infinite, get_atom_v, breakdown_atom_v).then(
+                          [=](const memory_breakdown& m) {
+                            std::printf("\n%s", m.table.c_str());
+                            self->send(a, close_atom_v);
+                            self->send(b, close_atom_v);
+                            done->set_value("");
+                          },
+                          fail);
+                    });
                     auto answer = [=](const session_actor& s, std::string prompt) {
                       generate_request r;
                       r.prompt = std::move(prompt);
@@ -64,15 +75,7 @@ void run_service(caf::event_based_actor* self, supervisor_actor troupe, std::str
                             std::printf("session %llu done: %zu tokens, finish %s, %.1f tokens/s\n",
                                         static_cast<unsigned long long>(g.session), g.tokens.size(), g.finish.c_str(),
                                         g.gen_seconds > 0 ? g.tokens.size() / g.gen_seconds : 0.0);
-                            if (--*left > 0) return;
-                            self->request(troupe, caf::infinite, get_atom_v, breakdown_atom_v).then(
-                                [=](const memory_breakdown& m) {
-                                  std::printf("\n%s", m.table.c_str());
-                                  self->send(a, close_atom_v);
-                                  self->send(b, close_atom_v);
-                                  done->set_value("");
-                                },
-                                fail);
+                            both();
                           },
                           fail);
                     };
