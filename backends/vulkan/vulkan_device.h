@@ -1,0 +1,124 @@
+// Vulkan devices: every physical device with a compute queue, as troupe devices named Vulkan0, Vulkan1, ...
+// (llama.cpp's convention), over one process-wide VkInstance.
+//
+//   for (vulkan::device* d : vulkan::devices()) {       // created once; empty without a loader or driver
+//     d->name();                                        // "Vulkan0"
+//     d->memory();                                      // device-local heaps; free from VK_EXT_memory_budget
+//     buffer_ptr b = d->buffer_type().alloc_buffer(n);  // device-local memory, uploads through staging
+//   }
+//   vulkan::status();                                   // "1 device" / why there is none
+//
+// Everything is asked of the driver (heaps, budgets, limits, queue families), never assumed. The buffer
+// type's max_size is the smaller of maxStorageBufferRange and maxMemoryAllocationSize (lavapipe: 128 MiB),
+// so the graph allocator plans compute memory larger than that as several chunks.
+//
+// State: devices, buffers and transfers work; compute (shaders, the backend that runs graph splits) is
+// not written yet, so the devices are not registered with the runtime's registry and init_backend()
+// throws. See docs/architecture.md ("Vulkan").
+#pragma once
+
+#include <vulkan/vulkan.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/backend.h"
+#include "runtime/error.h"
+
+namespace troupe::vulkan {
+
+class buffer_type;
+
+// What the driver says about a device that troupe uses.
+struct device_limits {
+  uint64_t max_storage_buffer_range = 0;    // VkPhysicalDeviceLimits::maxStorageBufferRange
+  uint64_t max_memory_allocation_size = 0;  // VkPhysicalDeviceMaintenance3Properties
+  uint64_t min_storage_buffer_offset_alignment = 0;
+  uint32_t max_compute_workgroup_invocations = 0;
+  uint32_t subgroup_size = 0;               // VkPhysicalDeviceSubgroupProperties
+  bool memory_budget = false;               // VK_EXT_memory_budget (free memory from the driver)
+};
+
+class device final : public device_i {
+ public:
+  // Creates the logical device and its compute queue. Throws backend_error.
+  device(VkInstance instance, VkPhysicalDevice physical, int index);
+  ~device() override;
+  device(const device&) = delete;
+  device& operator=(const device&) = delete;
+
+  std::string_view name() const override { return name_; }
+  std::string description() const override { return description_; }
+  device_type type() const override { return type_; }
+  device_memory memory() const override;
+  device_caps caps() const override { return {}; }
+  // Not written yet: throws backend_error saying so.
+  backend_ptr init_backend() override;
+  buffer_type_i& buffer_type() override;
+  bool supports_op(const tensor& t) const override;
+  bool supports_buft(const buffer_type_i& b) const override;
+
+  const device_limits& limits() const { return limits_; }
+
+  // ---- for the buffers (vulkan_buffer.cpp) ----
+  VkDevice handle() const { return device_; }
+  // The index of a memory type allowed by `type_bits` with all of `want` (and, when possible, `prefer`).
+  // Throws backend_error when none has `want`.
+  uint32_t memory_type(uint32_t type_bits, VkMemoryPropertyFlags want, VkMemoryPropertyFlags prefer = 0) const;
+  // Records commands with `record` into the transfer command buffer, submits them and waits (one transfer
+  // at a time per device). Throws backend_error (out_of_memory_error, device lost) naming the device.
+  template <class Record>
+  void submit_and_wait(Record&& record);
+  // Host-visible memory of at least `size` bytes for staging transfers, mapped (valid until the next call).
+  // Used under transfer_mutex().
+  void* staging(size_t size, VkBuffer* buffer);
+  std::mutex& transfer_mutex() { return transfer_mu_; }
+
+ private:
+  void release();  // every Vulkan object this device created (idempotent)
+  void begin_commands();
+  void end_and_wait();
+
+  std::string name_;
+  std::string description_;
+  device_type type_ = device_type::gpu;
+  VkPhysicalDevice physical_ = VK_NULL_HANDLE;
+  VkDevice device_ = VK_NULL_HANDLE;
+  VkQueue queue_ = VK_NULL_HANDLE;
+  uint32_t queue_family_ = 0;
+  VkPhysicalDeviceMemoryProperties memory_props_{};
+  device_limits limits_;
+
+  std::mutex transfer_mu_;
+  VkCommandPool pool_ = VK_NULL_HANDLE;
+  VkCommandBuffer cmd_ = VK_NULL_HANDLE;
+  VkFence fence_ = VK_NULL_HANDLE;
+  VkBuffer staging_ = VK_NULL_HANDLE;
+  VkDeviceMemory staging_memory_ = VK_NULL_HANDLE;
+  void* staging_map_ = nullptr;
+  size_t staging_size_ = 0;
+
+  std::unique_ptr<vulkan::buffer_type> buffer_type_;
+};
+
+// Throws for a failed call: out_of_memory_error for the out-of-memory results, backend_error otherwise,
+// naming `who` (the device) and `what` (the call).
+void check(VkResult r, const std::string& who, const char* what);
+std::string result_name(VkResult r);
+
+template <class Record>
+void device::submit_and_wait(Record&& record) {
+  begin_commands();
+  record(cmd_);
+  end_and_wait();
+}
+
+// The devices of this machine, created at the first call (thread-safe). Empty when the Vulkan loader or a
+// driver is missing, or no device has a compute queue: status() says which.
+std::vector<device*> devices();
+std::string status();
+
+}  // namespace troupe::vulkan
