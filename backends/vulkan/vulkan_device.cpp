@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/vulkan/shaders.h"
+#include "backends/vulkan/vulkan_backend.h"
 #include "backends/vulkan/vulkan_buffer.h"
 
 namespace troupe::vulkan {
@@ -86,6 +88,7 @@ device::device(VkInstance instance, VkPhysicalDevice physical, int index) : phys
   limits_.max_memory_allocation_size = maint3.maxMemoryAllocationSize;
   limits_.min_storage_buffer_offset_alignment = props.properties.limits.minStorageBufferOffsetAlignment;
   limits_.max_compute_workgroup_invocations = props.properties.limits.maxComputeWorkGroupInvocations;
+  limits_.max_workgroup_count_x = props.properties.limits.maxComputeWorkGroupCount[0];
   limits_.subgroup_size = subgroup.subgroupSize;
   limits_.memory_budget = has_extension(physical_, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
   vkGetPhysicalDeviceMemoryProperties(physical_, &memory_props_);
@@ -120,6 +123,8 @@ device::device(VkInstance instance, VkPhysicalDevice physical, int index) : phys
     check(vkAllocateCommandBuffers(device_, &ai, &cmd_), name_, "vkAllocateCommandBuffers");
     VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
     check(vkCreateFence(device_, &fi, nullptr, &fence_), name_, "vkCreateFence");
+    VkPipelineCacheCreateInfo ci{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
+    check(vkCreatePipelineCache(device_, &ci, nullptr, &pipeline_cache_), name_, "vkCreatePipelineCache");
     buffer_type_ = std::make_unique<vulkan::buffer_type>(*this);
   } catch (...) {
     release();  // the destructor does not run for an object whose constructor threw
@@ -133,6 +138,14 @@ void device::release() {
   if (device_ == VK_NULL_HANDLE) return;
   vkDeviceWaitIdle(device_);
   buffer_type_.reset();
+  for (auto& [n, k] : kernels_) {
+    if (k.pipeline != VK_NULL_HANDLE) vkDestroyPipeline(device_, k.pipeline, nullptr);
+    if (k.layout != VK_NULL_HANDLE) vkDestroyPipelineLayout(device_, k.layout, nullptr);
+    if (k.set_layout != VK_NULL_HANDLE) vkDestroyDescriptorSetLayout(device_, k.set_layout, nullptr);
+    if (k.module != VK_NULL_HANDLE) vkDestroyShaderModule(device_, k.module, nullptr);
+  }
+  kernels_.clear();
+  if (pipeline_cache_ != VK_NULL_HANDLE) vkDestroyPipelineCache(device_, pipeline_cache_, nullptr);
   if (staging_map_ != nullptr) vkUnmapMemory(device_, staging_memory_);
   if (staging_ != VK_NULL_HANDLE) vkDestroyBuffer(device_, staging_, nullptr);
   if (staging_memory_ != VK_NULL_HANDLE) vkFreeMemory(device_, staging_memory_, nullptr);
@@ -161,16 +174,11 @@ device_memory device::memory() const {
   return m;
 }
 
-backend_ptr device::init_backend() {
-  throw backend_error(name_ + ": Vulkan compute is not implemented yet (devices, buffers and transfers are)");
-}
+backend_ptr device::init_backend() { return std::make_unique<vulkan::backend>(*this); }
 
 buffer_type_i& device::buffer_type() { return *buffer_type_; }
 
-bool device::supports_op(const tensor& t) const {
-  (void)t;
-  return false;  // no compute shaders yet
-}
+bool device::supports_op(const tensor& t) const { return computes(t); }
 
 bool device::supports_buft(const buffer_type_i& b) const { return &b == buffer_type_.get(); }
 
@@ -195,12 +203,71 @@ void device::begin_commands() {
 
 void device::end_and_wait() {
   check(vkEndCommandBuffer(cmd_), name_, "vkEndCommandBuffer");
+  submit_and_wait(cmd_, fence_);
+}
+
+void device::submit_and_wait(VkCommandBuffer cmd, VkFence fence) {
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   si.commandBufferCount = 1;
-  si.pCommandBuffers = &cmd_;
-  check(vkResetFences(device_, 1, &fence_), name_, "vkResetFences");
-  check(vkQueueSubmit(queue_, 1, &si, fence_), name_, "vkQueueSubmit");
-  check(vkWaitForFences(device_, 1, &fence_, VK_TRUE, UINT64_MAX), name_, "vkWaitForFences");
+  si.pCommandBuffers = &cmd;
+  check(vkResetFences(device_, 1, &fence), name_, "vkResetFences");
+  {
+    std::lock_guard l(queue_mu_);
+    check(vkQueueSubmit(queue_, 1, &si, fence), name_, "vkQueueSubmit");
+  }
+  check(vkWaitForFences(device_, 1, &fence, VK_TRUE, UINT64_MAX), name_, "vkWaitForFences");
+}
+
+void full_barrier(VkCommandBuffer cmd) {
+  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+  mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                     VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_HOST_READ_BIT;
+  vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1, &mb, 0, nullptr, 0,
+                       nullptr);
+}
+
+const kernel& device::kernel_for(const char* shader, uint32_t n_buffers, uint32_t push_bytes) {
+  std::lock_guard l(kernels_mu_);
+  if (const auto it = kernels_.find(shader); it != kernels_.end()) return it->second;
+  const shader_bytes code = shader_code(shader);
+  if (code.data == nullptr) throw backend_error(name_ + ": no shader named '" + std::string(shader) + "' in this build");
+  kernel k;
+  try {
+    VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
+    mi.codeSize = code.size;
+    mi.pCode = reinterpret_cast<const uint32_t*>(code.data);
+    check(vkCreateShaderModule(device_, &mi, nullptr, &k.module), name_, "vkCreateShaderModule");
+    std::vector<VkDescriptorSetLayoutBinding> bindings(n_buffers);
+    for (uint32_t i = 0; i < n_buffers; ++i) {
+      bindings[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+    }
+    VkDescriptorSetLayoutCreateInfo li{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
+    li.bindingCount = n_buffers;
+    li.pBindings = bindings.data();
+    check(vkCreateDescriptorSetLayout(device_, &li, nullptr, &k.set_layout), name_, "vkCreateDescriptorSetLayout");
+    const VkPushConstantRange push{VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes};
+    VkPipelineLayoutCreateInfo pli{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
+    pli.setLayoutCount = 1;
+    pli.pSetLayouts = &k.set_layout;
+    pli.pushConstantRangeCount = 1;
+    pli.pPushConstantRanges = &push;
+    check(vkCreatePipelineLayout(device_, &pli, nullptr, &k.layout), name_, "vkCreatePipelineLayout");
+    VkComputePipelineCreateInfo ci{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
+    ci.stage = {VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO};
+    ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+    ci.stage.module = k.module;
+    ci.stage.pName = "main";
+    ci.layout = k.layout;
+    check(vkCreateComputePipelines(device_, pipeline_cache_, 1, &ci, nullptr, &k.pipeline), name_,
+          "vkCreateComputePipelines");
+  } catch (...) {
+    if (k.layout != VK_NULL_HANDLE) vkDestroyPipelineLayout(device_, k.layout, nullptr);
+    if (k.set_layout != VK_NULL_HANDLE) vkDestroyDescriptorSetLayout(device_, k.set_layout, nullptr);
+    if (k.module != VK_NULL_HANDLE) vkDestroyShaderModule(device_, k.module, nullptr);
+    throw;
+  }
+  return kernels_.emplace(shader, k).first->second;
 }
 
 void* device::staging(size_t size, VkBuffer* buffer) {

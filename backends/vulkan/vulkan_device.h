@@ -12,14 +12,16 @@
 // type's max_size is the smaller of maxStorageBufferRange and maxMemoryAllocationSize (lavapipe: 128 MiB),
 // so the graph allocator plans compute memory larger than that as several chunks.
 //
-// State: devices, buffers and transfers work; compute (shaders, the backend that runs graph splits) is
-// not written yet, so the devices are not registered with the runtime's registry and init_backend()
-// throws. See docs/architecture.md ("Vulkan").
+// State: devices, buffers, transfers and the backend (vulkan_backend.h) with the element-wise ops; the
+// ops the model graphs need beyond them (mul_mat, norms, rope, soft_max, get_rows, set_rows, cpy) are not
+// written yet, so the devices are not registered with the runtime's registry (models cannot use them).
+// See docs/architecture.md ("Vulkan").
 #pragma once
 
 #include <vulkan/vulkan.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,12 +34,21 @@ namespace troupe::vulkan {
 
 class buffer_type;
 
+// A compute pipeline of one embedded shader: n storage buffers at bindings 0..n-1 and push constants.
+struct kernel {
+  VkShaderModule module = VK_NULL_HANDLE;
+  VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
+  VkPipelineLayout layout = VK_NULL_HANDLE;
+  VkPipeline pipeline = VK_NULL_HANDLE;
+};
+
 // What the driver says about a device that troupe uses.
 struct device_limits {
   uint64_t max_storage_buffer_range = 0;    // VkPhysicalDeviceLimits::maxStorageBufferRange
   uint64_t max_memory_allocation_size = 0;  // VkPhysicalDeviceMaintenance3Properties
   uint64_t min_storage_buffer_offset_alignment = 0;
   uint32_t max_compute_workgroup_invocations = 0;
+  uint32_t max_workgroup_count_x = 0;       // maxComputeWorkGroupCount[0]
   uint32_t subgroup_size = 0;               // VkPhysicalDeviceSubgroupProperties
   bool memory_budget = false;               // VK_EXT_memory_budget (free memory from the driver)
 };
@@ -55,7 +66,7 @@ class device final : public device_i {
   device_type type() const override { return type_; }
   device_memory memory() const override;
   device_caps caps() const override { return {}; }
-  // Not written yet: throws backend_error saying so.
+  // A vulkan::backend (vulkan_backend.h) on this device.
   backend_ptr init_backend() override;
   buffer_type_i& buffer_type() override;
   bool supports_op(const tensor& t) const override;
@@ -65,6 +76,12 @@ class device final : public device_i {
 
   // ---- for the buffers (vulkan_buffer.cpp) ----
   VkDevice handle() const { return device_; }
+  uint32_t queue_family() const { return queue_family_; }
+  // The pipeline of an embedded shader (shaders.h), created at its first use with the device's pipeline
+  // cache. Thread-safe.
+  const kernel& kernel_for(const char* shader, uint32_t n_buffers, uint32_t push_bytes);
+  // Submits a recorded command buffer and waits for its fence (the queue is shared: submits are serialized).
+  void submit_and_wait(VkCommandBuffer cmd, VkFence fence);
   // The index of a memory type allowed by `type_bits` with all of `want` (and, when possible, `prefer`).
   // Throws backend_error when none has `want`.
   uint32_t memory_type(uint32_t type_bits, VkMemoryPropertyFlags want, VkMemoryPropertyFlags prefer = 0) const;
@@ -92,6 +109,11 @@ class device final : public device_i {
   VkPhysicalDeviceMemoryProperties memory_props_{};
   device_limits limits_;
 
+  std::mutex queue_mu_;  // vkQueueSubmit needs the queue externally synchronized
+  std::mutex kernels_mu_;
+  VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;
+  std::map<std::string, kernel> kernels_;  // by shader name (stable references)
+
   std::mutex transfer_mu_;
   VkCommandPool pool_ = VK_NULL_HANDLE;
   VkCommandBuffer cmd_ = VK_NULL_HANDLE;
@@ -104,6 +126,10 @@ class device final : public device_i {
   std::unique_ptr<vulkan::buffer_type> buffer_type_;
 };
 
+// Makes every earlier write of the queue (copies, shaders) visible to every later read and write: recorded
+// first in each command buffer, since submissions of the same queue are not memory-ordered by themselves.
+void full_barrier(VkCommandBuffer cmd);
+
 // Throws for a failed call: out_of_memory_error for the out-of-memory results, backend_error otherwise,
 // naming `who` (the device) and `what` (the call).
 void check(VkResult r, const std::string& who, const char* what);
@@ -112,6 +138,7 @@ std::string result_name(VkResult r);
 template <class Record>
 void device::submit_and_wait(Record&& record) {
   begin_commands();
+  full_barrier(cmd_);
   record(cmd_);
   end_and_wait();
 }

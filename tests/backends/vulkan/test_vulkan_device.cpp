@@ -1,19 +1,22 @@
 // Vulkan devices on whatever driver this machine has (Mesa's lavapipe in CI): enumeration and what the
 // driver reports, device-local buffers through staging (bytes back as written, at any offset and length),
 // refused allocations as out-of-memory errors naming the device, and the graph allocator's chunked compute
-// memory over a real driver's max_size.
+// memory over a real driver's max_size; the backend's ops against the CPU reference (the conformance cases).
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <map>
 #include <random>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/vulkan/vulkan_buffer.h"
 #include "backends/vulkan/vulkan_device.h"
 #include "runtime/graph_allocator.h"
 #include "runtime/ops.h"
+#include "tests/backends/conformance_runner.h"
 
 using namespace troupe;
 
@@ -64,8 +67,7 @@ TEST_CASE("Vulkan devices are named Vulkan0.. and report what the driver says", 
     CHECK(l.subgroup_size == 8);
     CHECK(d->buffer_type().max_size() == 128u << 20);
   }
-  // Compute is not written yet: the device says so instead of pretending.
-  CHECK_THROWS_WITH(d->init_backend(), Catch::Contains("not implemented yet"));
+  CHECK(d->init_backend() != nullptr);
 }
 
 TEST_CASE("a Vulkan buffer holds the bytes written at any offset and length", "[vulkan]") {
@@ -162,4 +164,56 @@ TEST_CASE("compute memory larger than a Vulkan buffer's max_size is planned in c
     tensor_get(*t, back.data(), 0, sizeof(float) * back.size());
     CHECK(back == ones);
   }
+}
+
+TEST_CASE("every conformance case of the ops Vulkan computes matches the CPU reference on the device", "[vulkan][conformance]") {
+  vulkan::device* d = first_device();
+  if (d == nullptr) return;
+  backend_ptr be = d->init_backend();
+  auto reference = cpu::make_cpu_backend({.reference = true});
+  const auto cases = testing::conformance_cases();
+  std::map<std::string, int> compared;  // by the case's op (the first word of its name)
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const testing::op_case& c = cases[ci];
+    INFO("case: " << c.name);
+    std::string why;
+    const auto got = testing::run_case(c, ci, *be, &why);
+    if (!got) continue;  // a node this device does not compute yet (supports_op said so)
+    const auto ref = testing::run_case(c, ci, *reference, nullptr);
+    REQUIRE(ref.has_value());
+    REQUIRE(got->size() == ref->size());
+    REQUIRE(testing::all_finite(*got));
+    const double e = testing::nmse(*got, *ref);
+    INFO("nmse " << e << " (bound " << c.max_nmse << ")");
+    CHECK(e <= c.max_nmse);
+    ++compared[c.name.substr(0, c.name.find(' '))];
+  }
+  // Every case of every op it claims, with broadcasting and strided inputs among them.
+  for (const char* o : {"add", "sub", "mul", "div"}) {
+    INFO("op " << o);
+    CHECK(compared[o] >= 5);
+  }
+  for (const char* o : {"scale", "silu", "gelu"}) {
+    INFO("op " << o);
+    CHECK(compared[o] >= 1);
+  }
+}
+
+TEST_CASE("the Vulkan device says which ops it does not compute yet, and refuses them in a graph", "[vulkan]") {
+  vulkan::device* d = first_device();
+  if (d == nullptr) return;
+  context ctx({.max_tensors = 8, .no_alloc = true});
+  tensor* w = ctx.new_tensor_2d(type::f32, 64, 32);
+  tensor* x = ctx.new_tensor_2d(type::f32, 64, 4);
+  tensor* y = mul_mat(ctx, w, x);
+  tensor* n = rms_norm(ctx, x, 1e-5f);
+  tensor* s = silu(ctx, x);
+  CHECK_FALSE(d->supports_op(*y));
+  CHECK_FALSE(d->supports_op(*n));
+  CHECK(d->supports_op(*s));
+  graph g;
+  g.build_forward_expand(y);
+  buffer_ptr buf = alloc_ctx_tensors(ctx, d->buffer_type());
+  backend_ptr be = d->init_backend();
+  CHECK_THROWS_WITH(be->graph_compute(g), Catch::Contains("mul_mat") && Catch::Contains("not supported"));
 }

@@ -1,0 +1,44 @@
+// The Vulkan backend: runs graphs on one device. Each graph is one command buffer: per node a compute
+// pipeline (from the device's kernel cache), its buffers bound as storage buffers (whole buffers; element
+// offsets and strides as push constants), a dispatch and a barrier; one submit and one fence wait.
+//
+//   backend_ptr be = dev.init_backend();
+//   be->graph_compute(g);         // every node supported (device::supports_op) and placed in dev's buffers
+//
+// Ops so far: add, sub, mul, div (b broadcast over a), scale, silu, gelu, on f32 of any strides; views cost
+// nothing. Descriptor sets come from a pool reset per graph (no allocation per node beyond it).
+#pragma once
+
+#include "backends/vulkan/vulkan_device.h"
+
+namespace troupe::vulkan {
+
+class backend final : public backend_i {
+ public:
+  explicit backend(vulkan::device& dev);
+  ~backend() override;
+  backend(const backend&) = delete;
+  backend& operator=(const backend&) = delete;
+
+  std::string_view name() const override { return dev_.name(); }
+  device_i& device() const override { return dev_; }
+  // Throws backend_error naming the node for one the device cannot compute or whose tensors are not in
+  // its buffers, out_of_memory_error when the driver runs out.
+  void graph_compute(graph& g) override;
+
+ private:
+  void reserve_descriptors(uint32_t sets);
+  void record(tensor& node);
+
+  vulkan::device& dev_;
+  VkCommandPool pool_ = VK_NULL_HANDLE;
+  VkCommandBuffer cmd_ = VK_NULL_HANDLE;
+  VkFence fence_ = VK_NULL_HANDLE;
+  VkDescriptorPool descriptors_ = VK_NULL_HANDLE;
+  uint32_t descriptor_sets_ = 0;  // the pool's capacity
+};
+
+// Whether node t is one the backend computes (or a view, which costs nothing).
+bool computes(const tensor& t);
+
+}  // namespace troupe::vulkan
