@@ -16,7 +16,7 @@ bool f32_strides(const tensor& t) {
   return t.type == type::f32 && std::all_of(t.nb.begin(), t.nb.end(), [](size_t nb) { return nb % 4 == 0; });
 }
 
-// Element offset and strides of an f32 tensor in its Vulkan buffer.
+// Element offset and strides of a tensor in its Vulkan buffer (in elements of its type: 4 or 2 bytes).
 struct f32_view {
   VkBuffer buffer = VK_NULL_HANDLE;
   uint32_t off = 0;
@@ -24,16 +24,17 @@ struct f32_view {
 };
 
 f32_view view_of(const vulkan::device& dev, const tensor& t) {
+  const size_t es = type_size(t.type);
   auto* b = dynamic_cast<vulkan::buffer*>(t.buffer);
   if (b == nullptr || &b->type().device() != &dev) {
     throw backend_error(std::string(dev.name()) + ": tensor " + describe(t) + " is not in this device's memory");
   }
   const size_t at = b->offset_of(t);
-  if (at % 4 != 0) throw backend_error(std::string(dev.name()) + ": tensor " + describe(t) + " is not 4-byte aligned");
+  if (at % es != 0) throw backend_error(std::string(dev.name()) + ": tensor " + describe(t) + " is not aligned to its type");
   f32_view v;
   v.buffer = b->handle();
-  v.off = static_cast<uint32_t>(at / 4);
-  for (int i = 0; i < 4; ++i) v.nb[i] = static_cast<uint32_t>(t.nb[static_cast<size_t>(i)] / 4);
+  v.off = static_cast<uint32_t>(at / es);
+  for (int i = 0; i < 4; ++i) v.nb[i] = static_cast<uint32_t>(t.nb[static_cast<size_t>(i)] / es);
   return v;
 }
 
@@ -44,6 +45,20 @@ struct binary_params {
   uint32_t b_off, b_nb[4];
   uint32_t d_off, d_nb[4];
   uint32_t op;
+};
+
+struct mul_mat_params {
+  uint32_t m, n, k, ne2, ne3;
+  uint32_t a_off, a_nb1, a_nb2, a_nb3, a_ne2, a_ne3, a_f16;
+  uint32_t b_off, b_nb[4];
+  uint32_t d_off, d_nb1, d_nb2, d_nb3;
+};
+
+struct rms_norm_params {
+  uint32_t ne[4];
+  uint32_t a_off, a_nb[4];
+  uint32_t d_off, d_nb[4];
+  float eps;
 };
 
 struct unary_params {
@@ -69,7 +84,17 @@ bool computes(const tensor& t) {
     case op::scale:
     case op::silu:
     case op::gelu:
+    case op::rms_norm:
       return f32_strides(t) && t.src[0] && f32_strides(*t.src[0]) && same_shape(t, *t.src[0]);
+    case op::mul_mat: {
+      const tensor* a = t.src[0];
+      const tensor* b = t.src[1];
+      if (a == nullptr || b == nullptr || !f32_strides(t) || !f32_strides(*b)) return false;
+      if (a->type != type::f32 && a->type != type::f16) return false;
+      const size_t es = type_size(a->type);
+      return a->nb[0] == es && std::all_of(a->nb.begin(), a->nb.end(), [es](size_t nb) { return nb % es == 0; }) &&
+             t.nb[0] == 4;
+    }
     default:
       return false;
   }
@@ -108,7 +133,7 @@ void backend::reserve_descriptors(uint32_t sets) {
     descriptors_ = VK_NULL_HANDLE;
     descriptor_sets_ = 0;
     const uint32_t n = std::max(sets, 2 * descriptor_sets_ + 64);
-    const VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 3 * n};
+    const VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, max_bindings * n};
     VkDescriptorPoolCreateInfo ci{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
     ci.maxSets = n;
     ci.poolSizeCount = 1;
@@ -141,73 +166,119 @@ void backend::graph_compute(graph& g) {
   dev_.submit_and_wait(cmd_, fence_);
 }
 
-void backend::record(tensor& node) {
-  const bool binary = node.op == op::add || node.op == op::sub || node.op == op::mul || node.op == op::div;
-  const kernel& k = dev_.kernel_for(binary ? "binary" : "unary", binary ? 3 : 2,
-                                    binary ? sizeof(binary_params) : sizeof(unary_params));
-  const f32_view a = view_of(dev_, *node.src[0]);
-  const f32_view d = view_of(dev_, node);
-  f32_view b;
-  if (binary) b = view_of(dev_, *node.src[1]);
-
+void backend::dispatch(const char* shader, std::initializer_list<VkBuffer> buffers, const void* params,
+                       uint32_t params_size, uint64_t groups) {
+  const auto n_buffers = static_cast<uint32_t>(buffers.size());
+  const kernel& k = dev_.kernel_for(shader, n_buffers, params_size);
   VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
   ai.descriptorPool = descriptors_;
   ai.descriptorSetCount = 1;
   ai.pSetLayouts = &k.set_layout;
   VkDescriptorSet set = VK_NULL_HANDLE;
   check(vkAllocateDescriptorSets(dev_.handle(), &ai, &set), std::string(dev_.name()), "vkAllocateDescriptorSets");
-  VkDescriptorBufferInfo infos[3] = {{a.buffer, 0, VK_WHOLE_SIZE}, {b.buffer, 0, VK_WHOLE_SIZE}, {d.buffer, 0, VK_WHOLE_SIZE}};
-  if (!binary) infos[1] = infos[2];
+  VkDescriptorBufferInfo infos[max_bindings];
+  uint32_t i = 0;
+  for (VkBuffer b : buffers) infos[i++] = {b, 0, VK_WHOLE_SIZE};
   VkWriteDescriptorSet w{VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
   w.dstSet = set;
   w.dstBinding = 0;
-  w.descriptorCount = binary ? 3 : 2;
+  w.descriptorCount = n_buffers;
   w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
   w.pBufferInfo = infos;
   vkUpdateDescriptorSets(dev_.handle(), 1, &w, 0, nullptr);
-
-  uint32_t ne[4];
-  for (int i = 0; i < 4; ++i) ne[i] = static_cast<uint32_t>(node.ne[static_cast<size_t>(i)]);
   vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, k.pipeline);
   vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, k.layout, 0, 1, &set, 0, nullptr);
-  if (binary) {
-    binary_params p{};
-    std::copy(ne, ne + 4, p.ne);
-    p.a_off = a.off;
-    std::copy(a.nb, a.nb + 4, p.a_nb);
-    for (int i = 0; i < 4; ++i) p.b_ne[i] = static_cast<uint32_t>(node.src[1]->ne[static_cast<size_t>(i)]);
-    p.b_off = b.off;
-    std::copy(b.nb, b.nb + 4, p.b_nb);
-    p.d_off = d.off;
-    std::copy(d.nb, d.nb + 4, p.d_nb);
-    p.op = node.op == op::add ? 0 : node.op == op::sub ? 1 : node.op == op::mul ? 2 : 3;
-    vkCmdPushConstants(cmd_, k.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof p, &p);
-  } else {
-    unary_params p{};
-    std::copy(ne, ne + 4, p.ne);
-    p.a_off = a.off;
-    std::copy(a.nb, a.nb + 4, p.a_nb);
-    p.d_off = d.off;
-    std::copy(d.nb, d.nb + 4, p.d_nb);
-    p.op = node.op == op::scale ? 0 : node.op == op::silu ? 1 : 2;
-    if (node.op == op::scale) {
-      p.s = node.param<float>(0);
-      p.bias = node.param<float>(1);
-    }
-    vkCmdPushConstants(cmd_, k.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof p, &p);
-  }
-  // One invocation per element: groups in x up to the driver's limit, the rest in y.
-  const uint64_t n = static_cast<uint64_t>(nelements(node));
-  const uint64_t groups = (n + group_size - 1) / group_size;
-  const uint64_t gx = std::min<uint64_t>(groups, dev_.limits().max_workgroup_count_x);
+  vkCmdPushConstants(cmd_, k.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, params_size, params);
+  // Workgroups in x up to the driver's limit, the rest in y (shaders compute their index from both).
+  const uint64_t gx = std::min<uint64_t>(std::max<uint64_t>(groups, 1), dev_.limits().max_workgroup_count_x);
   const uint64_t gy = (groups + gx - 1) / gx;
-  vkCmdDispatch(cmd_, static_cast<uint32_t>(gx), static_cast<uint32_t>(gy), 1);
+  vkCmdDispatch(cmd_, static_cast<uint32_t>(gx), static_cast<uint32_t>(std::max<uint64_t>(gy, 1)), 1);
   // The next node may read what this one wrote.
   VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
   mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
   mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
   vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0,
                        nullptr, 0, nullptr);
+}
+
+void backend::record(tensor& node) {
+  const f32_view a = view_of(dev_, *node.src[0]);
+  const f32_view d = view_of(dev_, node);
+  uint32_t ne[4];
+  for (int i = 0; i < 4; ++i) ne[i] = static_cast<uint32_t>(node.ne[static_cast<size_t>(i)]);
+  const uint64_t n = static_cast<uint64_t>(nelements(node));
+  const uint64_t per_element = (n + group_size - 1) / group_size;
+  switch (node.op) {
+    case op::add:
+    case op::sub:
+    case op::mul:
+    case op::div: {
+      const f32_view b = view_of(dev_, *node.src[1]);
+      binary_params p{};
+      std::copy(ne, ne + 4, p.ne);
+      p.a_off = a.off;
+      std::copy(a.nb, a.nb + 4, p.a_nb);
+      for (int i = 0; i < 4; ++i) p.b_ne[i] = static_cast<uint32_t>(node.src[1]->ne[static_cast<size_t>(i)]);
+      p.b_off = b.off;
+      std::copy(b.nb, b.nb + 4, p.b_nb);
+      p.d_off = d.off;
+      std::copy(d.nb, d.nb + 4, p.d_nb);
+      p.op = node.op == op::add ? 0 : node.op == op::sub ? 1 : node.op == op::mul ? 2 : 3;
+      dispatch("binary", {a.buffer, b.buffer, d.buffer}, &p, sizeof p, per_element);
+      return;
+    }
+    case op::mul_mat: {
+      const tensor& ta = *node.src[0];
+      const f32_view b = view_of(dev_, *node.src[1]);
+      mul_mat_params p{};
+      p.m = ne[0];
+      p.n = ne[1];
+      p.k = static_cast<uint32_t>(ta.ne[0]);
+      p.ne2 = ne[2];
+      p.ne3 = ne[3];
+      p.a_off = a.off;
+      p.a_nb1 = a.nb[1];
+      p.a_nb2 = a.nb[2];
+      p.a_nb3 = a.nb[3];
+      p.a_ne2 = static_cast<uint32_t>(ta.ne[2]);
+      p.a_ne3 = static_cast<uint32_t>(ta.ne[3]);
+      p.a_f16 = ta.type == type::f16 ? 1 : 0;
+      p.b_off = b.off;
+      std::copy(b.nb, b.nb + 4, p.b_nb);
+      p.d_off = d.off;
+      p.d_nb1 = d.nb[1];
+      p.d_nb2 = d.nb[2];
+      p.d_nb3 = d.nb[3];
+      dispatch("mul_mat", {a.buffer, b.buffer, d.buffer}, &p, sizeof p, per_element);
+      return;
+    }
+    case op::rms_norm: {
+      rms_norm_params p{};
+      std::copy(ne, ne + 4, p.ne);
+      p.a_off = a.off;
+      std::copy(a.nb, a.nb + 4, p.a_nb);
+      p.d_off = d.off;
+      std::copy(d.nb, d.nb + 4, p.d_nb);
+      p.eps = node.param<float>(0);
+      dispatch("rms_norm", {a.buffer, d.buffer}, &p, sizeof p, static_cast<uint64_t>(nrows(node)));  // a workgroup per row
+      return;
+    }
+    default: {
+      unary_params p{};
+      std::copy(ne, ne + 4, p.ne);
+      p.a_off = a.off;
+      std::copy(a.nb, a.nb + 4, p.a_nb);
+      p.d_off = d.off;
+      std::copy(d.nb, d.nb + 4, p.d_nb);
+      p.op = node.op == op::scale ? 0 : node.op == op::silu ? 1 : 2;
+      if (node.op == op::scale) {
+        p.s = node.param<float>(0);
+        p.bias = node.param<float>(1);
+      }
+      dispatch("unary", {a.buffer, d.buffer}, &p, sizeof p, per_element);
+      return;
+    }
+  }
 }
 
 }  // namespace troupe::vulkan

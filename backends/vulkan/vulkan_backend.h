@@ -5,9 +5,11 @@
 //   backend_ptr be = dev.init_backend();
 //   be->graph_compute(g);         // every node supported (device::supports_op) and placed in dev's buffers
 //
-// Ops so far: add, sub, mul, div (b broadcast over a), scale, silu, gelu, on f32 of any strides; views cost
-// nothing. Descriptor sets come from a pool reset per graph (no allocation per node beyond it).
+// Ops so far: add, sub, mul, div (b broadcast over a), scale, silu, gelu, rms_norm on f32 of any strides;
+// mul_mat with f32 or f16 weights (rows contiguous) and f32 activations; views cost nothing. Descriptor sets come from a pool reset per graph (no allocation per node beyond it).
 #pragma once
+
+#include <initializer_list>
 
 #include "backends/vulkan/vulkan_device.h"
 
@@ -27,8 +29,14 @@ class backend final : public backend_i {
   void graph_compute(graph& g) override;
 
  private:
+  static constexpr uint32_t max_bindings = 4;
+
   void reserve_descriptors(uint32_t sets);
   void record(tensor& node);
+  // Records one dispatch of an embedded shader over `buffers` (bindings 0..), with its push constants,
+  // and the barrier after it.
+  void dispatch(const char* shader, std::initializer_list<VkBuffer> buffers, const void* params, uint32_t params_size,
+                uint64_t groups);
 
   vulkan::device& dev_;
   VkCommandPool pool_ = VK_NULL_HANDLE;
