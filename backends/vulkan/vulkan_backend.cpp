@@ -70,6 +70,16 @@ struct unary_params {
   float bias;
 };
 
+// The shape, source a and destination fields every element-wise shader's parameters share.
+template <class Params>
+void set_shape_a_d(Params& p, const uint32_t (&ne)[4], const f32_view& a, const f32_view& d) {
+  std::copy(ne, ne + 4, p.ne);
+  p.a_off = a.off;
+  std::copy(a.nb, a.nb + 4, p.a_nb);
+  p.d_off = d.off;
+  std::copy(d.nb, d.nb + 4, p.d_nb);
+}
+
 }  // namespace
 
 bool computes(const tensor& t) {
@@ -215,14 +225,10 @@ void backend::record(tensor& node) {
     case op::div: {
       const f32_view b = view_of(dev_, *node.src[1]);
       binary_params p{};
-      std::copy(ne, ne + 4, p.ne);
-      p.a_off = a.off;
-      std::copy(a.nb, a.nb + 4, p.a_nb);
+      set_shape_a_d(p, ne, a, d);
       for (int i = 0; i < 4; ++i) p.b_ne[i] = static_cast<uint32_t>(node.src[1]->ne[static_cast<size_t>(i)]);
       p.b_off = b.off;
       std::copy(b.nb, b.nb + 4, p.b_nb);
-      p.d_off = d.off;
-      std::copy(d.nb, d.nb + 4, p.d_nb);
       p.op = node.op == op::add ? 0 : node.op == op::sub ? 1 : node.op == op::mul ? 2 : 3;
       dispatch("binary", {a.buffer, b.buffer, d.buffer}, &p, sizeof p, per_element);
       return;
@@ -254,22 +260,14 @@ void backend::record(tensor& node) {
     }
     case op::rms_norm: {
       rms_norm_params p{};
-      std::copy(ne, ne + 4, p.ne);
-      p.a_off = a.off;
-      std::copy(a.nb, a.nb + 4, p.a_nb);
-      p.d_off = d.off;
-      std::copy(d.nb, d.nb + 4, p.d_nb);
+      set_shape_a_d(p, ne, a, d);
       p.eps = node.param<float>(0);
       dispatch("rms_norm", {a.buffer, d.buffer}, &p, sizeof p, static_cast<uint64_t>(nrows(node)));  // a workgroup per row
       return;
     }
     default: {
       unary_params p{};
-      std::copy(ne, ne + 4, p.ne);
-      p.a_off = a.off;
-      std::copy(a.nb, a.nb + 4, p.a_nb);
-      p.d_off = d.off;
-      std::copy(d.nb, d.nb + 4, p.d_nb);
+      set_shape_a_d(p, ne, a, d);
       p.op = node.op == op::scale ? 0 : node.op == op::silu ? 1 : 2;
       if (node.op == op::scale) {
         p.s = node.param<float>(0);
