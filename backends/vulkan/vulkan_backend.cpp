@@ -1,6 +1,7 @@
 #include "backends/vulkan/vulkan_backend.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "backends/vulkan/vulkan_buffer.h"
 
@@ -61,6 +62,16 @@ struct rms_norm_params {
   float eps;
 };
 
+struct soft_max_params {
+  uint32_t ne[4];
+  uint32_t a_off, a_nb[4];
+  uint32_t m_off, m_nb1, m_nb2, m_nb3;
+  uint32_t m_ne2, m_ne3, m_f16, has_mask;
+  uint32_t d_off, d_nb1, d_nb2, d_nb3;
+  float scale, max_bias, m0, m1;
+  uint32_t n_head_log2;
+};
+
 struct unary_params {
   uint32_t ne[4];
   uint32_t a_off, a_nb[4];
@@ -96,6 +107,15 @@ bool computes(const tensor& t) {
     case op::gelu:
     case op::rms_norm:
       return f32_strides(t) && t.src[0] && f32_strides(*t.src[0]) && same_shape(t, *t.src[0]);
+    case op::soft_max: {
+      const tensor* a = t.src[0];
+      const tensor* m = t.src[1];
+      if (a == nullptr || !f32_strides(*a) || !f32_strides(t) || t.nb[0] != 4 || !same_shape(t, *a)) return false;
+      if (m == nullptr) return true;
+      if (m->type != type::f32 && m->type != type::f16) return false;
+      const size_t es = type_size(m->type);
+      return m->nb[0] == es && std::all_of(m->nb.begin(), m->nb.end(), [es](size_t nb) { return nb % es == 0; });
+    }
     case op::mul_mat: {
       const tensor* a = t.src[0];
       const tensor* b = t.src[1];
@@ -263,6 +283,40 @@ void backend::record(tensor& node) {
       set_shape_a_d(p, ne, a, d);
       p.eps = node.param<float>(0);
       dispatch("rms_norm", {a.buffer, d.buffer}, &p, sizeof p, static_cast<uint64_t>(nrows(node)));  // a workgroup per row
+      return;
+    }
+    case op::soft_max: {
+      const tensor* m = node.src[1];
+      soft_max_params p{};
+      std::copy(ne, ne + 4, p.ne);
+      p.a_off = a.off;
+      std::copy(a.nb, a.nb + 4, p.a_nb);
+      VkBuffer mask_buffer = d.buffer;  // bound but not read when there is no mask
+      p.m_ne2 = p.m_ne3 = 1;
+      if (m != nullptr) {
+        const f32_view mv = view_of(dev_, *m);
+        mask_buffer = mv.buffer;
+        p.m_off = mv.off;
+        p.m_nb1 = mv.nb[1];
+        p.m_nb2 = mv.nb[2];
+        p.m_nb3 = mv.nb[3];
+        p.m_ne2 = static_cast<uint32_t>(m->ne[2]);
+        p.m_ne3 = static_cast<uint32_t>(m->ne[3]);
+        p.m_f16 = m->type == type::f16 ? 1 : 0;
+        p.has_mask = 1;
+      }
+      p.d_off = d.off;
+      p.d_nb1 = d.nb[1];
+      p.d_nb2 = d.nb[2];
+      p.d_nb3 = d.nb[3];
+      p.scale = node.param<float>(0);
+      p.max_bias = node.param<float>(1);
+      // The ALiBi slopes' bases, as the CPU computes them.
+      const auto n_head = static_cast<uint32_t>(node.src[0]->ne[2]);
+      p.n_head_log2 = 1u << static_cast<uint32_t>(std::floor(std::log2(static_cast<float>(n_head))));
+      p.m0 = std::pow(2.0f, -p.max_bias / static_cast<float>(p.n_head_log2));
+      p.m1 = std::pow(2.0f, -(p.max_bias / 2.0f) / static_cast<float>(p.n_head_log2));
+      dispatch("soft_max", {a.buffer, mask_buffer, d.buffer}, &p, sizeof p, static_cast<uint64_t>(nrows(node)));
       return;
     }
     default: {
