@@ -72,6 +72,14 @@ struct soft_max_params {
   uint32_t n_head_log2;
 };
 
+struct glu_params {
+  uint32_t ne[4];
+  uint32_t x_off, x_nb[4];
+  uint32_t g_off, g_nb[4];
+  uint32_t d_off, d_nb[4];
+  uint32_t kind;
+};
+
 struct unary_params {
   uint32_t ne[4];
   uint32_t a_off, a_nb[4];
@@ -107,6 +115,12 @@ bool computes(const tensor& t) {
     case op::gelu:
     case op::rms_norm:
       return f32_strides(t) && t.src[0] && f32_strides(*t.src[0]) && same_shape(t, *t.src[0]);
+    case op::glu: {
+      const tensor* a = t.src[0];
+      const tensor* b = t.src[1];
+      const int32_t kind = t.param<int32_t>(0);
+      return a != nullptr && f32_strides(t) && f32_strides(*a) && (b == nullptr || f32_strides(*b)) && (kind == 0 || kind == 1);
+    }
     case op::soft_max: {
       const tensor* a = t.src[0];
       const tensor* m = t.src[1];
@@ -283,6 +297,28 @@ void backend::record(tensor& node) {
       set_shape_a_d(p, ne, a, d);
       p.eps = node.param<float>(0);
       dispatch("rms_norm", {a.buffer, d.buffer}, &p, sizeof p, static_cast<uint64_t>(nrows(node)));  // a workgroup per row
+      return;
+    }
+    case op::glu: {
+      // x and g: a and b (swapped: b and a), or the two halves of a's rows ([x | g]; swapped: [g | x]).
+      const bool swapped = node.param<int32_t>(1) != 0;
+      f32_view x = a;
+      f32_view g = a;
+      if (node.src[1] != nullptr) {
+        (swapped ? x : g) = view_of(dev_, *node.src[1]);
+      } else {
+        (swapped ? x : g).off += ne[0] * a.nb[0];
+      }
+      glu_params p{};
+      std::copy(ne, ne + 4, p.ne);
+      p.x_off = x.off;
+      std::copy(x.nb, x.nb + 4, p.x_nb);
+      p.g_off = g.off;
+      std::copy(g.nb, g.nb + 4, p.g_nb);
+      p.d_off = d.off;
+      std::copy(d.nb, d.nb + 4, p.d_nb);
+      p.kind = static_cast<uint32_t>(node.param<int32_t>(0));
+      dispatch("glu", {x.buffer, g.buffer, d.buffer}, &p, sizeof p, per_element);
       return;
     }
     case op::soft_max: {

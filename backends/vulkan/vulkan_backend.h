@@ -6,7 +6,7 @@
 //   be->graph_compute(g);         // every node supported (device::supports_op) and placed in dev's buffers
 //
 // Ops so far: add, sub, mul, div (b broadcast over a), scale, silu, gelu, rms_norm, soft_max (f32 / f16
-// mask, ALiBi) on f32 of any strides;
+// mask, ALiBi), swiglu / geglu on f32 of any strides;
 // mul_mat with f32 or f16 weights (rows contiguous) and f32 activations; views cost nothing. Descriptor sets come from a pool reset per graph (no allocation per node beyond it).
 #pragma once
 

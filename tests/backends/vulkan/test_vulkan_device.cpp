@@ -194,6 +194,7 @@ TEST_CASE("every conformance case of the ops Vulkan computes matches the CPU ref
     CHECK(compared[o] >= 5);
   }
   CHECK(compared["soft_max"] >= 4);  // plain, f32 and f16 causal masks, ALiBi
+  CHECK(compared["swiglu"] + compared["geglu"] >= 6);  // split, split swapped, with b: each kind
   for (const char* o : {"scale", "silu", "gelu", "rms_norm"}) {
     INFO("op " << o);
     CHECK(compared[o] >= 1);
