@@ -80,6 +80,13 @@ struct glu_params {
   uint32_t kind;
 };
 
+struct get_rows_params {
+  uint32_t ne0, n, ne2;
+  uint32_t a_off, a_nb1, a_nb2, a_rows, a_type;
+  uint32_t i_off, i_nb0, i_nb1, i_64;
+  uint32_t d_off, d_nb1, d_nb2;
+};
+
 struct unary_params {
   uint32_t ne[4];
   uint32_t a_off, a_nb[4];
@@ -115,6 +122,17 @@ bool computes(const tensor& t) {
     case op::gelu:
     case op::rms_norm:
       return f32_strides(t) && t.src[0] && f32_strides(*t.src[0]) && same_shape(t, *t.src[0]);
+    case op::get_rows: {
+      const tensor* a = t.src[0];
+      const tensor* idx = t.src[1];
+      if (a == nullptr || idx == nullptr || !f32_strides(t) || t.nb[0] != 4) return false;
+      if (a->type != type::f32 && a->type != type::f16 && a->type != type::bf16) return false;
+      if (idx->type != type::i32 && idx->type != type::i64) return false;
+      const size_t es = type_size(a->type);
+      const size_t is = type_size(idx->type);
+      return a->nb[0] == es && std::all_of(a->nb.begin(), a->nb.end(), [es](size_t nb) { return nb % es == 0; }) &&
+             std::all_of(idx->nb.begin(), idx->nb.end(), [is](size_t nb) { return nb % is == 0; });
+    }
     case op::glu: {
       const tensor* a = t.src[0];
       const tensor* b = t.src[1];
@@ -297,6 +315,29 @@ void backend::record(tensor& node) {
       set_shape_a_d(p, ne, a, d);
       p.eps = node.param<float>(0);
       dispatch("rms_norm", {a.buffer, d.buffer}, &p, sizeof p, static_cast<uint64_t>(nrows(node)));  // a workgroup per row
+      return;
+    }
+    case op::get_rows: {
+      const tensor& ta = *node.src[0];
+      const tensor& ti = *node.src[1];
+      const f32_view iv = view_of(dev_, ti);
+      get_rows_params p{};
+      p.ne0 = ne[0];
+      p.n = ne[1];
+      p.ne2 = ne[2];
+      p.a_off = a.off;
+      p.a_nb1 = a.nb[1];
+      p.a_nb2 = a.nb[2];
+      p.a_rows = static_cast<uint32_t>(ta.ne[1]);
+      p.a_type = ta.type == type::f32 ? 0 : ta.type == type::f16 ? 1 : 2;
+      p.i_off = iv.off;
+      p.i_nb0 = iv.nb[0];
+      p.i_nb1 = iv.nb[1];
+      p.i_64 = ti.type == type::i64 ? 1 : 0;
+      p.d_off = d.off;
+      p.d_nb1 = d.nb[1];
+      p.d_nb2 = d.nb[2];
+      dispatch("get_rows", {a.buffer, iv.buffer, d.buffer}, &p, sizeof p, per_element);
       return;
     }
     case op::glu: {

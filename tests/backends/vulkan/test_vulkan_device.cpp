@@ -195,6 +195,7 @@ TEST_CASE("every conformance case of the ops Vulkan computes matches the CPU ref
   }
   CHECK(compared["soft_max"] >= 4);  // plain, f32 and f16 causal masks, ALiBi
   CHECK(compared["swiglu"] + compared["geglu"] >= 6);  // split, split swapped, with b: each kind
+  CHECK(compared["get_rows"] == 6);                     // f32, f16, bf16 rows; i32 and i64 indices
   for (const char* o : {"scale", "silu", "gelu", "rms_norm"}) {
     INFO("op " << o);
     CHECK(compared[o] >= 1);
@@ -223,4 +224,24 @@ TEST_CASE("the Vulkan device says which ops it does not compute yet, and refuses
   buffer_ptr buf = alloc_ctx_tensors(ctx, d->buffer_type());
   backend_ptr be = d->init_backend();
   CHECK_THROWS_WITH(be->graph_compute(g), Catch::Contains("rope") && Catch::Contains("not supported"));
+}
+
+TEST_CASE("Vulkan get_rows never reads outside its source: an index beyond its rows gives a zero row", "[vulkan]") {
+  vulkan::device* d = first_device();
+  if (d == nullptr) return;
+  context ctx({.max_tensors = 8, .no_alloc = true});
+  tensor* a = ctx.new_tensor_2d(type::f32, 4, 3);
+  tensor* idx = ctx.new_tensor_1d(type::i32, 3);
+  tensor* out = get_rows(ctx, a, idx);
+  graph g;
+  g.build_forward_expand(out);
+  buffer_ptr buf = alloc_ctx_tensors(ctx, d->buffer_type());
+  const std::vector<float> rows = {0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23};
+  const std::vector<int32_t> picks = {2, 7, -1};
+  tensor_set(*a, rows.data(), 0, sizeof(float) * rows.size());
+  tensor_set(*idx, picks.data(), 0, sizeof(int32_t) * picks.size());
+  d->init_backend()->graph_compute(g);
+  std::vector<float> got(12);
+  tensor_get(*out, got.data(), 0, sizeof(float) * got.size());
+  CHECK(got == std::vector<float>{20, 21, 22, 23, 0, 0, 0, 0, 0, 0, 0, 0});
 }
