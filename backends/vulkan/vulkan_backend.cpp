@@ -87,6 +87,22 @@ struct get_rows_params {
   uint32_t d_off, d_nb1, d_nb2;
 };
 
+struct cpy_params {
+  uint32_t s_ne[4];
+  uint32_t s_off, s_nb[4];
+  uint32_t d_ne[4];
+  uint32_t d_off, d_nb[4];
+  uint32_t s_type, d_type, n;
+};
+
+// 0 f32, 1 f16, 2 bf16: the float types the copy shader converts between.
+uint32_t float_code(type t) { return t == type::f32 ? 0 : t == type::f16 ? 1 : 2; }
+bool float_type(type t) { return t == type::f32 || t == type::f16 || t == type::bf16; }
+bool element_strides(const tensor& t) {
+  const size_t es = type_size(t.type);
+  return std::all_of(t.nb.begin(), t.nb.end(), [es](size_t nb) { return nb % es == 0; });
+}
+
 struct unary_params {
   uint32_t ne[4];
   uint32_t a_off, a_nb[4];
@@ -122,6 +138,12 @@ bool computes(const tensor& t) {
     case op::gelu:
     case op::rms_norm:
       return f32_strides(t) && t.src[0] && f32_strides(*t.src[0]) && same_shape(t, *t.src[0]);
+    case op::cpy:
+    case op::cont: {
+      const tensor* a = t.src[0];
+      if (a == nullptr || !float_type(a->type) || !float_type(t.type) || !element_strides(*a) || !element_strides(t)) return false;
+      return t.type == type::f32 || is_contiguous(t);  // a 16-bit destination is written a word at a time
+    }
     case op::get_rows: {
       const tensor* a = t.src[0];
       const tensor* idx = t.src[1];
@@ -315,6 +337,26 @@ void backend::record(tensor& node) {
       set_shape_a_d(p, ne, a, d);
       p.eps = node.param<float>(0);
       dispatch("rms_norm", {a.buffer, d.buffer}, &p, sizeof p, static_cast<uint64_t>(nrows(node)));  // a workgroup per row
+      return;
+    }
+    case op::cpy:
+    case op::cont: {
+      const tensor& ts = *node.src[0];
+      cpy_params p{};
+      for (int i = 0; i < 4; ++i) p.s_ne[i] = static_cast<uint32_t>(ts.ne[static_cast<size_t>(i)]);
+      p.s_off = a.off;
+      std::copy(a.nb, a.nb + 4, p.s_nb);
+      std::copy(ne, ne + 4, p.d_ne);
+      p.d_off = d.off;
+      std::copy(d.nb, d.nb + 4, p.d_nb);
+      p.s_type = float_code(ts.type);
+      p.d_type = float_code(node.type);
+      p.n = static_cast<uint32_t>(n);
+      if (p.d_type != 0 && p.d_off % 2 != 0) {
+        throw backend_error(std::string(dev_.name()) + ": " + describe(node) + ": a 16-bit copy destination must start on a 4-byte boundary");
+      }
+      const uint64_t units = p.d_type == 0 ? n : (n + 1) / 2;  // elements, or words of two
+      dispatch("cpy", {a.buffer, d.buffer}, &p, sizeof p, (units + group_size - 1) / group_size);
       return;
     }
     case op::get_rows: {

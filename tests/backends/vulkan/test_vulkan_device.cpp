@@ -196,6 +196,8 @@ TEST_CASE("every conformance case of the ops Vulkan computes matches the CPU ref
   CHECK(compared["soft_max"] >= 4);  // plain, f32 and f16 causal masks, ALiBi
   CHECK(compared["swiglu"] + compared["geglu"] >= 6);  // split, split swapped, with b: each kind
   CHECK(compared["get_rows"] == 6);                     // f32, f16, bf16 rows; i32 and i64 indices
+  CHECK(compared["cpy"] >= 6);                          // f32 -> f32 / f16 / bf16, back, transposed
+  CHECK(compared["cont"] >= 2);
   for (const char* o : {"scale", "silu", "gelu", "rms_norm"}) {
     INFO("op " << o);
     CHECK(compared[o] >= 1);

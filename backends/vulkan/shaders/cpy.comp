@@ -1,0 +1,61 @@
+// cpy and cont: the destination's elements in order are the source's elements in order (shapes may differ,
+// the element count is the same), converted between f32, f16 and bf16. A 32-bit destination may have any
+// strides (one invocation per element); a 16-bit one is contiguous and starts on a word (one invocation per
+// word of two elements, so no two invocations write the same word).
+#version 450
+
+layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
+
+layout(std430, set = 0, binding = 0) readonly buffer S { uint s[]; };
+layout(std430, set = 0, binding = 1) buffer D { uint d[]; };
+
+// Offsets and strides in elements of each tensor's type; types: 0 f32, 1 f16, 2 bf16.
+layout(push_constant) uniform params {
+  uint s_ne0, s_ne1, s_ne2, s_ne3;
+  uint s_off, s_nb0, s_nb1, s_nb2, s_nb3;
+  uint d_ne0, d_ne1, d_ne2, d_ne3;
+  uint d_off, d_nb0, d_nb1, d_nb2, d_nb3;
+  uint s_type, d_type, n;
+} p;
+
+float load16(uint e, uint type) {
+  const uint w = s[e >> 1];
+  const uint h = (e & 1u) != 0u ? (w >> 16) : (w & 0xffffu);
+  return type == 1u ? unpackHalf2x16(h).x : uintBitsToFloat(h << 16);
+}
+
+// Source element number i (in the source's element order).
+float source(uint i) {
+  const uint i0 = i % p.s_ne0;
+  uint r = i / p.s_ne0;
+  const uint i1 = r % p.s_ne1;
+  r /= p.s_ne1;
+  const uint e = p.s_off + i0 * p.s_nb0 + i1 * p.s_nb1 + (r % p.s_ne2) * p.s_nb2 + (r / p.s_ne2) * p.s_nb3;
+  return p.s_type == 0u ? uintBitsToFloat(s[e]) : load16(e, p.s_type);
+}
+
+uint to16(float x, uint type) {
+  if (type == 1u) return packHalf2x16(vec2(x, 0.0f)) & 0xffffu;
+  const uint b = floatBitsToUint(x);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return (b >> 16) | 0x40u;  // NaN stays a (quiet) NaN
+  return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;                  // round to nearest even
+}
+
+void main() {
+  const uint t = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+  if (p.d_type == 0u) {
+    if (t >= p.n) return;
+    const uint i0 = t % p.d_ne0;
+    uint r = t / p.d_ne0;
+    const uint i1 = r % p.d_ne1;
+    r /= p.d_ne1;
+    d[p.d_off + i0 * p.d_nb0 + i1 * p.d_nb1 + (r % p.d_ne2) * p.d_nb2 + (r / p.d_ne2) * p.d_nb3] = floatBitsToUint(source(t));
+    return;
+  }
+  const uint first = 2u * t;  // the word's first element
+  if (first >= p.n) return;
+  const uint word = (p.d_off >> 1) + t;
+  const uint lo = to16(source(first), p.d_type);
+  const uint hi = first + 1u < p.n ? to16(source(first + 1u), p.d_type) : (d[word] >> 16);
+  d[word] = lo | (hi << 16);
+}
