@@ -103,6 +103,14 @@ bool element_strides(const tensor& t) {
   return std::all_of(t.nb.begin(), t.nb.end(), [es](size_t nb) { return nb % es == 0; });
 }
 
+struct set_rows_params {
+  uint32_t ne[4];
+  uint32_t s_off, s_nb[4];
+  uint32_t i_off, i_nb0, i_nb1, i_nb2, i_ne1, i_ne2, i_64;
+  uint32_t d_off, d_nb1, d_nb2, d_nb3, d_rows;
+  uint32_t d_type;
+};
+
 struct unary_params {
   uint32_t ne[4];
   uint32_t a_off, a_nb[4];
@@ -143,6 +151,16 @@ bool computes(const tensor& t) {
       const tensor* a = t.src[0];
       if (a == nullptr || !float_type(a->type) || !float_type(t.type) || !element_strides(*a) || !element_strides(t)) return false;
       return t.type == type::f32 || is_contiguous(t);  // a 16-bit destination is written a word at a time
+    }
+    case op::set_rows: {
+      const tensor* src = t.src[1];
+      const tensor* idx = t.src[2];
+      if (src == nullptr || idx == nullptr || !f32_strides(*src) || !float_type(t.type) || !element_strides(t)) return false;
+      if (idx->type != type::i32 && idx->type != type::i64) return false;
+      if (!element_strides(*idx) || t.nb[0] != type_size(t.type)) return false;
+      // 16-bit rows are written a word at a time: an even length, and rows that start on words.
+      return t.type == type::f32 ||
+             (t.ne[0] % 2 == 0 && std::all_of(t.nb.begin() + 1, t.nb.end(), [](size_t nb) { return nb % 4 == 0; }));
     }
     case op::get_rows: {
       const tensor* a = t.src[0];
@@ -357,6 +375,35 @@ void backend::record(tensor& node) {
       }
       const uint64_t units = p.d_type == 0 ? n : (n + 1) / 2;  // elements, or words of two
       dispatch("cpy", {a.buffer, d.buffer}, &p, sizeof p, (units + group_size - 1) / group_size);
+      return;
+    }
+    case op::set_rows: {
+      const tensor& ts = *node.src[1];
+      const tensor& ti = *node.src[2];
+      const f32_view sv = view_of(dev_, ts);
+      const f32_view iv = view_of(dev_, ti);
+      set_rows_params p{};
+      for (int i = 0; i < 4; ++i) p.ne[i] = static_cast<uint32_t>(ts.ne[static_cast<size_t>(i)]);
+      p.s_off = sv.off;
+      std::copy(sv.nb, sv.nb + 4, p.s_nb);
+      p.i_off = iv.off;
+      p.i_nb0 = iv.nb[0];
+      p.i_nb1 = iv.nb[1];
+      p.i_nb2 = iv.nb[2];
+      p.i_ne1 = static_cast<uint32_t>(ti.ne[1]);
+      p.i_ne2 = static_cast<uint32_t>(ti.ne[2]);
+      p.i_64 = ti.type == type::i64 ? 1 : 0;
+      p.d_off = d.off;
+      p.d_nb1 = d.nb[1];
+      p.d_nb2 = d.nb[2];
+      p.d_nb3 = d.nb[3];
+      p.d_rows = ne[1];
+      p.d_type = float_code(node.type);
+      if (p.d_type != 0 && p.d_off % 2 != 0) {
+        throw backend_error(std::string(dev_.name()) + ": " + describe(node) + ": 16-bit rows must start on a 4-byte boundary");
+      }
+      const uint64_t units = static_cast<uint64_t>(nelements(ts)) / (p.d_type == 0 ? 1 : 2);
+      dispatch("set_rows", {sv.buffer, iv.buffer, d.buffer}, &p, sizeof p, (units + group_size - 1) / group_size);
       return;
     }
     case op::get_rows: {

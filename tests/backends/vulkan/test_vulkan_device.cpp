@@ -198,6 +198,7 @@ TEST_CASE("every conformance case of the ops Vulkan computes matches the CPU ref
   CHECK(compared["get_rows"] == 6);                     // f32, f16, bf16 rows; i32 and i64 indices
   CHECK(compared["cpy"] >= 6);                          // f32 -> f32 / f16 / bf16, back, transposed
   CHECK(compared["cont"] >= 2);
+  CHECK(compared["set_rows"] == 6);  // into f32, f16 and bf16 rows; i32 and i64 indices
   for (const char* o : {"scale", "silu", "gelu", "rms_norm"}) {
     INFO("op " << o);
     CHECK(compared[o] >= 1);
