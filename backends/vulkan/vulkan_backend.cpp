@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backends/vulkan/vulkan_buffer.h"
+#include "runtime/ops.h"
 
 namespace troupe::vulkan {
 
@@ -111,6 +112,15 @@ struct set_rows_params {
   uint32_t d_type;
 };
 
+struct rope_shader_params {
+  uint32_t ne[4];
+  uint32_t a_off, a_nb[4];
+  uint32_t d_off, d_nb[4];
+  uint32_t p_off, f_off, has_ff;
+  uint32_t n_dims, neox;
+  float theta_scale, freq_scale, attn_factor;
+};
+
 struct unary_params {
   uint32_t ne[4];
   uint32_t a_off, a_nb[4];
@@ -151,6 +161,18 @@ bool computes(const tensor& t) {
       const tensor* a = t.src[0];
       if (a == nullptr || !float_type(a->type) || !float_type(t.type) || !element_strides(*a) || !element_strides(t)) return false;
       return t.type == type::f32 || is_contiguous(t);  // a 16-bit destination is written a word at a time
+    }
+    case op::rope: {
+      const tensor* a = t.src[0];
+      const tensor* pos = t.src[1];
+      const tensor* ff = t.src[2];
+      const rope_params rp = rope_params_of(t);
+      if (a == nullptr || pos == nullptr || !f32_strides(*a) || !f32_strides(t) || !same_shape(t, *a)) return false;
+      if (pos->type != type::i32 || pos->nb[0] != 4) return false;
+      if (ff != nullptr && (ff->type != type::f32 || ff->nb[0] != 4)) return false;
+      // YaRN (ext_factor != 0) is not written yet.
+      return (rp.mode == rope_mode::normal || rp.mode == rope_mode::neox) && rp.ext_factor == 0.0f && rp.n_dims > 0 &&
+             rp.n_dims % 2 == 0 && rp.n_dims <= a->ne[0];
     }
     case op::set_rows: {
       const tensor* src = t.src[1];
@@ -375,6 +397,28 @@ void backend::record(tensor& node) {
       }
       const uint64_t units = p.d_type == 0 ? n : (n + 1) / 2;  // elements, or words of two
       dispatch("cpy", {a.buffer, d.buffer}, &p, sizeof p, (units + group_size - 1) / group_size);
+      return;
+    }
+    case op::rope: {
+      const rope_params rp = rope_params_of(node);
+      const f32_view pv = view_of(dev_, *node.src[1]);
+      rope_shader_params p{};
+      set_shape_a_d(p, ne, a, d);
+      p.p_off = pv.off;
+      VkBuffer ff_buffer = pv.buffer;  // bound but not read without freq_factors
+      if (node.src[2] != nullptr) {
+        const f32_view fv = view_of(dev_, *node.src[2]);
+        ff_buffer = fv.buffer;
+        p.f_off = fv.off;
+        p.has_ff = 1;
+      }
+      p.n_dims = static_cast<uint32_t>(rp.n_dims);
+      p.neox = rp.mode == rope_mode::neox ? 1 : 0;
+      p.theta_scale = std::pow(rp.freq_base, -2.0f / static_cast<float>(rp.n_dims));  // as the CPU computes it
+      p.freq_scale = rp.freq_scale;
+      p.attn_factor = rp.attn_factor;
+      const uint64_t units = static_cast<uint64_t>(nrows(node)) * static_cast<uint64_t>(rp.n_dims / 2 + (node.ne[0] - rp.n_dims));
+      dispatch("rope", {a.buffer, pv.buffer, ff_buffer, d.buffer}, &p, sizeof p, (units + group_size - 1) / group_size);
       return;
     }
     case op::set_rows: {

@@ -8,7 +8,7 @@
 // Ops so far: add, sub, mul, div (b broadcast over a), scale, silu, gelu, rms_norm, soft_max (f32 / f16
 // mask, ALiBi), swiglu / geglu on f32 of any strides;
 // get_rows of f32 / f16 / bf16 rows; cpy / cont between f32, f16 and bf16;
-// set_rows into f32 / f16 / bf16 rows;
+// set_rows into f32 / f16 / bf16 rows; rope (normal / neox, no YaRN yet);
 // mul_mat with f32 or f16 weights (rows contiguous) and f32 activations; views cost nothing. Descriptor sets come from a pool reset per graph (no allocation per node beyond it).
 #pragma once
 

@@ -13,7 +13,7 @@
 // so the graph allocator plans compute memory larger than that as several chunks.
 //
 // State: devices, buffers, transfers and the backend (vulkan_backend.h) with the element-wise ops; the
-// ops the model graphs need beyond them (quantized weights, rope) are not
+// ops the model graphs need beyond them (quantized weights, YaRN rope) are not
 // written yet, so the devices are not registered with the runtime's registry (models cannot use them).
 // See docs/architecture.md ("Vulkan").
 #pragma once
