@@ -49,7 +49,16 @@ class backend final : public backend_i {
   uint32_t descriptor_sets_ = 0;  // the pool's capacity
 };
 
-// Whether node t is one the backend computes (or a view, which costs nothing).
+// Whether node t is one the backend computes (or a view, which costs nothing). In vulkan_ops.cpp, with
+// backend::record.
 bool computes(const tensor& t);
+
+// Nodes that only reinterpret their source's memory: no work.
+inline bool is_layout_op(op o) {
+  return o == op::none || o == op::view || o == op::reshape || o == op::permute || o == op::transpose;
+}
+
+// local_size_x of every shader.
+inline constexpr uint32_t shader_group_size = 256;
 
 }  // namespace troupe::vulkan

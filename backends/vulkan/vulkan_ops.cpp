@@ -1,0 +1,442 @@
+// What the Vulkan backend computes (computes(), asked by device::supports_op) and how each node is recorded
+// (backend::record): the shader and its push constants, built from the node's tensors.
+#include <algorithm>
+#include <cmath>
+
+#include "backends/vulkan/vulkan_backend.h"
+#include "backends/vulkan/vulkan_buffer.h"
+#include "runtime/ops.h"
+
+namespace troupe::vulkan {
+
+namespace {
+
+bool f32_strides(const tensor& t) {
+  return t.type == type::f32 && std::all_of(t.nb.begin(), t.nb.end(), [](size_t nb) { return nb % 4 == 0; });
+}
+
+// Element offset and strides of a tensor in its Vulkan buffer (in elements of its type: 4 or 2 bytes).
+struct f32_view {
+  VkBuffer buffer = VK_NULL_HANDLE;
+  uint32_t off = 0;
+  uint32_t nb[4] = {};
+};
+
+f32_view view_of(const vulkan::device& dev, const tensor& t) {
+  const size_t es = type_size(t.type);
+  auto* b = dynamic_cast<vulkan::buffer*>(t.buffer);
+  if (b == nullptr || &b->type().device() != &dev) {
+    throw backend_error(std::string(dev.name()) + ": tensor " + describe(t) + " is not in this device's memory");
+  }
+  const size_t at = b->offset_of(t);
+  if (at % es != 0) throw backend_error(std::string(dev.name()) + ": tensor " + describe(t) + " is not aligned to its type");
+  f32_view v;
+  v.buffer = b->handle();
+  v.off = static_cast<uint32_t>(at / es);
+  for (int i = 0; i < 4; ++i) v.nb[i] = static_cast<uint32_t>(t.nb[static_cast<size_t>(i)] / es);
+  return v;
+}
+
+struct binary_params {
+  uint32_t ne[4];
+  uint32_t a_off, a_nb[4];
+  uint32_t b_ne[4];
+  uint32_t b_off, b_nb[4];
+  uint32_t d_off, d_nb[4];
+  uint32_t op;
+};
+
+struct mul_mat_params {
+  uint32_t m, n, k, ne2, ne3;
+  uint32_t a_off, a_nb1, a_nb2, a_nb3, a_ne2, a_ne3, a_f16;
+  uint32_t b_off, b_nb[4];
+  uint32_t d_off, d_nb1, d_nb2, d_nb3;
+};
+
+struct rms_norm_params {
+  uint32_t ne[4];
+  uint32_t a_off, a_nb[4];
+  uint32_t d_off, d_nb[4];
+  float eps;
+};
+
+struct soft_max_params {
+  uint32_t ne[4];
+  uint32_t a_off, a_nb[4];
+  uint32_t m_off, m_nb1, m_nb2, m_nb3;
+  uint32_t m_ne2, m_ne3, m_f16, has_mask;
+  uint32_t d_off, d_nb1, d_nb2, d_nb3;
+  float scale, max_bias, m0, m1;
+  uint32_t n_head_log2;
+};
+
+struct glu_params {
+  uint32_t ne[4];
+  uint32_t x_off, x_nb[4];
+  uint32_t g_off, g_nb[4];
+  uint32_t d_off, d_nb[4];
+  uint32_t kind;
+};
+
+struct get_rows_params {
+  uint32_t ne0, n, ne2;
+  uint32_t a_off, a_nb1, a_nb2, a_rows, a_type;
+  uint32_t i_off, i_nb0, i_nb1, i_64;
+  uint32_t d_off, d_nb1, d_nb2;
+};
+
+struct cpy_params {
+  uint32_t s_ne[4];
+  uint32_t s_off, s_nb[4];
+  uint32_t d_ne[4];
+  uint32_t d_off, d_nb[4];
+  uint32_t s_type, d_type, n;
+};
+
+// 0 f32, 1 f16, 2 bf16: the float types the copy shader converts between.
+uint32_t float_code(type t) { return t == type::f32 ? 0 : t == type::f16 ? 1 : 2; }
+bool float_type(type t) { return t == type::f32 || t == type::f16 || t == type::bf16; }
+bool element_strides(const tensor& t) {
+  const size_t es = type_size(t.type);
+  return std::all_of(t.nb.begin(), t.nb.end(), [es](size_t nb) { return nb % es == 0; });
+}
+
+struct set_rows_params {
+  uint32_t ne[4];
+  uint32_t s_off, s_nb[4];
+  uint32_t i_off, i_nb0, i_nb1, i_nb2, i_ne1, i_ne2, i_64;
+  uint32_t d_off, d_nb1, d_nb2, d_nb3, d_rows;
+  uint32_t d_type;
+};
+
+struct rope_shader_params {
+  uint32_t ne[4];
+  uint32_t a_off, a_nb[4];
+  uint32_t d_off, d_nb[4];
+  uint32_t p_off, f_off, has_ff;
+  uint32_t n_dims, neox;
+  float theta_scale, freq_scale, attn_factor;
+};
+
+struct unary_params {
+  uint32_t ne[4];
+  uint32_t a_off, a_nb[4];
+  uint32_t d_off, d_nb[4];
+  uint32_t op;
+  float s;
+  float bias;
+};
+
+// The shape, source a and destination fields every element-wise shader's parameters share.
+template <class Params>
+void set_shape_a_d(Params& p, const uint32_t (&ne)[4], const f32_view& a, const f32_view& d) {
+  std::copy(ne, ne + 4, p.ne);
+  p.a_off = a.off;
+  std::copy(a.nb, a.nb + 4, p.a_nb);
+  p.d_off = d.off;
+  std::copy(d.nb, d.nb + 4, p.d_nb);
+}
+
+}  // namespace
+
+bool computes(const tensor& t) {
+  if (is_layout_op(t.op)) return true;
+  switch (t.op) {
+    case op::add:
+    case op::sub:
+    case op::mul:
+    case op::div:
+      return f32_strides(t) && t.src[0] && t.src[1] && f32_strides(*t.src[0]) && f32_strides(*t.src[1]) &&
+             same_shape(t, *t.src[0]) && can_repeat(*t.src[1], *t.src[0]);
+    case op::scale:
+    case op::silu:
+    case op::gelu:
+    case op::rms_norm:
+      return f32_strides(t) && t.src[0] && f32_strides(*t.src[0]) && same_shape(t, *t.src[0]);
+    case op::cpy:
+    case op::cont: {
+      const tensor* a = t.src[0];
+      if (a == nullptr || !float_type(a->type) || !float_type(t.type) || !element_strides(*a) || !element_strides(t)) return false;
+      return t.type == type::f32 || is_contiguous(t);  // a 16-bit destination is written a word at a time
+    }
+    case op::rope: {
+      const tensor* a = t.src[0];
+      const tensor* pos = t.src[1];
+      const tensor* ff = t.src[2];
+      const rope_params rp = rope_params_of(t);
+      if (a == nullptr || pos == nullptr || !f32_strides(*a) || !f32_strides(t) || !same_shape(t, *a)) return false;
+      if (pos->type != type::i32 || pos->nb[0] != 4) return false;
+      if (ff != nullptr && (ff->type != type::f32 || ff->nb[0] != 4)) return false;
+      // YaRN (ext_factor != 0) is not written yet.
+      return (rp.mode == rope_mode::normal || rp.mode == rope_mode::neox) && rp.ext_factor == 0.0f && rp.n_dims > 0 &&
+             rp.n_dims % 2 == 0 && rp.n_dims <= a->ne[0];
+    }
+    case op::set_rows: {
+      const tensor* src = t.src[1];
+      const tensor* idx = t.src[2];
+      if (src == nullptr || idx == nullptr || !f32_strides(*src) || !float_type(t.type) || !element_strides(t)) return false;
+      if (idx->type != type::i32 && idx->type != type::i64) return false;
+      if (!element_strides(*idx) || t.nb[0] != type_size(t.type)) return false;
+      // 16-bit rows are written a word at a time: an even length, and rows that start on words.
+      return t.type == type::f32 ||
+             (t.ne[0] % 2 == 0 && std::all_of(t.nb.begin() + 1, t.nb.end(), [](size_t nb) { return nb % 4 == 0; }));
+    }
+    case op::get_rows: {
+      const tensor* a = t.src[0];
+      const tensor* idx = t.src[1];
+      if (a == nullptr || idx == nullptr || !f32_strides(t) || t.nb[0] != 4) return false;
+      if (a->type != type::f32 && a->type != type::f16 && a->type != type::bf16) return false;
+      if (idx->type != type::i32 && idx->type != type::i64) return false;
+      const size_t es = type_size(a->type);
+      const size_t is = type_size(idx->type);
+      return a->nb[0] == es && std::all_of(a->nb.begin(), a->nb.end(), [es](size_t nb) { return nb % es == 0; }) &&
+             std::all_of(idx->nb.begin(), idx->nb.end(), [is](size_t nb) { return nb % is == 0; });
+    }
+    case op::glu: {
+      const tensor* a = t.src[0];
+      const tensor* b = t.src[1];
+      const int32_t kind = t.param<int32_t>(0);
+      return a != nullptr && f32_strides(t) && f32_strides(*a) && (b == nullptr || f32_strides(*b)) && (kind == 0 || kind == 1);
+    }
+    case op::soft_max: {
+      const tensor* a = t.src[0];
+      const tensor* m = t.src[1];
+      if (a == nullptr || !f32_strides(*a) || !f32_strides(t) || t.nb[0] != 4 || !same_shape(t, *a)) return false;
+      if (m == nullptr) return true;
+      if (m->type != type::f32 && m->type != type::f16) return false;
+      const size_t es = type_size(m->type);
+      return m->nb[0] == es && std::all_of(m->nb.begin(), m->nb.end(), [es](size_t nb) { return nb % es == 0; });
+    }
+    case op::mul_mat: {
+      const tensor* a = t.src[0];
+      const tensor* b = t.src[1];
+      if (a == nullptr || b == nullptr || !f32_strides(t) || !f32_strides(*b)) return false;
+      if (a->type != type::f32 && a->type != type::f16) return false;
+      const size_t es = type_size(a->type);
+      return a->nb[0] == es && std::all_of(a->nb.begin(), a->nb.end(), [es](size_t nb) { return nb % es == 0; }) &&
+             t.nb[0] == 4;
+    }
+    default:
+      return false;
+  }
+}
+
+void backend::record(tensor& node) {
+  const f32_view a = view_of(dev_, *node.src[0]);
+  const f32_view d = view_of(dev_, node);
+  uint32_t ne[4];
+  for (int i = 0; i < 4; ++i) ne[i] = static_cast<uint32_t>(node.ne[static_cast<size_t>(i)]);
+  const uint64_t n = static_cast<uint64_t>(nelements(node));
+  const uint64_t per_element = (n + shader_group_size - 1) / shader_group_size;
+  switch (node.op) {
+    case op::add:
+    case op::sub:
+    case op::mul:
+    case op::div: {
+      const f32_view b = view_of(dev_, *node.src[1]);
+      binary_params p{};
+      set_shape_a_d(p, ne, a, d);
+      for (int i = 0; i < 4; ++i) p.b_ne[i] = static_cast<uint32_t>(node.src[1]->ne[static_cast<size_t>(i)]);
+      p.b_off = b.off;
+      std::copy(b.nb, b.nb + 4, p.b_nb);
+      p.op = node.op == op::add ? 0 : node.op == op::sub ? 1 : node.op == op::mul ? 2 : 3;
+      dispatch("binary", {a.buffer, b.buffer, d.buffer}, &p, sizeof p, per_element);
+      return;
+    }
+    case op::mul_mat: {
+      const tensor& ta = *node.src[0];
+      const f32_view b = view_of(dev_, *node.src[1]);
+      mul_mat_params p{};
+      p.m = ne[0];
+      p.n = ne[1];
+      p.k = static_cast<uint32_t>(ta.ne[0]);
+      p.ne2 = ne[2];
+      p.ne3 = ne[3];
+      p.a_off = a.off;
+      p.a_nb1 = a.nb[1];
+      p.a_nb2 = a.nb[2];
+      p.a_nb3 = a.nb[3];
+      p.a_ne2 = static_cast<uint32_t>(ta.ne[2]);
+      p.a_ne3 = static_cast<uint32_t>(ta.ne[3]);
+      p.a_f16 = ta.type == type::f16 ? 1 : 0;
+      p.b_off = b.off;
+      std::copy(b.nb, b.nb + 4, p.b_nb);
+      p.d_off = d.off;
+      p.d_nb1 = d.nb[1];
+      p.d_nb2 = d.nb[2];
+      p.d_nb3 = d.nb[3];
+      dispatch("mul_mat", {a.buffer, b.buffer, d.buffer}, &p, sizeof p, per_element);
+      return;
+    }
+    case op::rms_norm: {
+      rms_norm_params p{};
+      set_shape_a_d(p, ne, a, d);
+      p.eps = node.param<float>(0);
+      dispatch("rms_norm", {a.buffer, d.buffer}, &p, sizeof p, static_cast<uint64_t>(nrows(node)));  // a workgroup per row
+      return;
+    }
+    case op::cpy:
+    case op::cont: {
+      const tensor& ts = *node.src[0];
+      cpy_params p{};
+      for (int i = 0; i < 4; ++i) p.s_ne[i] = static_cast<uint32_t>(ts.ne[static_cast<size_t>(i)]);
+      p.s_off = a.off;
+      std::copy(a.nb, a.nb + 4, p.s_nb);
+      std::copy(ne, ne + 4, p.d_ne);
+      p.d_off = d.off;
+      std::copy(d.nb, d.nb + 4, p.d_nb);
+      p.s_type = float_code(ts.type);
+      p.d_type = float_code(node.type);
+      p.n = static_cast<uint32_t>(n);
+      if (p.d_type != 0 && p.d_off % 2 != 0) {
+        throw backend_error(std::string(dev_.name()) + ": " + describe(node) + ": a 16-bit copy destination must start on a 4-byte boundary");
+      }
+      const uint64_t units = p.d_type == 0 ? n : (n + 1) / 2;  // elements, or words of two
+      dispatch("cpy", {a.buffer, d.buffer}, &p, sizeof p, (units + shader_group_size - 1) / shader_group_size);
+      return;
+    }
+    case op::rope: {
+      const rope_params rp = rope_params_of(node);
+      const f32_view pv = view_of(dev_, *node.src[1]);
+      rope_shader_params p{};
+      set_shape_a_d(p, ne, a, d);
+      p.p_off = pv.off;
+      VkBuffer ff_buffer = pv.buffer;  // bound but not read without freq_factors
+      if (node.src[2] != nullptr) {
+        const f32_view fv = view_of(dev_, *node.src[2]);
+        ff_buffer = fv.buffer;
+        p.f_off = fv.off;
+        p.has_ff = 1;
+      }
+      p.n_dims = static_cast<uint32_t>(rp.n_dims);
+      p.neox = rp.mode == rope_mode::neox ? 1 : 0;
+      p.theta_scale = std::pow(rp.freq_base, -2.0f / static_cast<float>(rp.n_dims));  // as the CPU computes it
+      p.freq_scale = rp.freq_scale;
+      p.attn_factor = rp.attn_factor;
+      const uint64_t units = static_cast<uint64_t>(nrows(node)) * static_cast<uint64_t>(rp.n_dims / 2 + (node.ne[0] - rp.n_dims));
+      dispatch("rope", {a.buffer, pv.buffer, ff_buffer, d.buffer}, &p, sizeof p, (units + shader_group_size - 1) / shader_group_size);
+      return;
+    }
+    case op::set_rows: {
+      const tensor& ts = *node.src[1];
+      const tensor& ti = *node.src[2];
+      const f32_view sv = view_of(dev_, ts);
+      const f32_view iv = view_of(dev_, ti);
+      set_rows_params p{};
+      for (int i = 0; i < 4; ++i) p.ne[i] = static_cast<uint32_t>(ts.ne[static_cast<size_t>(i)]);
+      p.s_off = sv.off;
+      std::copy(sv.nb, sv.nb + 4, p.s_nb);
+      p.i_off = iv.off;
+      p.i_nb0 = iv.nb[0];
+      p.i_nb1 = iv.nb[1];
+      p.i_nb2 = iv.nb[2];
+      p.i_ne1 = static_cast<uint32_t>(ti.ne[1]);
+      p.i_ne2 = static_cast<uint32_t>(ti.ne[2]);
+      p.i_64 = ti.type == type::i64 ? 1 : 0;
+      p.d_off = d.off;
+      p.d_nb1 = d.nb[1];
+      p.d_nb2 = d.nb[2];
+      p.d_nb3 = d.nb[3];
+      p.d_rows = ne[1];
+      p.d_type = float_code(node.type);
+      if (p.d_type != 0 && p.d_off % 2 != 0) {
+        throw backend_error(std::string(dev_.name()) + ": " + describe(node) + ": 16-bit rows must start on a 4-byte boundary");
+      }
+      const uint64_t units = static_cast<uint64_t>(nelements(ts)) / (p.d_type == 0 ? 1 : 2);
+      dispatch("set_rows", {sv.buffer, iv.buffer, d.buffer}, &p, sizeof p, (units + shader_group_size - 1) / shader_group_size);
+      return;
+    }
+    case op::get_rows: {
+      const tensor& ta = *node.src[0];
+      const tensor& ti = *node.src[1];
+      const f32_view iv = view_of(dev_, ti);
+      get_rows_params p{};
+      p.ne0 = ne[0];
+      p.n = ne[1];
+      p.ne2 = ne[2];
+      p.a_off = a.off;
+      p.a_nb1 = a.nb[1];
+      p.a_nb2 = a.nb[2];
+      p.a_rows = static_cast<uint32_t>(ta.ne[1]);
+      p.a_type = ta.type == type::f32 ? 0 : ta.type == type::f16 ? 1 : 2;
+      p.i_off = iv.off;
+      p.i_nb0 = iv.nb[0];
+      p.i_nb1 = iv.nb[1];
+      p.i_64 = ti.type == type::i64 ? 1 : 0;
+      p.d_off = d.off;
+      p.d_nb1 = d.nb[1];
+      p.d_nb2 = d.nb[2];
+      dispatch("get_rows", {a.buffer, iv.buffer, d.buffer}, &p, sizeof p, per_element);
+      return;
+    }
+    case op::glu: {
+      // x and g: a and b (swapped: b and a), or the two halves of a's rows ([x | g]; swapped: [g | x]).
+      const bool swapped = node.param<int32_t>(1) != 0;
+      f32_view x = a;
+      f32_view g = a;
+      if (node.src[1] != nullptr) {
+        (swapped ? x : g) = view_of(dev_, *node.src[1]);
+      } else {
+        (swapped ? x : g).off += ne[0] * a.nb[0];
+      }
+      glu_params p{};
+      std::copy(ne, ne + 4, p.ne);
+      p.x_off = x.off;
+      std::copy(x.nb, x.nb + 4, p.x_nb);
+      p.g_off = g.off;
+      std::copy(g.nb, g.nb + 4, p.g_nb);
+      p.d_off = d.off;
+      std::copy(d.nb, d.nb + 4, p.d_nb);
+      p.kind = static_cast<uint32_t>(node.param<int32_t>(0));
+      dispatch("glu", {x.buffer, g.buffer, d.buffer}, &p, sizeof p, per_element);
+      return;
+    }
+    case op::soft_max: {
+      const tensor* m = node.src[1];
+      soft_max_params p{};
+      std::copy(ne, ne + 4, p.ne);
+      p.a_off = a.off;
+      std::copy(a.nb, a.nb + 4, p.a_nb);
+      VkBuffer mask_buffer = d.buffer;  // bound but not read when there is no mask
+      p.m_ne2 = p.m_ne3 = 1;
+      if (m != nullptr) {
+        const f32_view mv = view_of(dev_, *m);
+        mask_buffer = mv.buffer;
+        p.m_off = mv.off;
+        p.m_nb1 = mv.nb[1];
+        p.m_nb2 = mv.nb[2];
+        p.m_nb3 = mv.nb[3];
+        p.m_ne2 = static_cast<uint32_t>(m->ne[2]);
+        p.m_ne3 = static_cast<uint32_t>(m->ne[3]);
+        p.m_f16 = m->type == type::f16 ? 1 : 0;
+        p.has_mask = 1;
+      }
+      p.d_off = d.off;
+      p.d_nb1 = d.nb[1];
+      p.d_nb2 = d.nb[2];
+      p.d_nb3 = d.nb[3];
+      p.scale = node.param<float>(0);
+      p.max_bias = node.param<float>(1);
+      // The ALiBi slopes' bases, as the CPU computes them.
+      const auto n_head = static_cast<uint32_t>(node.src[0]->ne[2]);
+      p.n_head_log2 = 1u << static_cast<uint32_t>(std::floor(std::log2(static_cast<float>(n_head))));
+      p.m0 = std::pow(2.0f, -p.max_bias / static_cast<float>(p.n_head_log2));
+      p.m1 = std::pow(2.0f, -(p.max_bias / 2.0f) / static_cast<float>(p.n_head_log2));
+      dispatch("soft_max", {a.buffer, mask_buffer, d.buffer}, &p, sizeof p, static_cast<uint64_t>(nrows(node)));
+      return;
+    }
+    default: {
+      unary_params p{};
+      set_shape_a_d(p, ne, a, d);
+      p.op = node.op == op::scale ? 0 : node.op == op::silu ? 1 : 2;
+      if (node.op == op::scale) {
+        p.s = node.param<float>(0);
+        p.bias = node.param<float>(1);
+      }
+      dispatch("unary", {a.buffer, d.buffer}, &p, sizeof p, per_element);
+      return;
+    }
+  }
+}
+
+}  // namespace troupe::vulkan
