@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-
 namespace troupe::vulkan {
 
 backend::backend(vulkan::device& dev) : dev_(dev) {
