@@ -13,22 +13,33 @@ using config_toml::get;
 
 namespace {
 
+// Each table of the array parent[key] (absent: none), given to read(table); anything else there is an error
+// naming `what` ("[[peer]]", "model.devices") and the shape of its tables ("{device, layers}", or none).
+template <class F>
+void for_each_table(const toml::table& parent, const char* key, const std::string& what, const std::string& shape,
+                    const std::string& source, F read) {
+  const toml::node* n = parent.get(key);
+  if (n == nullptr) return;
+  const std::string wrong = what + " must be an array of " + (shape.empty() ? "" : shape + " ") + "tables";
+  const toml::array* a = n->as_array();
+  if (a == nullptr) fail(source, wrong, n->source());
+  for (const toml::node& e : *a) {
+    const toml::table* t = e.as_table();
+    if (t == nullptr) fail(source, wrong, e.source());
+    read(*t);
+  }
+}
+
 // [[peer]] tables: name, address = "host:port", key_file, tls, tls_ca, busy_poll_us.
 void parse_peers(const toml::table& root, runtime_config& c, const std::string& source) {
-  const toml::node* pn = root.get("peer");
-  if (pn == nullptr) return;
-  const toml::array* peers = pn->as_array();
-  if (peers == nullptr) fail(source, "[[peer]] must be an array of tables", pn->source());
-  for (const toml::node& node : *peers) {
-    const toml::table* t = node.as_table();
-    if (t == nullptr) fail(source, "[[peer]] must be an array of tables", node.source());
-    check_keys(*t, {"name", "address", "key_file", "tls", "tls_ca", "busy_poll_us"}, "[[peer]]", source);
+  for_each_table(root, "peer", "[[peer]]", "", source, [&](const toml::table& t) {
+    check_keys(t, {"name", "address", "key_file", "tls", "tls_ca", "busy_poll_us"}, "[[peer]]", source);
     peer_config p;
-    p.name = get<std::string>(*t, "name", "", "peer", source);
-    const std::string address = get<std::string>(*t, "address", "", "peer", source);
-    if (p.name.empty() || address.empty()) fail(source, "a [[peer]] needs a name and an address (host:port)", t->source());
+    p.name = get<std::string>(t, "name", "", "peer", source);
+    const std::string address = get<std::string>(t, "address", "", "peer", source);
+    if (p.name.empty() || address.empty()) fail(source, "a [[peer]] needs a name and an address (host:port)", t.source());
     for (const peer_config& q : c.peers) {
-      if (q.name == p.name) fail(source, "peer '" + p.name + "' is configured twice", t->source());
+      if (q.name == p.name) fail(source, "peer '" + p.name + "' is configured twice", t.source());
     }
     // host:port, or [v6 address]:port
     std::string host;
@@ -48,31 +59,16 @@ void parse_peers(const toml::table& root, runtime_config& c, const std::string& 
     if (digits) n = std::stoul(port);
     if (host.empty() || !digits || n == 0 || n > 65535) {
       fail(source, "peer.address must be host:port (\"[::1]:50052\" for IPv6), not \"" + address + "\"",
-           t->get("address")->source());
+           t.get("address")->source());
     }
     p.host = host;
     p.port = static_cast<uint16_t>(n);
-    p.key_file = get<std::string>(*t, "key_file", "", "peer", source);
-    p.tls = get<bool>(*t, "tls", false, "peer", source);
-    p.tls_ca = get<std::string>(*t, "tls_ca", "", "peer", source);
-    p.busy_poll_us = get<uint32_t>(*t, "busy_poll_us", p.busy_poll_us, "peer", source);
+    p.key_file = get<std::string>(t, "key_file", "", "peer", source);
+    p.tls = get<bool>(t, "tls", false, "peer", source);
+    p.tls_ca = get<std::string>(t, "tls_ca", "", "peer", source);
+    p.busy_poll_us = get<uint32_t>(t, "busy_poll_us", p.busy_poll_us, "peer", source);
     c.peers.push_back(std::move(p));
-  }
-}
-
-// An array of {a, b} tables: each checked for its keys, read by `read`.
-template <class F>
-void parse_tables(const toml::table& t, const char* key, const std::string& shape, const std::string& source, F read) {
-  const toml::node* n = t.get(key);
-  if (n == nullptr) return;
-  const std::string what = std::string("model.") + key;
-  const toml::array* a = n->as_array();
-  if (a == nullptr) fail(source, what + " must be an array of " + shape + " tables", n->source());
-  for (const toml::node& e : *a) {
-    const toml::table* et = e.as_table();
-    if (et == nullptr) fail(source, what + " must be an array of " + shape + " tables", e.source());
-    read(*et, what);
-  }
+  });
 }
 
 // A [[model]] table: the model_settings fields (n_threads is `threads`), validated by model_settings with
@@ -94,13 +90,15 @@ model_settings parse_model(const toml::table& t, const std::string& source) {
   m.n_ctx_seq = get<uint32_t>(t, "n_ctx_seq", m.n_ctx_seq, "model", source);
   m.kv_type = get<std::string>(t, "kv_type", m.kv_type, "model", source);
   m.chat_template = get<std::string>(t, "chat_template", m.chat_template, "model", source);
-  parse_tables(t, "overrides", "{pattern, device}", source, [&](const toml::table& ot, const std::string& where) {
-    check_keys(ot, {"pattern", "device"}, where, source);
-    m.overrides.push_back({get<std::string>(ot, "pattern", "", where, source), get<std::string>(ot, "device", "", where, source)});
+  const std::string overrides = "model.overrides";
+  for_each_table(t, "overrides", overrides, "{pattern, device}", source, [&](const toml::table& ot) {
+    check_keys(ot, {"pattern", "device"}, overrides, source);
+    m.overrides.push_back({get<std::string>(ot, "pattern", "", overrides, source), get<std::string>(ot, "device", "", overrides, source)});
   });
-  parse_tables(t, "devices", "{device, layers}", source, [&](const toml::table& dt, const std::string& where) {
-    check_keys(dt, {"device", "layers"}, where, source);
-    m.devices.push_back({get<std::string>(dt, "device", "", where, source), get<int32_t>(dt, "layers", 0, where, source)});
+  const std::string devices = "model.devices";
+  for_each_table(t, "devices", devices, "{device, layers}", source, [&](const toml::table& dt) {
+    check_keys(dt, {"device", "layers"}, devices, source);
+    m.devices.push_back({get<std::string>(dt, "device", "", devices, source), get<int32_t>(dt, "layers", 0, devices, source)});
   });
   if (m.name.empty() || m.path.empty()) fail(source, "a [[model]] needs a name and a path", t.source());
   try {
@@ -155,15 +153,7 @@ runtime_config parse_runtime_config(std::string_view text, const std::string& so
     c.dispatch_splits = get<bool>(*r, "dispatch_splits", c.dispatch_splits, "runtime", source);
     c.reload_on_peer_reconnect = get<bool>(*r, "reload_on_peer_reconnect", c.reload_on_peer_reconnect, "runtime", source);
   }
-  if (const toml::node* mn = root.get("model")) {
-    const toml::array* models = mn->as_array();
-    if (models == nullptr) fail(source, "[[model]] must be an array of tables", mn->source());
-    for (const toml::node& node : *models) {
-      const toml::table* t = node.as_table();
-      if (t == nullptr) fail(source, "[[model]] must be an array of tables", node.source());
-      c.models.push_back(parse_model(*t, source));
-    }
-  }
+  for_each_table(root, "model", "[[model]]", "", source, [&](const toml::table& t) { c.models.push_back(parse_model(t, source)); });
   parse_peers(root, c, source);
   return c;
 }
