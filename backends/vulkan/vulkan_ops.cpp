@@ -127,6 +127,14 @@ struct unary_params {
   float bias;
 };
 
+// A tensor's four dimensions, as the shaders take them.
+void dims_of(const tensor& t, uint32_t (&out)[4]) {
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<uint32_t>(t.ne[static_cast<size_t>(i)]);
+}
+
+// Workgroups for one invocation per unit (element, pair, word).
+uint64_t groups_for(uint64_t units) { return (units + shader_group_size - 1) / shader_group_size; }
+
 // The shape, source a and destination fields every element-wise shader's parameters share.
 template <class Params>
 void set_shape_a_d(Params& p, const uint32_t (&ne)[4], const f32_view& a, const f32_view& d) {
@@ -225,9 +233,9 @@ void backend::record(tensor& node) {
   const f32_view a = view_of(dev_, *node.src[0]);
   const f32_view d = view_of(dev_, node);
   uint32_t ne[4];
-  for (int i = 0; i < 4; ++i) ne[i] = static_cast<uint32_t>(node.ne[static_cast<size_t>(i)]);
+  dims_of(node, ne);
   const uint64_t n = static_cast<uint64_t>(nelements(node));
-  const uint64_t per_element = (n + shader_group_size - 1) / shader_group_size;
+  const uint64_t per_element = groups_for(n);
   switch (node.op) {
     case op::add:
     case op::sub:
@@ -236,7 +244,7 @@ void backend::record(tensor& node) {
       const f32_view b = view_of(dev_, *node.src[1]);
       binary_params p{};
       set_shape_a_d(p, ne, a, d);
-      for (int i = 0; i < 4; ++i) p.b_ne[i] = static_cast<uint32_t>(node.src[1]->ne[static_cast<size_t>(i)]);
+      dims_of(*node.src[1], p.b_ne);
       p.b_off = b.off;
       std::copy(b.nb, b.nb + 4, p.b_nb);
       p.op = node.op == op::add ? 0 : node.op == op::sub ? 1 : node.op == op::mul ? 2 : 3;
@@ -279,7 +287,7 @@ void backend::record(tensor& node) {
     case op::cont: {
       const tensor& ts = *node.src[0];
       cpy_params p{};
-      for (int i = 0; i < 4; ++i) p.s_ne[i] = static_cast<uint32_t>(ts.ne[static_cast<size_t>(i)]);
+      dims_of(ts, p.s_ne);
       p.s_off = a.off;
       std::copy(a.nb, a.nb + 4, p.s_nb);
       std::copy(ne, ne + 4, p.d_ne);
@@ -292,7 +300,7 @@ void backend::record(tensor& node) {
         throw backend_error(std::string(dev_.name()) + ": " + describe(node) + ": a 16-bit copy destination must start on a 4-byte boundary");
       }
       const uint64_t units = p.d_type == 0 ? n : (n + 1) / 2;  // elements, or words of two
-      dispatch("cpy", {a.buffer, d.buffer}, &p, sizeof p, (units + shader_group_size - 1) / shader_group_size);
+      dispatch("cpy", {a.buffer, d.buffer}, &p, sizeof p, groups_for(units));
       return;
     }
     case op::rope: {
@@ -314,7 +322,7 @@ void backend::record(tensor& node) {
       p.freq_scale = rp.freq_scale;
       p.attn_factor = rp.attn_factor;
       const uint64_t units = static_cast<uint64_t>(nrows(node)) * static_cast<uint64_t>(rp.n_dims / 2 + (node.ne[0] - rp.n_dims));
-      dispatch("rope", {a.buffer, pv.buffer, ff_buffer, d.buffer}, &p, sizeof p, (units + shader_group_size - 1) / shader_group_size);
+      dispatch("rope", {a.buffer, pv.buffer, ff_buffer, d.buffer}, &p, sizeof p, groups_for(units));
       return;
     }
     case op::set_rows: {
@@ -323,7 +331,7 @@ void backend::record(tensor& node) {
       const f32_view sv = view_of(dev_, ts);
       const f32_view iv = view_of(dev_, ti);
       set_rows_params p{};
-      for (int i = 0; i < 4; ++i) p.ne[i] = static_cast<uint32_t>(ts.ne[static_cast<size_t>(i)]);
+      dims_of(ts, p.ne);
       p.s_off = sv.off;
       std::copy(sv.nb, sv.nb + 4, p.s_nb);
       p.i_off = iv.off;
@@ -343,7 +351,7 @@ void backend::record(tensor& node) {
         throw backend_error(std::string(dev_.name()) + ": " + describe(node) + ": 16-bit rows must start on a 4-byte boundary");
       }
       const uint64_t units = static_cast<uint64_t>(nelements(ts)) / (p.d_type == 0 ? 1 : 2);
-      dispatch("set_rows", {sv.buffer, iv.buffer, d.buffer}, &p, sizeof p, (units + shader_group_size - 1) / shader_group_size);
+      dispatch("set_rows", {sv.buffer, iv.buffer, d.buffer}, &p, sizeof p, groups_for(units));
       return;
     }
     case op::get_rows: {

@@ -4,6 +4,8 @@
 
 layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 
+#include "common.glsl"
+
 layout(std430, set = 0, binding = 0) readonly buffer A { float a[]; };
 layout(std430, set = 0, binding = 1) readonly buffer B { float b[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer D { float d[]; };
@@ -19,14 +21,10 @@ layout(push_constant) uniform params {
 } p;
 
 void main() {
-  const uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+  const uint i = invocation_index();
   if (i >= p.ne0 * p.ne1 * p.ne2 * p.ne3) return;
-  const uint i0 = i % p.ne0;
-  uint r = i / p.ne0;
-  const uint i1 = r % p.ne1;
-  r /= p.ne1;
-  const uint i2 = r % p.ne2;
-  const uint i3 = r / p.ne2;
+  const uvec4 c = unravel(i, p.ne0, p.ne1, p.ne2);
+  const uint i0 = c.x, i1 = c.y, i2 = c.z, i3 = c.w;
   const float x = a[p.a_off + i0 * p.a_nb0 + i1 * p.a_nb1 + i2 * p.a_nb2 + i3 * p.a_nb3];
   const float y = b[p.b_off + (i0 % p.b_ne0) * p.b_nb0 + (i1 % p.b_ne1) * p.b_nb1 + (i2 % p.b_ne2) * p.b_nb2 +
                     (i3 % p.b_ne3) * p.b_nb3];

@@ -6,6 +6,8 @@
 
 layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 
+#include "common.glsl"
+
 layout(std430, set = 0, binding = 0) readonly buffer S { uint s[]; };
 layout(std430, set = 0, binding = 1) buffer D { uint d[]; };
 
@@ -18,38 +20,19 @@ layout(push_constant) uniform params {
   uint s_type, d_type, n;
 } p;
 
-float load16(uint e, uint type) {
-  const uint w = s[e >> 1];
-  const uint h = (e & 1u) != 0u ? (w >> 16) : (w & 0xffffu);
-  return type == 1u ? unpackHalf2x16(h).x : uintBitsToFloat(h << 16);
-}
-
 // Source element number i (in the source's element order).
 float source(uint i) {
-  const uint i0 = i % p.s_ne0;
-  uint r = i / p.s_ne0;
-  const uint i1 = r % p.s_ne1;
-  r /= p.s_ne1;
-  const uint e = p.s_off + i0 * p.s_nb0 + i1 * p.s_nb1 + (r % p.s_ne2) * p.s_nb2 + (r / p.s_ne2) * p.s_nb3;
-  return p.s_type == 0u ? uintBitsToFloat(s[e]) : load16(e, p.s_type);
-}
-
-uint to16(float x, uint type) {
-  if (type == 1u) return packHalf2x16(vec2(x, 0.0f)) & 0xffffu;
-  const uint b = floatBitsToUint(x);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return (b >> 16) | 0x40u;  // NaN stays a (quiet) NaN
-  return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;                  // round to nearest even
+  const uvec4 c = unravel(i, p.s_ne0, p.s_ne1, p.s_ne2);
+  const uint e = p.s_off + c.x * p.s_nb0 + c.y * p.s_nb1 + c.z * p.s_nb2 + c.w * p.s_nb3;
+  return p.s_type == 0u ? uintBitsToFloat(s[e]) : from16(s[e >> 1], (e & 1u) != 0u, p.s_type);
 }
 
 void main() {
-  const uint t = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+  const uint t = invocation_index();
   if (p.d_type == 0u) {
     if (t >= p.n) return;
-    const uint i0 = t % p.d_ne0;
-    uint r = t / p.d_ne0;
-    const uint i1 = r % p.d_ne1;
-    r /= p.d_ne1;
-    d[p.d_off + i0 * p.d_nb0 + i1 * p.d_nb1 + (r % p.d_ne2) * p.d_nb2 + (r / p.d_ne2) * p.d_nb3] = floatBitsToUint(source(t));
+    const uvec4 c = unravel(t, p.d_ne0, p.d_ne1, p.d_ne2);
+    d[p.d_off + c.x * p.d_nb0 + c.y * p.d_nb1 + c.z * p.d_nb2 + c.w * p.d_nb3] = floatBitsToUint(source(t));
     return;
   }
   const uint first = 2u * t;  // the word's first element

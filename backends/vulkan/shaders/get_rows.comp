@@ -5,6 +5,8 @@
 
 layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 
+#include "common.glsl"
+
 layout(std430, set = 0, binding = 0) readonly buffer A { uint a[]; };    // f32 bits, or two 16-bit values per word
 layout(std430, set = 0, binding = 1) readonly buffer I { uint idx[]; };  // i32, or i64 as two words (low first)
 layout(std430, set = 0, binding = 2) writeonly buffer D { float d[]; };
@@ -16,16 +18,10 @@ layout(push_constant) uniform params {
   uint d_off, d_nb1, d_nb2;
 } p;
 
-float load_a(uint e) {
-  if (p.a_type == 0u) return uintBitsToFloat(a[e]);
-  const uint w = a[e >> 1];
-  const uint h = (e & 1u) != 0u ? (w >> 16) : (w & 0xffffu);
-  if (p.a_type == 1u) return unpackHalf2x16(h).x;
-  return uintBitsToFloat(h << 16);  // bf16: the high half of an f32
-}
+float load_a(uint e) { return p.a_type == 0u ? uintBitsToFloat(a[e]) : from16(a[e >> 1], (e & 1u) != 0u, p.a_type); }
 
 void main() {
-  const uint e = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+  const uint e = invocation_index();
   if (e >= p.ne0 * p.n * p.ne2) return;
   const uint i0 = e % p.ne0;
   const uint j = (e / p.ne0) % p.n;

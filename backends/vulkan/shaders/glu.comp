@@ -4,6 +4,8 @@
 
 layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 
+#include "common.glsl"
+
 layout(std430, set = 0, binding = 0) readonly buffer X { float x[]; };
 layout(std430, set = 0, binding = 1) readonly buffer G { float g[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer D { float d[]; };
@@ -16,26 +18,13 @@ layout(push_constant) uniform params {
   uint kind;  // 0 swiglu, 1 geglu
 } p;
 
-const float sqrt_2_over_pi = 0.79788456080286535587989211986876f;
-const float gelu_coef_a = 0.044715f;
-
 void main() {
-  const uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+  const uint i = invocation_index();
   if (i >= p.ne0 * p.ne1 * p.ne2 * p.ne3) return;
-  const uint i0 = i % p.ne0;
-  uint r = i / p.ne0;
-  const uint i1 = r % p.ne1;
-  r /= p.ne1;
-  const uint i2 = r % p.ne2;
-  const uint i3 = r / p.ne2;
+  const uvec4 c = unravel(i, p.ne0, p.ne1, p.ne2);
+  const uint i0 = c.x, i1 = c.y, i2 = c.z, i3 = c.w;
   const float v = x[p.x_off + i0 * p.x_nb0 + i1 * p.x_nb1 + i2 * p.x_nb2 + i3 * p.x_nb3];
   const float w = g[p.g_off + i0 * p.g_nb0 + i1 * p.g_nb1 + i2 * p.g_nb2 + i3 * p.g_nb3];
-  precise float a;
-  if (p.kind == 0u) {
-    a = v / (1.0f + exp(-v));
-  } else {
-    const float u = clamp(sqrt_2_over_pi * v * (1.0f + gelu_coef_a * v * v), -10.0f, 10.0f);
-    a = 0.5f * v * (1.0f + tanh(u));
-  }
+  const float a = p.kind == 0u ? silu(v) : gelu(v);
   d[p.d_off + i0 * p.d_nb0 + i1 * p.d_nb1 + i2 * p.d_nb2 + i3 * p.d_nb3] = a * w;
 }

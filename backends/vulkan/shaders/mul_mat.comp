@@ -5,6 +5,8 @@
 
 layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 
+#include "common.glsl"
+
 layout(std430, set = 0, binding = 0) readonly buffer A { uint a[]; };  // f32 bits, or two f16 per word
 layout(std430, set = 0, binding = 1) readonly buffer B { float b[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer D { float d[]; };
@@ -18,15 +20,11 @@ layout(push_constant) uniform params {
 } p;
 
 float load_a(uint e) {
-  if (p.a_f16 != 0u) {
-    const vec2 h = unpackHalf2x16(a[e >> 1]);
-    return (e & 1u) != 0u ? h.y : h.x;
-  }
-  return uintBitsToFloat(a[e]);
+  return p.a_f16 != 0u ? from16(a[e >> 1], (e & 1u) != 0u, 1u) : uintBitsToFloat(a[e]);
 }
 
 void main() {
-  const uint idx = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+  const uint idx = invocation_index();
   if (idx >= p.m * p.n * p.ne2 * p.ne3) return;
   const uint i = idx % p.m;
   uint r = idx / p.m;

@@ -7,6 +7,8 @@
 
 layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 
+#include "common.glsl"
+
 layout(std430, set = 0, binding = 0) readonly buffer A { float a[]; };
 layout(std430, set = 0, binding = 1) readonly buffer P { int pos[]; };
 layout(std430, set = 0, binding = 2) readonly buffer F { float ff[]; };
@@ -22,7 +24,7 @@ layout(push_constant) uniform params {
 } p;
 
 void main() {
-  const uint t = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+  const uint t = invocation_index();
   const uint half_dims = p.n_dims / 2u;
   const uint per_row = half_dims + (p.ne0 - p.n_dims);
   if (t >= per_row * p.ne1 * p.ne2 * p.ne3) return;

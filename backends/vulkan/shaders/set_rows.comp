@@ -6,6 +6,8 @@
 
 layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 
+#include "common.glsl"
+
 layout(std430, set = 0, binding = 0) readonly buffer S { float s[]; };
 layout(std430, set = 0, binding = 1) readonly buffer I { uint idx[]; };  // i32, or i64 as two words (low first)
 layout(std430, set = 0, binding = 2) buffer D { uint d[]; };
@@ -18,15 +20,8 @@ layout(push_constant) uniform params {
   uint d_type;  // 0 f32, 1 f16, 2 bf16
 } p;
 
-uint to16(float x) {
-  if (p.d_type == 1u) return packHalf2x16(vec2(x, 0.0f)) & 0xffffu;
-  const uint b = floatBitsToUint(x);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return (b >> 16) | 0x40u;  // NaN stays a (quiet) NaN
-  return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;                  // round to nearest even
-}
-
 void main() {
-  const uint t = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+  const uint t = invocation_index();
   const uint per_row = p.d_type == 0u ? p.ne0 : p.ne0 / 2u;  // elements, or words of two
   if (t >= per_row * p.n * p.ne2 * p.ne3) return;
   const uint c = t % per_row;
@@ -44,7 +39,7 @@ void main() {
     d[d_row + c] = floatBitsToUint(s[s_row + c * p.s_nb0]);
     return;
   }
-  const uint lo = to16(s[s_row + 2u * c * p.s_nb0]);
-  const uint hi = to16(s[s_row + (2u * c + 1u) * p.s_nb0]);
+  const uint lo = to16(s[s_row + 2u * c * p.s_nb0], p.d_type);
+  const uint hi = to16(s[s_row + (2u * c + 1u) * p.s_nb0], p.d_type);
   d[(d_row >> 1) + c] = lo | (hi << 16);
 }

@@ -6,6 +6,8 @@
 
 layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 
+#include "common.glsl"
+
 layout(std430, set = 0, binding = 0) readonly buffer A { float a[]; };
 layout(std430, set = 0, binding = 1) readonly buffer M { uint mask[]; };  // f32 bits, or two f16 per word
 layout(std430, set = 0, binding = 2) buffer D { float d[]; };
@@ -23,11 +25,7 @@ layout(push_constant) uniform params {
 shared float red[256];
 
 float load_mask(uint e) {
-  if (p.m_f16 != 0u) {
-    const vec2 h = unpackHalf2x16(mask[e >> 1]);
-    return (e & 1u) != 0u ? h.y : h.x;
-  }
-  return uintBitsToFloat(mask[e]);
+  return p.m_f16 != 0u ? from16(mask[e >> 1], (e & 1u) != 0u, 1u) : uintBitsToFloat(mask[e]);
 }
 
 void main() {
