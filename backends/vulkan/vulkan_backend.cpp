@@ -33,10 +33,10 @@ backend::~backend() {
 void backend::reserve_descriptors(uint32_t sets) {
   const VkDevice d = dev_.handle();
   if (sets > descriptor_sets_) {
+    const uint32_t n = std::max(sets, 2 * descriptor_sets_ + 64);  // grow geometrically: graphs vary in size
     if (descriptors_ != VK_NULL_HANDLE) vkDestroyDescriptorPool(d, descriptors_, nullptr);
     descriptors_ = VK_NULL_HANDLE;
     descriptor_sets_ = 0;
-    const uint32_t n = std::max(sets, 2 * descriptor_sets_ + 64);
     const VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, max_bindings * n};
     VkDescriptorPoolCreateInfo ci{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
     ci.maxSets = n;
