@@ -37,6 +37,67 @@ f32_view view_of(const vulkan::device& dev, const tensor& t) {
   return v;
 }
 
+// Weights as weights.glsl reads them (mul_mat, get_rows): every float type and the quantized blocks of
+// runtime/quants.h, rows contiguous (whole blocks), in bytes. Fields 16 bits wide need even offsets.
+bool weight_type(type t) {
+  switch (t) {
+    case type::f32:
+    case type::f16:
+    case type::bf16:
+    case type::q4_0:
+    case type::q4_1:
+    case type::q5_0:
+    case type::q5_1:
+    case type::q8_0:
+    case type::q2_K:
+    case type::q3_K:
+    case type::q4_K:
+    case type::q5_K:
+    case type::q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool readable_weights(const tensor& w) {
+  if (!weight_type(w.type) || w.ne[0] % block_size(w.type) != 0 || w.nb[0] != type_size(w.type)) return false;
+  const size_t align = w.type == type::f32 ? 4 : 2;
+  return std::all_of(w.nb.begin(), w.nb.end(), [align](size_t nb) { return nb % align == 0; });
+}
+
+// A weights tensor's byte offset and strides in its buffer, its type and block shape.
+struct weights_view {
+  VkBuffer buffer = VK_NULL_HANDLE;
+  uint32_t off = 0;
+  uint32_t nb[4] = {};
+  uint32_t type = 0, qk = 1, bsize = 4;
+};
+
+weights_view weights_of(const vulkan::device& dev, const tensor& t) {
+  auto* b = dynamic_cast<vulkan::buffer*>(t.buffer);
+  if (b == nullptr || &b->type().device() != &dev) {
+    throw backend_error(std::string(dev.name()) + ": tensor " + describe(t) + " is not in this device's memory");
+  }
+  const size_t at = b->offset_of(t);
+  if (at % (t.type == type::f32 ? 4 : 2) != 0) {
+    throw backend_error(std::string(dev.name()) + ": tensor " + describe(t) + " is not aligned to its type");
+  }
+  weights_view v;
+  v.buffer = b->handle();
+  v.off = static_cast<uint32_t>(at);
+  for (int i = 0; i < 4; ++i) v.nb[i] = static_cast<uint32_t>(t.nb[static_cast<size_t>(i)]);
+  v.type = static_cast<uint32_t>(t.type);
+  v.qk = static_cast<uint32_t>(block_size(t.type));
+  v.bsize = static_cast<uint32_t>(type_size(t.type));
+  return v;
+}
+
+// Matrix products of up to this many activation rows take the matrix-vector shader (mul_mat_vec.comp).
+constexpr int64_t mat_vec_max_cols = 8;
+// mul_mat_mm.comp's output tile.
+constexpr uint64_t mm_tile = 64;
+
 struct binary_params {
   uint32_t ne[4];
   uint32_t a_off, a_nb[4];
@@ -48,7 +109,8 @@ struct binary_params {
 
 struct mul_mat_params {
   uint32_t m, n, k, ne2, ne3;
-  uint32_t a_off, a_nb1, a_nb2, a_nb3, a_ne2, a_ne3, a_f16;
+  uint32_t a_off, a_nb1, a_nb2, a_nb3, a_ne2, a_ne3;
+  uint32_t a_type, a_qk, a_bsize;
   uint32_t b_off, b_nb[4];
   uint32_t d_off, d_nb1, d_nb2, d_nb3;
 };
@@ -80,7 +142,8 @@ struct glu_params {
 
 struct get_rows_params {
   uint32_t ne0, n, ne2;
-  uint32_t a_off, a_nb1, a_nb2, a_rows, a_type;
+  uint32_t a_off, a_nb1, a_nb2, a_rows;
+  uint32_t a_type, a_qk, a_bsize;
   uint32_t i_off, i_nb0, i_nb1, i_64;
   uint32_t d_off, d_nb1, d_nb2;
 };
@@ -192,13 +255,10 @@ bool computes(const tensor& t) {
     case op::get_rows: {
       const tensor* a = t.src[0];
       const tensor* idx = t.src[1];
-      if (a == nullptr || idx == nullptr || !f32_strides(t) || t.nb[0] != 4) return false;
-      if (a->type != type::f32 && a->type != type::f16 && a->type != type::bf16) return false;
+      if (a == nullptr || idx == nullptr || !f32_strides(t) || t.nb[0] != 4 || !readable_weights(*a)) return false;
       if (idx->type != type::i32 && idx->type != type::i64) return false;
-      const size_t es = type_size(a->type);
       const size_t is = type_size(idx->type);
-      return a->nb[0] == es && std::all_of(a->nb.begin(), a->nb.end(), [es](size_t nb) { return nb % es == 0; }) &&
-             std::all_of(idx->nb.begin(), idx->nb.end(), [is](size_t nb) { return nb % is == 0; });
+      return std::all_of(idx->nb.begin(), idx->nb.end(), [is](size_t nb) { return nb % is == 0; });
     }
     case op::glu: {
       const tensor* a = t.src[0];
@@ -218,11 +278,7 @@ bool computes(const tensor& t) {
     case op::mul_mat: {
       const tensor* a = t.src[0];
       const tensor* b = t.src[1];
-      if (a == nullptr || b == nullptr || !f32_strides(t) || !f32_strides(*b)) return false;
-      if (a->type != type::f32 && a->type != type::f16) return false;
-      const size_t es = type_size(a->type);
-      return a->nb[0] == es && std::all_of(a->nb.begin(), a->nb.end(), [es](size_t nb) { return nb % es == 0; }) &&
-             t.nb[0] == 4;
+      return a != nullptr && b != nullptr && f32_strides(t) && t.nb[0] == 4 && f32_strides(*b) && readable_weights(*a);
     }
     default:
       return false;
@@ -230,6 +286,10 @@ bool computes(const tensor& t) {
 }
 
 void backend::record(tensor& node) {
+  if (node.op == op::mul_mat || node.op == op::get_rows) {
+    record_weights_op(node);
+    return;
+  }
   const f32_view a = view_of(dev_, *node.src[0]);
   const f32_view d = view_of(dev_, node);
   uint32_t ne[4];
@@ -249,31 +309,6 @@ void backend::record(tensor& node) {
       std::copy(b.nb, b.nb + 4, p.b_nb);
       p.op = node.op == op::add ? 0 : node.op == op::sub ? 1 : node.op == op::mul ? 2 : 3;
       dispatch("binary", {a.buffer, b.buffer, d.buffer}, &p, sizeof p, per_element);
-      return;
-    }
-    case op::mul_mat: {
-      const tensor& ta = *node.src[0];
-      const f32_view b = view_of(dev_, *node.src[1]);
-      mul_mat_params p{};
-      p.m = ne[0];
-      p.n = ne[1];
-      p.k = static_cast<uint32_t>(ta.ne[0]);
-      p.ne2 = ne[2];
-      p.ne3 = ne[3];
-      p.a_off = a.off;
-      p.a_nb1 = a.nb[1];
-      p.a_nb2 = a.nb[2];
-      p.a_nb3 = a.nb[3];
-      p.a_ne2 = static_cast<uint32_t>(ta.ne[2]);
-      p.a_ne3 = static_cast<uint32_t>(ta.ne[3]);
-      p.a_f16 = ta.type == type::f16 ? 1 : 0;
-      p.b_off = b.off;
-      std::copy(b.nb, b.nb + 4, p.b_nb);
-      p.d_off = d.off;
-      p.d_nb1 = d.nb[1];
-      p.d_nb2 = d.nb[2];
-      p.d_nb3 = d.nb[3];
-      dispatch("mul_mat", {a.buffer, b.buffer, d.buffer}, &p, sizeof p, per_element);
       return;
     }
     case op::rms_norm: {
@@ -354,29 +389,6 @@ void backend::record(tensor& node) {
       dispatch("set_rows", {sv.buffer, iv.buffer, d.buffer}, &p, sizeof p, groups_for(units));
       return;
     }
-    case op::get_rows: {
-      const tensor& ta = *node.src[0];
-      const tensor& ti = *node.src[1];
-      const f32_view iv = view_of(dev_, ti);
-      get_rows_params p{};
-      p.ne0 = ne[0];
-      p.n = ne[1];
-      p.ne2 = ne[2];
-      p.a_off = a.off;
-      p.a_nb1 = a.nb[1];
-      p.a_nb2 = a.nb[2];
-      p.a_rows = static_cast<uint32_t>(ta.ne[1]);
-      p.a_type = ta.type == type::f32 ? 0 : ta.type == type::f16 ? 1 : 2;
-      p.i_off = iv.off;
-      p.i_nb0 = iv.nb[0];
-      p.i_nb1 = iv.nb[1];
-      p.i_64 = ti.type == type::i64 ? 1 : 0;
-      p.d_off = d.off;
-      p.d_nb1 = d.nb[1];
-      p.d_nb2 = d.nb[2];
-      dispatch("get_rows", {a.buffer, iv.buffer, d.buffer}, &p, sizeof p, per_element);
-      return;
-    }
     case op::glu: {
       // x and g: a and b (swapped: b and a), or the two halves of a's rows ([x | g]; swapped: [g | x]).
       const bool swapped = node.param<int32_t>(1) != 0;
@@ -444,6 +456,68 @@ void backend::record(tensor& node) {
       dispatch("unary", {a.buffer, d.buffer}, &p, sizeof p, per_element);
       return;
     }
+  }
+}
+
+// The ops whose first source is weights of any type (weights.glsl): a's view is in bytes.
+void backend::record_weights_op(tensor& node) {
+  const tensor& ta = *node.src[0];
+  const weights_view w = weights_of(dev_, ta);
+  const f32_view d = view_of(dev_, node);
+  uint32_t ne[4];
+  dims_of(node, ne);
+  if (node.op == op::get_rows) {
+    const tensor& ti = *node.src[1];
+    const f32_view iv = view_of(dev_, ti);
+    get_rows_params p{};
+    p.ne0 = ne[0];
+    p.n = ne[1];
+    p.ne2 = ne[2];
+    p.a_off = w.off;
+    p.a_nb1 = w.nb[1];
+    p.a_nb2 = w.nb[2];
+    p.a_rows = static_cast<uint32_t>(ta.ne[1]);
+    p.a_type = w.type;
+    p.a_qk = w.qk;
+    p.a_bsize = w.bsize;
+    p.i_off = iv.off;
+    p.i_nb0 = iv.nb[0];
+    p.i_nb1 = iv.nb[1];
+    p.i_64 = ti.type == type::i64 ? 1 : 0;
+    p.d_off = d.off;
+    p.d_nb1 = d.nb[1];
+    p.d_nb2 = d.nb[2];
+    dispatch("get_rows", {w.buffer, iv.buffer, d.buffer}, &p, sizeof p, groups_for(uint64_t{ne[0]} * ne[1] * ne[2]));
+    return;
+  }
+  const f32_view b = view_of(dev_, *node.src[1]);
+  mul_mat_params p{};
+  p.m = ne[0];
+  p.n = ne[1];
+  p.k = static_cast<uint32_t>(ta.ne[0]);
+  p.ne2 = ne[2];
+  p.ne3 = ne[3];
+  p.a_off = w.off;
+  p.a_nb1 = w.nb[1];
+  p.a_nb2 = w.nb[2];
+  p.a_nb3 = w.nb[3];
+  p.a_ne2 = static_cast<uint32_t>(ta.ne[2]);
+  p.a_ne3 = static_cast<uint32_t>(ta.ne[3]);
+  p.a_type = w.type;
+  p.a_qk = w.qk;
+  p.a_bsize = w.bsize;
+  p.b_off = b.off;
+  std::copy(b.nb, b.nb + 4, p.b_nb);
+  p.d_off = d.off;
+  p.d_nb1 = d.nb[1];
+  p.d_nb2 = d.nb[2];
+  p.d_nb3 = d.nb[3];
+  const uint64_t planes = uint64_t{ne[2]} * ne[3];
+  if (node.ne[1] <= mat_vec_max_cols) {
+    dispatch("mul_mat_vec", {w.buffer, b.buffer, d.buffer}, &p, sizeof p, uint64_t{ne[0]} * planes);  // a workgroup per row
+  } else {
+    const uint64_t tiles = ((ne[0] + mm_tile - 1) / mm_tile) * ((ne[1] + mm_tile - 1) / mm_tile);
+    dispatch("mul_mat_mm", {w.buffer, b.buffer, d.buffer}, &p, sizeof p, tiles * planes);
   }
 }
 
