@@ -47,7 +47,7 @@ engine::engine(caf::actor_system& sys, const actors::runtime_config& cfg) : cfg_
 void engine::start() {
   register_builtin_backends();
   std::vector<std::string> devices = cfg_.devices;
-  if (devices.empty()) devices.push_back("CPU");
+  if (devices.empty()) devices = builtin_device_names();  // the CPU and every local GPU
   for (int i = 1; i <= cfg_.cpu_instances; ++i) {
     device_i& d = add_cpu_instance({.index = i, .memory = cfg_.cpu_instance_memory, .n_threads = cfg_.n_threads});
     if (cfg_.devices.empty()) devices.emplace_back(d.name());

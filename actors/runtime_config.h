@@ -2,7 +2,8 @@
 // supervision, and models to load at start. From code (a struct) or from a TOML file:
 //
 //   [runtime]
-//   devices = ["CPU", "CPU1"]      # devices to run actors for (default: "CPU" and every CPU instance)
+//   devices = ["CPU", "CPU1"]      # devices to run actors for (default: "CPU", every local GPU such as
+//                                  # "Vulkan0", and every CPU instance)
 //   cpu_instances = 1              # extra CPU device instances CPU1..N (backends/cpu_instance.h)
 //   cpu_instance_memory = 0        # bytes each instance may hold; 0: unbounded
 //   threads = 2                    # CPU threads of device backends; 0: all
@@ -60,7 +61,7 @@ struct peer_config {
 };
 
 struct runtime_config {
-  std::vector<std::string> devices;  // empty: "CPU" and every CPU instance
+  std::vector<std::string> devices;  // empty: "CPU", every local GPU ("Vulkan0", ...) and every CPU instance
   int cpu_instances = 0;
   uint64_t cpu_instance_memory = 0;
   int n_threads = 0;

@@ -1,10 +1,17 @@
 #include "backends/vulkan/vulkan_backend.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "runtime/log.h"
 
 namespace troupe::vulkan {
 
 backend::backend(vulkan::device& dev) : dev_(dev) {
+  const char* perf = std::getenv("TROUPE_VULKAN_PERF");
+  perf_ = perf != nullptr && std::strcmp(perf, "0") != 0;
   const VkDevice d = dev_.handle();
   VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
@@ -24,6 +31,14 @@ backend::backend(vulkan::device& dev) : dev_(dev) {
 }
 
 backend::~backend() {
+  if (perf_ && !perf_totals_.empty()) {
+    std::ostringstream os;
+    os << dev_.name() << " profile (TROUPE_VULKAN_PERF):";
+    for (const auto& [what, e] : perf_totals_) {
+      os << "\n  " << what << ": " << e.count << " x, " << e.seconds * 1e3 << " ms, " << e.seconds * 1e6 / static_cast<double>(e.count) << " us each";
+    }
+    TROUPE_LOG(info, os.str());
+  }
   const VkDevice d = dev_.handle();  // nothing in flight: graph_compute waits for its work before returning
   if (descriptors_ != VK_NULL_HANDLE) vkDestroyDescriptorPool(d, descriptors_, nullptr);
   vkDestroyFence(d, fence_, nullptr);
@@ -60,12 +75,32 @@ void backend::graph_compute(graph& g) {
   }
   if (work.empty()) return;
   reserve_descriptors(static_cast<uint32_t>(work.size()));
+  if (perf_) {
+    for (tensor* node : work) {
+      const auto t0 = std::chrono::steady_clock::now();
+      begin();
+      record(*node);
+      finish();
+      perf_entry& e = perf_totals_[std::string(op_name(node->op)) + " " + describe(*node->src[0])];
+      e.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ++e.count;
+    }
+    return;
+  }
+  begin();
+  for (tensor* node : work) record(*node);
+  finish();
+}
+
+void backend::begin() {
   check(vkResetCommandBuffer(cmd_, 0), std::string(dev_.name()), "vkResetCommandBuffer");
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
   check(vkBeginCommandBuffer(cmd_, &bi), std::string(dev_.name()), "vkBeginCommandBuffer");
   full_barrier(cmd_);  // the uploads before this graph
-  for (tensor* node : work) record(*node);
+}
+
+void backend::finish() {
   check(vkEndCommandBuffer(cmd_), std::string(dev_.name()), "vkEndCommandBuffer");
   dev_.submit_and_wait(cmd_, fence_);
 }

@@ -14,7 +14,9 @@
 // workgroup) for more; views cost nothing. Descriptor sets come from a pool reset per graph (no allocation per node beyond it).
 #pragma once
 
+#include <chrono>
 #include <initializer_list>
+#include <map>
 
 #include "backends/vulkan/vulkan_device.h"
 
@@ -44,7 +46,18 @@ class backend final : public backend_i {
   void dispatch(const char* shader, std::initializer_list<VkBuffer> buffers, const void* params, uint32_t params_size,
                 uint64_t groups);
 
+  void begin();
+  void finish();
+
   vulkan::device& dev_;
+  // TROUPE_VULKAN_PERF=1: each node submitted and waited for on its own, its time summed per op and shader,
+  // the totals logged when the backend is destroyed (a profile, not a way to run).
+  bool perf_ = false;
+  struct perf_entry {
+    double seconds = 0;
+    uint64_t count = 0;
+  };
+  std::map<std::string, perf_entry> perf_totals_;
   VkCommandPool pool_ = VK_NULL_HANDLE;
   VkCommandBuffer cmd_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;

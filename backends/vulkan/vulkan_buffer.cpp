@@ -37,26 +37,34 @@ buffer_ptr buffer_type::alloc_buffer(size_t size) {
   VkMemoryRequirements req;
   vkGetBufferMemoryRequirements(d, buf, &req);
   VkDeviceMemory mem = VK_NULL_HANDLE;
+  uint32_t mem_type = 0;
+  bool reserved = false;
   try {
+    mem_type = dev_.memory_type(req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+    dev_.reserve(mem_type, req.size);
+    reserved = true;
     VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
     ai.allocationSize = req.size;
-    ai.memoryTypeIndex = dev_.memory_type(req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+    ai.memoryTypeIndex = mem_type;
     check(vkAllocateMemory(d, &ai, nullptr, &mem), name_, ("vkAllocateMemory of " + std::to_string(size) + " bytes").c_str());
     check(vkBindBufferMemory(d, buf, mem, 0), name_, "vkBindBufferMemory");
   } catch (...) {
     if (mem != VK_NULL_HANDLE) vkFreeMemory(d, mem, nullptr);
+    if (reserved) dev_.release(mem_type, req.size);
     vkDestroyBuffer(d, buf, nullptr);
     throw;
   }
-  return std::make_unique<vulkan::buffer>(*this, dev_, buf, mem, size);
+  return std::make_unique<vulkan::buffer>(*this, dev_, buf, mem, size, mem_type, req.size);
 }
 
-buffer::buffer(buffer_type& type, vulkan::device& dev, VkBuffer buf, VkDeviceMemory mem, size_t size)
-    : buffer_i(type, size), dev_(dev), buf_(buf), mem_(mem) {}
+buffer::buffer(buffer_type& type, vulkan::device& dev, VkBuffer buf, VkDeviceMemory mem, size_t size, uint32_t mem_type,
+               size_t mem_size)
+    : buffer_i(type, size), dev_(dev), buf_(buf), mem_(mem), mem_type_(mem_type), mem_size_(mem_size) {}
 
 buffer::~buffer() {
   vkDestroyBuffer(dev_.handle(), buf_, nullptr);
   vkFreeMemory(dev_.handle(), mem_, nullptr);
+  dev_.release(mem_type_, mem_size_);
 }
 
 void* buffer::base() { return opaque_base; }

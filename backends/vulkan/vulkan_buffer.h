@@ -1,7 +1,8 @@
 // Device-local Vulkan buffers: one VkBuffer over its own VkDeviceMemory per troupe buffer, reached by the
 // host through the device's staging memory (copies recorded, submitted and waited for).
 //
-//   buffer_ptr b = dev.buffer_type().alloc_buffer(1 << 20);   // out_of_memory_error when the driver refuses
+//   buffer_ptr b = dev.buffer_type().alloc_buffer(1 << 20);   // out_of_memory_error when the driver refuses,
+//                                                             // or the heap it reports cannot hold it
 //   tensor_set(*t, host, 0, nbytes(*t));                       // host -> staging -> buffer
 //
 // Tensors' data fields are offsets from an opaque base (never dereferenced by the host).
@@ -31,7 +32,9 @@ class buffer_type final : public buffer_type_i {
 
 class buffer final : public buffer_i {
  public:
-  buffer(buffer_type& type, vulkan::device& dev, VkBuffer buf, VkDeviceMemory mem, size_t size);
+  // mem: mem_size bytes of memory type mem_type, reserved on dev (released when the buffer goes).
+  buffer(buffer_type& type, vulkan::device& dev, VkBuffer buf, VkDeviceMemory mem, size_t size, uint32_t mem_type,
+         size_t mem_size);
   ~buffer() override;
 
   void* base() override;
@@ -53,6 +56,8 @@ class buffer final : public buffer_i {
   vulkan::device& dev_;
   VkBuffer buf_;
   VkDeviceMemory mem_;
+  uint32_t mem_type_;
+  size_t mem_size_;
 };
 
 }  // namespace troupe::vulkan

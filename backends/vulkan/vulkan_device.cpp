@@ -84,12 +84,15 @@ device::device(VkInstance instance, VkPhysicalDevice physical, int index) : phys
   vkGetPhysicalDeviceProperties2(physical_, &props);
   description_ = props.properties.deviceName;
   type_ = type_of(props.properties.deviceType);
+  cpu_driver_ = props.properties.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
   limits_.max_storage_buffer_range = props.properties.limits.maxStorageBufferRange;
   limits_.max_memory_allocation_size = maint3.maxMemoryAllocationSize;
   limits_.min_storage_buffer_offset_alignment = props.properties.limits.minStorageBufferOffsetAlignment;
   limits_.max_compute_workgroup_invocations = props.properties.limits.maxComputeWorkGroupInvocations;
   limits_.max_workgroup_count_x = props.properties.limits.maxComputeWorkGroupCount[0];
   limits_.subgroup_size = subgroup.subgroupSize;
+  limits_.subgroup_arithmetic = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0 &&
+                                (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) != 0;
   limits_.memory_budget = has_extension(physical_, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
   vkGetPhysicalDeviceMemoryProperties(physical_, &memory_props_);
 
@@ -167,11 +170,29 @@ device_memory device::memory() const {
     m.total += heap.size;
     if (limits_.memory_budget) {
       m.free += budget.heapBudget[h] > budget.heapUsage[h] ? budget.heapBudget[h] - budget.heapUsage[h] : 0;
-    } else {
-      m.free += heap.size;  // the driver does not say: reported as all free
+    } else {  // the driver does not say: the heap less what troupe holds in it
+      std::lock_guard l(const_cast<device*>(this)->held_mu_);
+      m.free += heap.size > held_[h] ? heap.size - held_[h] : 0;
     }
   }
   return m;
+}
+
+void device::reserve(uint32_t type, size_t bytes) {
+  const uint32_t heap = memory_props_.memoryTypes[type].heapIndex;
+  const size_t size = memory_props_.memoryHeaps[heap].size;
+  std::lock_guard l(held_mu_);
+  if (bytes > size || held_[heap] > size - bytes) {
+    throw out_of_memory_error(name_ + ": " + std::to_string(bytes) + " bytes requested with " + std::to_string(held_[heap]) +
+                              " of its " + std::to_string(size) + "-byte memory heap " + std::to_string(heap) + " in use");
+  }
+  held_[heap] += bytes;
+}
+
+void device::release(uint32_t type, size_t bytes) {
+  const uint32_t heap = memory_props_.memoryTypes[type].heapIndex;
+  std::lock_guard l(held_mu_);
+  held_[heap] -= std::min(held_[heap], bytes);
 }
 
 backend_ptr device::init_backend() { return std::make_unique<vulkan::backend>(*this); }

@@ -21,6 +21,7 @@
 #include <vulkan/vulkan.h>
 
 #include <cstdint>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -50,6 +51,7 @@ struct device_limits {
   uint32_t max_compute_workgroup_invocations = 0;
   uint32_t max_workgroup_count_x = 0;       // maxComputeWorkGroupCount[0]
   uint32_t subgroup_size = 0;               // VkPhysicalDeviceSubgroupProperties
+  bool subgroup_arithmetic = false;         // subgroupAdd in compute shaders (the matrix-vector shader's sums)
   bool memory_budget = false;               // VK_EXT_memory_budget (free memory from the driver)
 };
 
@@ -64,6 +66,9 @@ class device final : public device_i {
   std::string_view name() const override { return name_; }
   std::string description() const override { return description_; }
   device_type type() const override { return type_; }
+  // A driver that runs on the CPU (lavapipe: VK_PHYSICAL_DEVICE_TYPE_CPU), where shaders without shared
+  // memory and barriers run faster.
+  bool is_cpu() const { return cpu_driver_; }
   device_memory memory() const override;
   device_caps caps() const override { return {}; }
   // A vulkan::backend (vulkan_backend.h) on this device.
@@ -93,6 +98,12 @@ class device final : public device_i {
   // Used under transfer_mutex().
   void* staging(size_t size, VkBuffer* buffer);
   std::mutex& transfer_mutex() { return transfer_mu_; }
+  // Accounts `bytes` of device memory of memory type `type` against its heap before it is allocated: throws
+  // out_of_memory_error naming the device when the heap (its size as the driver reports it) cannot hold them
+  // besides what troupe already holds there. Drivers that do not enforce their heap sizes (lavapipe) are
+  // held to them this way. release() gives them back.
+  void reserve(uint32_t type, size_t bytes);
+  void release(uint32_t type, size_t bytes);
 
  private:
   void release();  // every Vulkan object this device created (idempotent)
@@ -102,11 +113,14 @@ class device final : public device_i {
   std::string name_;
   std::string description_;
   device_type type_ = device_type::gpu;
+  bool cpu_driver_ = false;
   VkPhysicalDevice physical_ = VK_NULL_HANDLE;
   VkDevice device_ = VK_NULL_HANDLE;
   VkQueue queue_ = VK_NULL_HANDLE;
   uint32_t queue_family_ = 0;
   VkPhysicalDeviceMemoryProperties memory_props_{};
+  std::mutex held_mu_;
+  size_t held_[VK_MAX_MEMORY_HEAPS] = {};  // bytes troupe holds per heap
   device_limits limits_;
 
   std::mutex queue_mu_;  // vkQueueSubmit needs the queue externally synchronized

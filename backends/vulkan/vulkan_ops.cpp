@@ -66,12 +66,12 @@ bool readable_weights(const tensor& w) {
   return std::all_of(w.nb.begin(), w.nb.end(), [align](size_t nb) { return nb % align == 0; });
 }
 
-// A weights tensor's byte offset and strides in its buffer, its type and block shape.
+// A weights tensor's byte offset and strides in its buffer, and the suffix of its shaders' variants.
 struct weights_view {
   VkBuffer buffer = VK_NULL_HANDLE;
   uint32_t off = 0;
   uint32_t nb[4] = {};
-  uint32_t type = 0, qk = 1, bsize = 4;
+  std::string variant;  // "_q4_K": mul_mat_vec_q4_K, ...
 };
 
 weights_view weights_of(const vulkan::device& dev, const tensor& t) {
@@ -87,9 +87,7 @@ weights_view weights_of(const vulkan::device& dev, const tensor& t) {
   v.buffer = b->handle();
   v.off = static_cast<uint32_t>(at);
   for (int i = 0; i < 4; ++i) v.nb[i] = static_cast<uint32_t>(t.nb[static_cast<size_t>(i)]);
-  v.type = static_cast<uint32_t>(t.type);
-  v.qk = static_cast<uint32_t>(block_size(t.type));
-  v.bsize = static_cast<uint32_t>(type_size(t.type));
+  v.variant = "_" + std::string(type_name(t.type));
   return v;
 }
 
@@ -110,7 +108,6 @@ struct binary_params {
 struct mul_mat_params {
   uint32_t m, n, k, ne2, ne3;
   uint32_t a_off, a_nb1, a_nb2, a_nb3, a_ne2, a_ne3;
-  uint32_t a_type, a_qk, a_bsize;
   uint32_t b_off, b_nb[4];
   uint32_t d_off, d_nb1, d_nb2, d_nb3;
 };
@@ -143,7 +140,6 @@ struct glu_params {
 struct get_rows_params {
   uint32_t ne0, n, ne2;
   uint32_t a_off, a_nb1, a_nb2, a_rows;
-  uint32_t a_type, a_qk, a_bsize;
   uint32_t i_off, i_nb0, i_nb1, i_64;
   uint32_t d_off, d_nb1, d_nb2;
 };
@@ -154,6 +150,7 @@ struct cpy_params {
   uint32_t d_ne[4];
   uint32_t d_off, d_nb[4];
   uint32_t s_type, d_type, n;
+  uint32_t by_word;
 };
 
 // 0 f32, 1 f16, 2 bf16: the float types the copy shader converts between.
@@ -227,8 +224,7 @@ bool computes(const tensor& t) {
     case op::cpy:
     case op::cont: {
       const tensor* a = t.src[0];
-      if (a == nullptr || !float_type(a->type) || !float_type(t.type) || !element_strides(*a) || !element_strides(t)) return false;
-      return t.type == type::f32 || is_contiguous(t);  // a 16-bit destination is written a word at a time
+      return a != nullptr && float_type(a->type) && float_type(t.type) && element_strides(*a) && element_strides(t);
     }
     case op::rope: {
       const tensor* a = t.src[0];
@@ -247,10 +243,7 @@ bool computes(const tensor& t) {
       const tensor* idx = t.src[2];
       if (src == nullptr || idx == nullptr || !f32_strides(*src) || !float_type(t.type) || !element_strides(t)) return false;
       if (idx->type != type::i32 && idx->type != type::i64) return false;
-      if (!element_strides(*idx) || t.nb[0] != type_size(t.type)) return false;
-      // 16-bit rows are written a word at a time: an even length, and rows that start on words.
-      return t.type == type::f32 ||
-             (t.ne[0] % 2 == 0 && std::all_of(t.nb.begin() + 1, t.nb.end(), [](size_t nb) { return nb % 4 == 0; }));
+      return element_strides(*idx) && t.nb[0] == type_size(t.type);
     }
     case op::get_rows: {
       const tensor* a = t.src[0];
@@ -331,10 +324,8 @@ void backend::record(tensor& node) {
       p.s_type = float_code(ts.type);
       p.d_type = float_code(node.type);
       p.n = static_cast<uint32_t>(n);
-      if (p.d_type != 0 && p.d_off % 2 != 0) {
-        throw backend_error(std::string(dev_.name()) + ": " + describe(node) + ": a 16-bit copy destination must start on a 4-byte boundary");
-      }
-      const uint64_t units = p.d_type == 0 ? n : (n + 1) / 2;  // elements, or words of two
+      p.by_word = p.d_type != 0 && is_contiguous(node) && p.d_off % 2 == 0 ? 1 : 0;
+      const uint64_t units = p.by_word != 0 ? (n + 1) / 2 : n;  // words of two, or elements
       dispatch("cpy", {a.buffer, d.buffer}, &p, sizeof p, groups_for(units));
       return;
     }
@@ -382,11 +373,7 @@ void backend::record(tensor& node) {
       p.d_nb3 = d.nb[3];
       p.d_rows = ne[1];
       p.d_type = float_code(node.type);
-      if (p.d_type != 0 && p.d_off % 2 != 0) {
-        throw backend_error(std::string(dev_.name()) + ": " + describe(node) + ": 16-bit rows must start on a 4-byte boundary");
-      }
-      const uint64_t units = static_cast<uint64_t>(nelements(ts)) / (p.d_type == 0 ? 1 : 2);
-      dispatch("set_rows", {sv.buffer, iv.buffer, d.buffer}, &p, sizeof p, groups_for(units));
+      dispatch("set_rows", {sv.buffer, iv.buffer, d.buffer}, &p, sizeof p, groups_for(static_cast<uint64_t>(nelements(ts))));
       return;
     }
     case op::glu: {
@@ -477,9 +464,6 @@ void backend::record_weights_op(tensor& node) {
     p.a_nb1 = w.nb[1];
     p.a_nb2 = w.nb[2];
     p.a_rows = static_cast<uint32_t>(ta.ne[1]);
-    p.a_type = w.type;
-    p.a_qk = w.qk;
-    p.a_bsize = w.bsize;
     p.i_off = iv.off;
     p.i_nb0 = iv.nb[0];
     p.i_nb1 = iv.nb[1];
@@ -487,7 +471,7 @@ void backend::record_weights_op(tensor& node) {
     p.d_off = d.off;
     p.d_nb1 = d.nb[1];
     p.d_nb2 = d.nb[2];
-    dispatch("get_rows", {w.buffer, iv.buffer, d.buffer}, &p, sizeof p, groups_for(uint64_t{ne[0]} * ne[1] * ne[2]));
+    dispatch(("get_rows" + w.variant).c_str(), {w.buffer, iv.buffer, d.buffer}, &p, sizeof p, groups_for(uint64_t{ne[0]} * ne[1] * ne[2]));
     return;
   }
   const f32_view b = view_of(dev_, *node.src[1]);
@@ -503,9 +487,6 @@ void backend::record_weights_op(tensor& node) {
   p.a_nb3 = w.nb[3];
   p.a_ne2 = static_cast<uint32_t>(ta.ne[2]);
   p.a_ne3 = static_cast<uint32_t>(ta.ne[3]);
-  p.a_type = w.type;
-  p.a_qk = w.qk;
-  p.a_bsize = w.bsize;
   p.b_off = b.off;
   std::copy(b.nb, b.nb + 4, p.b_nb);
   p.d_off = d.off;
@@ -513,11 +494,16 @@ void backend::record_weights_op(tensor& node) {
   p.d_nb2 = d.nb[2];
   p.d_nb3 = d.nb[3];
   const uint64_t planes = uint64_t{ne[2]} * ne[3];
-  if (node.ne[1] <= mat_vec_max_cols) {
-    dispatch("mul_mat_vec", {w.buffer, b.buffer, d.buffer}, &p, sizeof p, uint64_t{ne[0]} * planes);  // a workgroup per row
+  if (node.ne[1] <= mat_vec_max_cols && dev_.limits().subgroup_arithmetic) {
+    // A subgroup per row: 64 / subgroup size rows per workgroup.
+    const uint64_t rows_per_group = std::max<uint64_t>(1, 64 / std::max<uint32_t>(dev_.limits().subgroup_size, 1));
+    dispatch(("mul_mat_vec" + w.variant).c_str(), {w.buffer, b.buffer, d.buffer}, &p, sizeof p, (uint64_t{ne[0]} * planes + rows_per_group - 1) / rows_per_group);
+  } else if (dev_.is_cpu()) {  // a CPU driver: 4 x 4 outputs per invocation, no shared memory
+    const uint64_t blocks = uint64_t{(ne[0] + 3) / 4} * ((ne[1] + 3) / 4);
+    dispatch(("mul_mat_reg" + w.variant).c_str(), {w.buffer, b.buffer, d.buffer}, &p, sizeof p, (blocks * planes + 63) / 64);
   } else {
     const uint64_t tiles = ((ne[0] + mm_tile - 1) / mm_tile) * ((ne[1] + mm_tile - 1) / mm_tile);
-    dispatch("mul_mat_mm", {w.buffer, b.buffer, d.buffer}, &p, sizeof p, tiles * planes);
+    dispatch(("mul_mat_mm" + w.variant).c_str(), {w.buffer, b.buffer, d.buffer}, &p, sizeof p, tiles * planes);
   }
 }
 

@@ -1,7 +1,7 @@
 // troupe-chat: chat with a GGUF model in the terminal, through troupe's actor runtime (actors/runtime.h).
 //
 //   troupe-chat -m models/SmolLM2-135M-Instruct.Q4_1.gguf [-c CTX] [-n N] [--temp T] [--seed S]
-//               [-sys PROMPT] [-t THREADS]
+//               [-sys PROMPT] [-t THREADS] [-ngl N] [--device A,B,...] [--list-devices]
 //   troupe-chat -m MODEL -p "Once upon a time" --no-chat     completion, for scripts
 //
 // Type a message and press Enter; the answer streams as it is generated. /reset starts a new chat, /quit
@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "actors/runtime.h"
+#include "tools/common/offload_options.h"
 
 using namespace troupe;
 
@@ -87,6 +88,7 @@ int run(int argc, char** argv) {
   int n_threads = 0;
   std::string prompt;
   bool no_chat = false;
+  llm::offload_request offload;
 
   CLI::App app{"troupe-chat: chat with a GGUF model"};
   app.add_option("-m,--model", model_path, "GGUF model file");
@@ -98,12 +100,8 @@ int run(int argc, char** argv) {
   app.add_option("-t,--threads", n_threads, "CPU threads (0: all)");
   app.add_option("-p,--prompt", prompt, "prompt (with --no-chat: complete it and exit)");
   app.add_flag("--no-chat", no_chat, "complete the prompt instead of chatting");
-  // llama.cpp spells the system prompt option -sys; CLI11 takes one-letter short options only.
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (auto& a : args) {
-    if (a == "-sys") a = "--sys";
-  }
-  std::reverse(args.begin(), args.end());
+  cli::add_offload_options(app, offload);
+  std::vector<std::string> args = cli::llama_spellings(argc, argv);  // -sys, -ngl
   try {
     app.parse(args);
   } catch (const CLI::ParseError& e) {
@@ -117,8 +115,9 @@ int run(int argc, char** argv) {
 
   // The device actors' backends are idle here (decoding runs on the model's scheduler): one thread each.
   engine eng({.n_threads = 1});
-  const actors::model_info info =
-      eng.load_model("chat", model_path, {.n_ctx = n_ctx, .n_seq_max = 1, .n_threads = n_threads});
+  actors::model_settings ms{.n_ctx = n_ctx, .n_seq_max = 1, .n_threads = n_threads};
+  for (const auto& [name, layers] : llm::offload_layers(offload, model_path)) ms.devices.push_back({name, layers});
+  const actors::model_info info = eng.load_model("chat", model_path, ms);
   session s = eng.open_session("chat");
   actors::generation_params gp;
   gp.max_tokens = n_predict;

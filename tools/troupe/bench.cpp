@@ -1,7 +1,7 @@
 // troupe bench: prompt-processing and generation throughput, like llama-bench.
 //
 //   troupe bench -m MODEL [-p 128] [-n 64] [-t THREADS] [-r 5] [-b 512] [-o table|json]
-//                [--rpc HOST:PORT[,HOST:PORT...] [--rpc-key-file F]]
+//                [-ngl N] [--device A,B,...] [--rpc HOST:PORT[,HOST:PORT...] [--rpc-key-file F]]
 //   troupe bench ops [...]   kernel throughput without a model (bench_ops.cpp)
 //
 // pp<N>: one batch of N tokens decoded at once (prompt processing), tokens per second.
@@ -10,6 +10,8 @@
 // --rpc: every layer on remote peers (`troupe peer`), split evenly over the first device of each; this
 // process keeps the token embeddings. The table's last columns then give the round trips and the graphs
 // sent per generated token.
+// -ngl / --device: layers on local devices, as llama.cpp (runtime/llm/offload.h); the backend column names
+// the devices holding layers.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +22,7 @@
 #include "backends/rpc/rpc.h"
 #include "net/rpc/auth.h"
 #include "runtime/llm/llm_context.h"
+#include "tools/common/offload_options.h"
 #include "tools/troupe/commands.h"
 
 namespace troupe::cli {
@@ -35,6 +38,7 @@ struct bench_options {
   std::string output = "table";
   std::vector<std::string> rpc;  // peers holding the layers
   std::string rpc_key_file;
+  llm::offload_request offload;
 };
 
 struct result {
@@ -125,6 +129,19 @@ int run_bench(const bench_options& o) {
       mp.devices.emplace_back(devs[i], end - begin + (i + 1 == devs.size() ? 1 : 0));
     }
   }
+  std::string backend = peers.empty() ? "CPU" : "RPC";
+  if (o.offload.given()) {
+    if (!peers.empty()) {
+      std::fprintf(stderr, "troupe bench: --rpc places every layer; it does not go with -ngl / --device\n");
+      return 1;
+    }
+    backend.clear();
+    for (const auto& [name, layers] : llm::offload_layers(o.offload, o.model)) {
+      mp.devices.emplace_back(registry::instance().find(name), layers);
+      backend += (backend.empty() ? "" : ",") + name;
+    }
+    if (backend.empty()) backend = "CPU";
+  }
   auto m = llm::model::load(o.model, mp);
   const uint32_t n_ctx = static_cast<uint32_t>(std::max(o.n_prompt, o.n_gen) + 32);
   llm::llm_context ctx(*m, {.n_ctx = n_ctx, .n_batch = static_cast<uint32_t>(std::max(o.n_prompt, 1)),
@@ -155,7 +172,6 @@ int run_bench(const bench_options& o) {
   }
 
   const std::string model_desc = m->hp().name + " " + human_params(m->n_params());
-  const char* backend = peers.empty() ? "CPU" : "RPC";
   if (o.output == "json") {
     std::printf("[\n");
     for (size_t i = 0; i < results.size(); ++i) {
@@ -164,7 +180,7 @@ int run_bench(const bench_options& o) {
                   "\"backend\": \"%s\", \"n_threads\": %d, \"n_batch\": %d, \"test\": \"%s\", \"n_prompt\": %d, "
                   "\"n_gen\": %d, \"avg_ts\": %.3f, \"stddev_ts\": %.3f, \"samples_ts\": [",
                   o.model.c_str(), model_desc.c_str(), static_cast<unsigned long long>(m->n_bytes()),
-                  static_cast<unsigned long long>(m->n_params()), backend, threads, o.n_batch, r.test.c_str(),
+                  static_cast<unsigned long long>(m->n_params()), backend.c_str(), threads, o.n_batch, r.test.c_str(),
                   r.test[0] == 'p' ? r.n_tokens : 0, r.test[0] == 't' ? r.n_tokens : 0, r.mean(), r.stddev());
       for (size_t k = 0; k < r.tps.size(); ++k) std::printf("%s%.3f", k ? ", " : "", r.tps[k]);
       std::printf("]");
@@ -185,7 +201,7 @@ int run_bench(const bench_options& o) {
     char tps[48];
     std::snprintf(tps, sizeof tps, "%.2f ± %.2f", r.mean(), r.stddev());
     std::printf("| %-24s | %10s | %10s | %-7s | %7d | %8s | %21s |\n", model_desc.c_str(), human_size(m->n_bytes()).c_str(),
-                human_params(m->n_params()).c_str(), backend, threads, r.test.c_str(), tps);
+                human_params(m->n_params()).c_str(), backend.c_str(), threads, r.test.c_str(), tps);
   }
   for (const result& r : results) {
     if (peers.empty() || r.test[0] != 't') continue;
@@ -215,6 +231,7 @@ command_fn add_bench(CLI::App& app) {
   app.add_option("--rpc", o->rpc, "remote peers (troupe peer) holding every layer, split evenly: HOST:PORT,...")
       ->delimiter(',');
   app.add_option("--rpc-key-file", o->rpc_key_file, "the peers' shared key (troupe peer --auth-key-file)");
+  add_offload_options(app, o->offload);
   return [o, ops, run_ops, http, run_http] {
     if (ops->parsed()) return run_ops();
     if (http->parsed()) return run_http();

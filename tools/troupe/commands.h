@@ -12,7 +12,7 @@ using command_fn = std::function<int()>;
 
 // troupe inspect MODEL.gguf [--device NAME=LAYERS]... [--override REGEX=DEVICE]... [--all-metadata]
 command_fn add_inspect(CLI::App& app);
-// troupe bench -m MODEL [-p 128] [-n 64] [-t THREADS] [-r 5] [-o table|json]
+// troupe bench -m MODEL [-p 128] [-n 64] [-t THREADS] [-r 5] [-o table|json] [-ngl N] [--device LIST]
 command_fn add_bench(CLI::App& app);
 // troupe bench ops [-t 1,2] [--types q4_0,q8_0,q4_K] [--shape 4096x4096] [--batch 512] [--min-time 0.5]
 command_fn add_bench_ops(CLI::App& app);
@@ -20,7 +20,7 @@ command_fn add_bench_ops(CLI::App& app);
 command_fn add_bench_http(CLI::App& app);
 // troupe quantize IN.gguf OUT.gguf TYPE [THREADS]
 command_fn add_quantize(CLI::App& app);
-// troupe perplexity -m MODEL -f TEXT [-c 512] [-t THREADS]
+// troupe perplexity -m MODEL -f TEXT [-c 512] [-t THREADS] [-ngl N] [--device LIST]
 command_fn add_perplexity(CLI::App& app);
 
 // troupe peer [--host 127.0.0.1] [--port 50052] [--device cpu|vulkan|cuda] [--cache-dir D] [--auth-key-file F]
@@ -28,7 +28,7 @@ command_fn add_perplexity(CLI::App& app);
 command_fn add_peer(CLI::App& app);
 
 // troupe serve [--config FILE] [-m MODEL] [--name N] [--host H] [--port P] [--api-key K]... [-t THREADS]
-//              [--parallel N] [--ctx N] [--log-level L]
+//              [--parallel N] [--ctx N] [--log-level L] [-ngl N] [--device LIST]
 command_fn add_serve(CLI::App& app);
 
 }  // namespace troupe::cli

@@ -6,6 +6,7 @@
 //   troupe peer --port 50052       serve this machine's devices to other troupe processes
 //   troupe serve --config F.toml   the daemon: OpenAI-compatible HTTP API over the actor runtime
 //   troupe perplexity -m M -f T    perplexity over a text file
+//   troupe devices                 the devices this build can use (also --list-devices on every program)
 //
 // Every subcommand prints a clear message and exits 1 on bad input; nothing aborts.
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <map>
 
 #include "backends/registry.h"
+#include "tools/common/offload_options.h"
 #include "tools/troupe/commands.h"
 
 int main(int argc, char** argv) {
@@ -29,7 +31,17 @@ int main(int argc, char** argv) {
   add("perplexity", "perplexity of a model over a text file", troupe::cli::add_perplexity);
   add("serve", "the daemon: an OpenAI-compatible HTTP API (configured by a TOML file)", troupe::cli::add_serve);
   add("peer", "serve this machine's devices to other troupe processes (remote peers)", troupe::cli::add_peer);
-  CLI11_PARSE(app, argc, argv);
+  CLI::App* devices = app.add_subcommand("devices", "the devices this build can use, and backends without one");
+  commands[devices] = [] {
+    std::printf("%s", troupe::format_devices().c_str());
+    return 0;
+  };
+  try {
+    std::vector<std::string> args = troupe::cli::llama_spellings(argc, argv);
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
   try {
     troupe::register_builtin_backends();
     for (auto& [sub, run] : commands) {

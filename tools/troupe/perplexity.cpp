@@ -1,12 +1,13 @@
 // troupe perplexity: perplexity of a model over a text file, with the memory breakdown at the end.
 //
-//   troupe perplexity -m MODEL -f TEXT [-c 512] [-t THREADS]
+//   troupe perplexity -m MODEL -f TEXT [-c 512] [-t THREADS] [-ngl N] [--device A,B,...]
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include "runtime/llm/perplexity.h"
+#include "tools/common/offload_options.h"
 #include "tools/troupe/commands.h"
 
 namespace troupe::cli {
@@ -16,6 +17,7 @@ struct ppl_options {
   std::string model, file;
   uint32_t n_ctx = 512;
   int n_threads = 0;
+  llm::offload_request offload;
 };
 
 int run_perplexity(const ppl_options& o) {
@@ -26,7 +28,11 @@ int run_perplexity(const ppl_options& o) {
   }
   std::ostringstream text;
   text << in.rdbuf();
-  auto m = llm::model::load(o.model);
+  llm::model_params mp;
+  for (const auto& [name, layers] : llm::offload_layers(o.offload, o.model)) {
+    mp.devices.emplace_back(registry::instance().find(name), layers);
+  }
+  auto m = llm::model::load(o.model, mp);
   llm::vocab v(m->meta());
   llm::llm_context ctx(*m, {.n_ctx = o.n_ctx, .n_batch = o.n_ctx, .n_threads = o.n_threads});
   const auto tokens = v.tokenize(text.str(), true);
@@ -50,6 +56,7 @@ command_fn add_perplexity(CLI::App& app) {
   app.add_option("-f,--file", o->file, "text file")->required();
   app.add_option("-c,--ctx-size", o->n_ctx, "tokens per chunk (half of each is scored)");
   app.add_option("-t,--threads", o->n_threads, "CPU threads (0: all)");
+  add_offload_options(app, o->offload);
   return [o] { return run_perplexity(*o); };
 }
 

@@ -3,6 +3,7 @@
 //
 //   troupe serve --config configs/daemon.toml
 //   troupe serve -m models/SmolLM2-135M-Instruct.Q4_1.gguf --port 8080     (no file: one model from flags)
+//   troupe serve -m MODEL -ngl 99                                           (every layer on the first GPU)
 //
 // Startup: listens first (GET /health says "loading"), loads the models, prints the memory breakdown and
 // the address, then "ready". SIGTERM/SIGINT: stops accepting, lets in-flight answers finish (up to
@@ -20,6 +21,7 @@
 #include "net/http/daemon_config.h"
 #include "net/http/server.h"
 #include "runtime/log.h"
+#include "tools/common/offload_options.h"
 #include "tools/troupe/commands.h"
 
 namespace troupe::cli {
@@ -37,6 +39,7 @@ struct serve_options {
   int parallel = -1;
   int ctx = -1;
   std::string log_level;
+  llm::offload_request offload;
 };
 
 int signal_pipe[2] = {-1, -1};
@@ -100,6 +103,12 @@ int run_serve(const serve_options& o) {
   }
   if (o.ctx > 0) {
     for (actors::model_settings& m : cfg.runtime.models) m.n_ctx = static_cast<uint32_t>(o.ctx);
+  }
+  if (o.offload.given()) {  // -ngl / --device replace every model's devices table
+    for (actors::model_settings& m : cfg.runtime.models) {
+      m.devices.clear();
+      for (const auto& [name, layers] : llm::offload_layers(o.offload, m.path)) m.devices.push_back({name, layers});
+    }
   }
   if (!o.log_level.empty()) cfg.logging.level = o.log_level;
   http::validate_daemon_config(cfg);
@@ -170,6 +179,7 @@ command_fn add_serve(CLI::App& app) {
   app.add_option("-t,--threads", o->threads, "CPU threads for decoding; 0: all");
   app.add_option("--parallel", o->parallel, "parallel sessions per model");
   app.add_option("--ctx", o->ctx, "KV cache cells per model (shared by its parallel sessions)");
+  add_offload_options(app, o->offload);
   app.add_option("--log-level", o->log_level, "debug, info, warn or error")
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}));
   return [o] {

@@ -1,7 +1,8 @@
 // cpy and cont: the destination's elements in order are the source's elements in order (shapes may differ,
-// the element count is the same), converted between f32, f16 and bf16. A 32-bit destination may have any
-// strides (one invocation per element); a 16-bit one is contiguous and starts on a word (one invocation per
-// word of two elements, so no two invocations write the same word).
+// the element count is the same), converted between f32, f16 and bf16. One invocation per element, of a
+// destination of any strides; a contiguous 16-bit destination that starts on a word (the common case) goes
+// a word of two elements per invocation instead, others write their half of a word with two atomics
+// (clear, set), so no invocation disturbs the element next to its own.
 #version 450
 
 layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
@@ -18,7 +19,14 @@ layout(push_constant) uniform params {
   uint d_ne0, d_ne1, d_ne2, d_ne3;
   uint d_off, d_nb0, d_nb1, d_nb2, d_nb3;
   uint s_type, d_type, n;
+  uint by_word;  // a 16-bit destination, contiguous and word-aligned: one invocation per word
 } p;
+
+void store16(uint e, uint h) {
+  const uint shift = (e & 1u) * 16u;
+  atomicAnd(d[e >> 1], ~(0xffffu << shift));
+  atomicOr(d[e >> 1], h << shift);
+}
 
 // Source element number i (in the source's element order).
 float source(uint i) {
@@ -29,10 +37,15 @@ float source(uint i) {
 
 void main() {
   const uint t = invocation_index();
-  if (p.d_type == 0u) {
+  if (p.by_word == 0u) {
     if (t >= p.n) return;
     const uvec4 c = unravel(t, p.d_ne0, p.d_ne1, p.d_ne2);
-    d[p.d_off + c.x * p.d_nb0 + c.y * p.d_nb1 + c.z * p.d_nb2 + c.w * p.d_nb3] = floatBitsToUint(source(t));
+    const uint e = p.d_off + c.x * p.d_nb0 + c.y * p.d_nb1 + c.z * p.d_nb2 + c.w * p.d_nb3;
+    if (p.d_type == 0u) {
+      d[e] = floatBitsToUint(source(t));
+    } else {
+      store16(e, to16(source(t), p.d_type));
+    }
     return;
   }
   const uint first = 2u * t;  // the word's first element

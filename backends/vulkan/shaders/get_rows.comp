@@ -1,5 +1,5 @@
 // dst[:, j, k] = row idx[j, k] of plane k of a, converted to f32: a of any type weights.glsl reads (f32, f16,
-// bf16, the quantized blocks), rows contiguous; idx i32 or i64. An index outside a's rows gives a zero row
+// bf16, the quantized blocks; one variant per type, A_TYPE), rows contiguous; idx i32 or i64. An index outside a's rows gives a zero row
 // (never a read outside the buffer). One invocation per destination element.
 #version 450
 
@@ -16,8 +16,7 @@ layout(std430, set = 0, binding = 2) writeonly buffer D { float d[]; };
 
 layout(push_constant) uniform params {
   uint ne0, n, ne2;  // destination [ne0, n, ne2, 1]
-  uint a_off, a_nb1, a_nb2, a_rows;  // bytes
-  uint a_type, a_qk, a_bsize;
+  uint a_off, a_nb1, a_nb2, a_rows;  // bytes; a's type: A_TYPE
   uint i_off, i_nb0, i_nb1, i_64;  // in idx elements
   uint d_off, d_nb1, d_nb2;
 } p;
@@ -32,5 +31,5 @@ void main() {
   const uint lo = idx[p.i_64 != 0u ? 2u * ie : ie];
   const bool inside = (p.i_64 == 0u || idx[2u * ie + 1u] == 0u) && lo < p.a_rows;
   d[p.d_off + i0 + j * p.d_nb1 + k * p.d_nb2] =
-      inside ? w_value(p.a_type, p.a_qk, p.a_bsize, p.a_off + lo * p.a_nb1 + k * p.a_nb2, i0) : 0.0f;
+      inside ? w_value(A_TYPE, p.a_off + lo * p.a_nb1 + k * p.a_nb2, i0) : 0.0f;
 }

@@ -8,16 +8,20 @@ layout(std430, set = 0, binding = 2) writeonly buffer D { float d[]; };
 #define WEIGHTS a
 #include "weights.glsl"
 
-// a in bytes (its type: a_type, blocks of a_qk values in a_bsize bytes); b and dst in floats.
+// a's type, blocks of a_qk values in a_bsize bytes.
+const uint a_type = A_TYPE;
+#define a_qk block_len(a_type)
+#define a_bsize block_bytes(a_type)
+
+// a in bytes; b and dst in floats.
 layout(push_constant) uniform params {
   uint m, n, k, ne2, ne3;  // dst [m, n, ne2, ne3]
   uint a_off, a_nb1, a_nb2, a_nb3, a_ne2, a_ne3;
-  uint a_type, a_qk, a_bsize;
   uint b_off, b_nb0, b_nb1, b_nb2, b_nb3;
   uint d_off, d_nb1, d_nb2, d_nb3;
 } p;
 
-bool float_weights() { return p.a_type == t_f32 || p.a_type == t_f16 || p.a_type == t_bf16; }
+bool float_weights() { return a_type == t_f32 || a_type == t_f16 || a_type == t_bf16; }
 
 // Byte offset of row i of the a plane that dst plane (i2, i3) reads.
 uint a_row(uint i, uint i2, uint i3) {

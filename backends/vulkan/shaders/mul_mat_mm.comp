@@ -42,13 +42,13 @@ void main() {
     } else if (float_weights()) {
       for (uint t = 0u; t < 4u; ++t) {
         const uint e = k0 + lk + t;
-        as_[lk + t][lr] = e < p.k ? w_float(p.a_type, arow, e) : 0.0f;
+        as_[lk + t][lr] = e < p.k ? w_float(a_type, arow, e) : 0.0f;
       }
     } else {  // k is a whole number of blocks, so of 16-value groups
-      const uint blk = arow + (k0 / p.a_qk) * p.a_bsize;
-      const uint v0 = k0 % p.a_qk;
-      const vec2 so = group_scale(p.a_type, blk, v0 / 16u);
-      for (uint t = 0u; t < 4u; ++t) as_[lk + t][lr] = so.x * block_q(p.a_type, blk, v0 + lk + t) + so.y;
+      const uint blk = arow + (k0 / a_qk) * a_bsize;
+      const uint v0 = k0 % a_qk;
+      const vec2 so = group_scale(a_type, blk, v0 / 16u);
+      for (uint t = 0u; t < 4u; ++t) as_[lk + t][lr] = so.x * block_q(a_type, blk, v0 + lk + t) + so.y;
     }
     for (uint t = 0u; t < 4u; ++t) {
       const uint e = k0 + lk + t;

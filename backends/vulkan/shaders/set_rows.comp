@@ -1,7 +1,8 @@
 // dst[:, idx[i, j % ne1i, k % ne2i], j, k] = src[:, i, j, k]: f32 source rows of any strides written into a
 // destination of f32, f16 or bf16 rows (a KV cache), by i32 or i64 indices. A row index outside the
-// destination writes nothing. A 32-bit destination: one invocation per element; a 16-bit one (even row
-// length, rows starting on words): one per word of two elements, so no two invocations write the same word.
+// destination writes nothing. One invocation per element; a 16-bit element is written into its half of a
+// word with two atomics (clear, set), so rows of any length and offset (a transposed V cache's rows of one)
+// never disturb the neighbouring element another invocation writes.
 #version 450
 
 layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
@@ -20,12 +21,17 @@ layout(push_constant) uniform params {
   uint d_type;  // 0 f32, 1 f16, 2 bf16
 } p;
 
+void store16(uint e, uint h) {
+  const uint shift = (e & 1u) * 16u;
+  atomicAnd(d[e >> 1], ~(0xffffu << shift));
+  atomicOr(d[e >> 1], h << shift);
+}
+
 void main() {
   const uint t = invocation_index();
-  const uint per_row = p.d_type == 0u ? p.ne0 : p.ne0 / 2u;  // elements, or words of two
-  if (t >= per_row * p.n * p.ne2 * p.ne3) return;
-  const uint c = t % per_row;
-  uint r = t / per_row;
+  if (t >= p.ne0 * p.n * p.ne2 * p.ne3) return;
+  const uint c = t % p.ne0;
+  uint r = t / p.ne0;
   const uint i = r % p.n;
   r /= p.n;
   const uint j = r % p.ne2;
@@ -35,11 +41,10 @@ void main() {
   if ((p.i_64 != 0u && idx[2u * ie + 1u] != 0u) || row >= p.d_rows) return;
   const uint s_row = p.s_off + i * p.s_nb1 + j * p.s_nb2 + k * p.s_nb3;
   const uint d_row = p.d_off + row * p.d_nb1 + j * p.d_nb2 + k * p.d_nb3;  // in destination elements
+  const float x = s[s_row + c * p.s_nb0];
   if (p.d_type == 0u) {
-    d[d_row + c] = floatBitsToUint(s[s_row + c * p.s_nb0]);
-    return;
+    d[d_row + c] = floatBitsToUint(x);
+  } else {
+    store16(d_row + c, to16(x, p.d_type));
   }
-  const uint lo = to16(s[s_row + 2u * c * p.s_nb0], p.d_type);
-  const uint hi = to16(s[s_row + (2u * c + 1u) * p.s_nb0], p.d_type);
-  d[(d_row >> 1) + c] = lo | (hi << 16);
 }

@@ -2,11 +2,36 @@
 // needed): f32, f16, bf16 and the quantized blocks of runtime/quants.h, byte-identical to GGUF. The includer
 // declares the buffer and names it: `#define WEIGHTS a` before `#include "weights.glsl"`.
 //
-// Type codes are GGUF's ids (runtime/types.h). A quantized block of qk values is read in groups of 16
+// Type codes are GGUF's ids (runtime/types.h); the weight shaders are compiled once per type with A_TYPE
+// defined to it (CMakeLists.txt), so every switch on it folds away. A quantized block of qk values is read in groups of 16
 // consecutive values that share one scale and offset: value i of group g = scale * q_i + offset.
 
 const uint t_f32 = 0u, t_f16 = 1u, t_q4_0 = 2u, t_q4_1 = 3u, t_q5_0 = 6u, t_q5_1 = 7u, t_q8_0 = 8u;
 const uint t_q2_K = 10u, t_q3_K = 11u, t_q4_K = 12u, t_q5_K = 13u, t_q6_K = 14u, t_bf16 = 30u;
+
+// Values per block and bytes per block of a type (constants once the type is).
+uint block_len(uint type) {
+  if (type == t_f32 || type == t_f16 || type == t_bf16) return 1u;
+  return type >= t_q2_K ? 256u : 32u;
+}
+
+uint block_bytes(uint type) {
+  switch (type) {
+    case t_f32: return 4u;
+    case t_f16:
+    case t_bf16: return 2u;
+    case t_q4_0: return 18u;
+    case t_q4_1: return 20u;
+    case t_q5_0: return 22u;
+    case t_q5_1: return 24u;
+    case t_q8_0: return 34u;
+    case t_q2_K: return 84u;
+    case t_q3_K: return 110u;
+    case t_q4_K: return 144u;
+    case t_q5_K: return 176u;
+    default: return 210u;  // t_q6_K
+  }
+}
 
 uint w_byte(uint off) { return (WEIGHTS[off >> 2] >> ((off & 3u) << 3)) & 0xffu; }
 int w_int8(uint off) { return int(w_byte(off) << 24) >> 24; }
@@ -109,11 +134,11 @@ float block_q(uint type, uint blk, uint v) {
   }
 }
 
-// Value e of a row of `type` starting at byte `row` (blocks of qk values, bsize bytes).
-float w_value(uint type, uint qk, uint bsize, uint row, uint e) {
+// Value e of a row of `type` starting at byte `row`.
+float w_value(uint type, uint row, uint e) {
   if (type == t_f32 || type == t_f16 || type == t_bf16) return w_float(type, row, e);
-  const uint blk = row + (e / qk) * bsize;
-  const uint v = e % qk;
+  const uint blk = row + (e / block_len(type)) * block_bytes(type);
+  const uint v = e % block_len(type);
   const vec2 so = group_scale(type, blk, v / 16u);
   return so.x * block_q(type, blk, v) + so.y;
 }

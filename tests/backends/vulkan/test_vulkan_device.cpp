@@ -253,3 +253,29 @@ TEST_CASE("Vulkan get_rows never reads outside its source: an index beyond its r
   tensor_get(*out, got.data(), 0, sizeof(float) * got.size());
   CHECK(got == std::vector<float>{20, 21, 22, 23, 0, 0, 0, 0, 0, 0, 0, 0});
 }
+
+TEST_CASE("memory beyond the device's heap is an out-of-memory error naming the device, and it keeps serving", "[vulkan]") {
+  vulkan::device* d = first_device();
+  if (d == nullptr) return;
+  buffer_type_i& bt = d->buffer_type();
+  const size_t heap = d->memory().total;
+  const size_t piece = bt.max_size();
+  // Buffers of max_size until the device-local heap is more than used up: the one that does not fit is
+  // refused (by troupe's account of the heap the driver reports, or by the driver itself).
+  std::vector<buffer_ptr> held;
+  bool refused = false;
+  for (size_t used = 0; used <= heap + piece && !refused; used += piece) {
+    try {
+      held.push_back(bt.alloc_buffer(piece));
+    } catch (const out_of_memory_error& e) {
+      refused = true;
+      CHECK_THAT(e.what(), Catch::Contains(std::string(d->name())));
+      CHECK(d->memory().free < piece);  // free memory says so too
+    }
+  }
+  CHECK(refused);
+  INFO("held " << held.size() << " buffers of " << piece << " bytes; heap " << heap);
+  held.clear();
+  buffer_ptr ok = bt.alloc_buffer(piece);  // all freed: the device serves again
+  CHECK(ok->size() == piece);
+}

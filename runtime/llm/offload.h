@@ -1,0 +1,36 @@
+// llama.cpp's offload flags as layers per device, for every program (troupe-chat, troupe bench, troupe
+// perplexity, troupe serve) and the daemon's model table:
+//
+//   -ngl N / --n-gpu-layers N   the last N layers on the first device that is not the CPU (N > n_layer: the
+//                               output layer too; 99 = all)
+//   --device A,B,...            the listed devices share the layers evenly, in order (device A the first
+//                               ones); "CPU" keeps its share in host memory. With -ngl N they share the last
+//                               N layers, the rest stays on the CPU.
+//
+//   auto layers = llm::offload_layers({.n_gpu_layers = 99}, n_layer);   // {{"Vulkan0", 99}}
+//   auto layers = llm::offload_layers({.devices = {"Vulkan0", "CPU"}}, 30);  // {{"Vulkan0", 15}, {"CPU", 16}}
+//
+// The result is in the placement's terms (loader/placement.h: devices take the last layers, the output goes
+// with the last one when they take more than n_layer). Devices are looked up in the registry
+// (register_builtin_backends() first); an unknown name throws error naming it and the known ones.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace troupe::llm {
+
+struct offload_request {
+  int n_gpu_layers = -1;             // -1: not given
+  std::vector<std::string> devices;  // empty: not given
+  bool given() const { return n_gpu_layers >= 0 || !devices.empty(); }
+};
+
+// (device name, layers) in placement order; empty when nothing is offloaded (no flag, -ngl 0, or -ngl on a
+// machine with no device but the CPU, which logs a warning and runs on the CPU as llama.cpp does).
+std::vector<std::pair<std::string, int>> offload_layers(const offload_request& r, int n_layer);
+// The same for the model at `path` (its layer count from the GGUF metadata; nothing else is read).
+std::vector<std::pair<std::string, int>> offload_layers(const offload_request& r, const std::string& path);
+
+}  // namespace troupe::llm

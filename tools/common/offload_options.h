@@ -1,0 +1,53 @@
+// The device options every program takes, as llama.cpp spells them (header-only, over CLI11):
+//
+//   llm::offload_request off;
+//   add_offload_options(app, off);   // -ngl / --n-gpu-layers N, --device A,B,..., --list-devices
+//   app.parse(llama_spellings(argc, argv));
+//
+// CLI11 takes one-letter short options only, so llama.cpp's multi-letter ones (-ngl, -dev, -sys) are
+// rewritten to their long forms before parsing.
+// --list-devices prints the devices (backends/registry.h's format_devices) and exits. runtime/llm/offload.h
+// turns the request into layers per device.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backends/registry.h"
+#include "runtime/llm/offload.h"
+
+namespace troupe::cli {
+
+// argv without the program name, llama.cpp's spellings replaced, in the reversed order CLI11's
+// parse(std::vector<std::string>&) takes.
+inline std::vector<std::string> llama_spellings(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (std::string& a : args) {
+    if (a == "-ngl") a = "--n-gpu-layers";
+    else if (a == "-dev") a = "--device";
+    else if (a == "-sys") a = "--sys";
+  }
+  std::reverse(args.begin(), args.end());
+  return args;
+}
+
+inline void add_offload_options(CLI::App& app, llm::offload_request& r) {
+  app.add_option("--n-gpu-layers,--gpu-layers", r.n_gpu_layers,
+                 "(-ngl) layers on the first non-CPU device, the last ones (99: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--device", r.devices, "(-dev) devices sharing the layers evenly, e.g. Vulkan0,CPU")->delimiter(',');
+  app.add_flag_callback(
+      "--list-devices",
+      [] {
+        std::printf("%s", format_devices().c_str());
+        std::exit(0);
+      },
+      "print the devices troupe can use and exit");
+}
+
+}  // namespace troupe::cli
