@@ -295,12 +295,27 @@ void scheduler::graph_compute(graph& g) {
       for (const split& sp : splits_) run_split(sp);
     }
     for (int b = 0; b < n_backends(); ++b) backend(b).synchronize();
+    record_run();
   } catch (...) {
     // A backend failed (a remote peer dropped...): the caller will usually destroy g while unwinding, so
     // nothing here may keep pointing into it. Its nodes get their own sources back now, not in a later
     // reset() or the destructor, which would write into freed tensors.
     forget_graph();
     throw;
+  }
+}
+
+void scheduler::record_run() {
+  last_run_.resize(splits_.size());  // the records' vectors keep their capacity from graph to graph
+  for (size_t i = 0; i < splits_.size(); ++i) {
+    split_record& r = last_run_[i];
+    r.backend = splits_[i].backend;
+    r.ops.clear();
+    for (const tensor* n : splits_[i].nodes) {
+      if (n->op != op::none && n->op != op::view && n->op != op::reshape && n->op != op::permute && n->op != op::transpose) {
+        r.ops.push_back(n->op);
+      }
+    }
   }
 }
 

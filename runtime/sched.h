@@ -87,6 +87,13 @@ class scheduler {
   void set_split_runner(split_runner runner) { runner_ = std::move(runner); }
 
   const std::vector<split>& splits() const { return splits_; }
+  // What the last graph computed ran where, kept after reset() (which forgets the splits): per split, its
+  // backend and the ops of its nodes that compute (views excluded), in order.
+  struct split_record {
+    int backend = -1;
+    std::vector<op> ops;
+  };
+  const std::vector<split_record>& last_run() const { return last_run_; }
   int n_splits() const { return static_cast<int>(splits_.size()); }
   int n_copies() const;
   // Bytes of compute memory reserved for backend i.
@@ -95,6 +102,7 @@ class scheduler {
 
  private:
   void restore_sources();
+  void record_run();
   // Drops the last graph's state (its nodes' sources restored, splits forgotten) after a failure.
   void forget_graph();
   void run_split(const split& sp);
@@ -107,6 +115,7 @@ class scheduler {
   void plan(graph& g, bool place);
 
   std::vector<sched_backend> backends_;
+  std::vector<split_record> last_run_;
   size_t graph_capacity_;
   std::unique_ptr<graph_allocator> galloc_;
   std::unordered_map<const tensor*, int> pins_;

@@ -36,7 +36,7 @@ int main() {
   caf::actor_system sys{cfg};
   int rc = 0;
   {
-    engine eng(sys, {.cpu_instances = 1, .n_threads = 1});
+    engine eng(sys, {.devices = {"CPU", "CPU1"}, .cpu_instances = 1, .n_threads = 1});
     // The device actors register their backends as they start.
     backend_i* cpu1 = nullptr;
     backend_i* cpu = nullptr;

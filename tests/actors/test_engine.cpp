@@ -79,7 +79,7 @@ TEST_CASE("engine: decode splits run on the device actors that own their devices
   for (const bool dispatch : {true, false}) {
     INFO("dispatch_splits = " << dispatch);
     // Layers 2..4 (and the output) on CPU1, the rest on CPU: every decode has splits on both devices.
-    engine eng({.cpu_instances = 1, .n_threads = 1, .dispatch_splits = dispatch});
+    engine eng({.devices = {"CPU", "CPU1"}, .cpu_instances = 1, .n_threads = 1, .dispatch_splits = dispatch});
     eng.load_model("stories", path->string(), {.devices = {{"CPU1", 3}}, .n_ctx = 256, .n_seq_max = 1, .n_threads = 1});
     session s = eng.open_session("stories");
     const generate_reply r = s.generate("Once upon a time", generation_params::greedy(16));

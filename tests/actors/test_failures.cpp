@@ -108,7 +108,7 @@ TEST_CASE("a session cancelled mid-answer gets cancelled, and the other session 
 TEST_CASE("a device actor that dies is restarted by the supervisor, and requests for unknown things are errors", "[actors][failure]") {
   const auto path = test::model_path("stories260K.gguf");
   if (!path) return;
-  engine eng({.cpu_instances = 1, .n_threads = 1, .max_restarts = 1});
+  engine eng({.devices = {"CPU", "CPU1"}, .cpu_instances = 1, .n_threads = 1, .max_restarts = 1});
   const auto dir = ask<actor_directory>(eng.system(), eng.supervisor(), get_atom_v, directory_atom_v);
   REQUIRE(dir);
   REQUIRE(dir->device_names == std::vector<std::string>{"CPU", "CPU1"});

@@ -396,7 +396,7 @@ class peer_server {
  public:
   explicit peer_server(int port = 0) {
     int out = -1;
-    std::tie(pid_, out) = test::spawn_piped({TROUPE_BIN, "peer", "--port", std::to_string(port), "-t", "1"}, STDOUT_FILENO);
+    std::tie(pid_, out) = test::spawn_piped({TROUPE_BIN, "peer", "--port", std::to_string(port), "-t", "1", "--device", "cpu"}, STDOUT_FILENO);
     std::string line;
     char ch = 0;
     pollfd pfd{out, POLLIN, 0};

@@ -57,7 +57,7 @@ class peer_process {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, out[1], 1);
     posix_spawn_file_actions_addclose(&fa, out[0]);
-    std::vector<std::string> args = {TROUPE_PEER_BIN, "peer", "--host", "127.0.0.1", "--port", "0", "--threads", "2"};
+    std::vector<std::string> args = {TROUPE_PEER_BIN, "peer", "--host", "127.0.0.1", "--port", "0", "--threads", "2", "--device", "cpu"};
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
