@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "backends/vulkan/vulkan_buffer.h"
 #include "runtime/log.h"
 
 namespace troupe::vulkan {
@@ -88,8 +89,46 @@ void backend::graph_compute(graph& g) {
     return;
   }
   begin();
-  for (tensor* node : work) record(*node);
+  for (tensor* node : work) {
+    order(*node);
+    record(*node);
+  }
   finish();
+}
+
+bool backend::overlaps(const std::vector<span>& spans, const span& s) {
+  return std::any_of(spans.begin(), spans.end(), [&](const span& x) { return x.buffer == s.buffer && x.lo < s.hi && s.lo < x.hi; });
+}
+
+void backend::order(const tensor& node) {
+  auto span_of = [](const tensor& t) {
+    auto* b = dynamic_cast<vulkan::buffer*>(t.buffer);
+    if (b == nullptr) return span{VK_NULL_HANDLE, 0, 0};  // not in this device's memory: record() says so
+    const size_t at = b->offset_of(t);
+    return span{b->handle(), at & ~size_t{3}, (at + nbytes(t) + 3) & ~size_t{3}};
+  };
+  const span w = span_of(node);
+  bool hazard = overlaps(written_, w) || overlaps(read_, w);  // write after write, write after read
+  std::vector<span> reads;
+  for (const tensor* src : node.src) {
+    if (src == nullptr) continue;
+    reads.push_back(span_of(*src));
+    hazard = hazard || overlaps(written_, reads.back());  // read after write
+  }
+  if (hazard) barrier();
+  written_.push_back(w);
+  read_.insert(read_.end(), reads.begin(), reads.end());
+}
+
+void backend::barrier() {
+  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  mb.srcAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
+  mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
+  vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0,
+                       nullptr, 0, nullptr);
+  written_.clear();
+  read_.clear();
+  ++stats_.barriers;
 }
 
 void backend::begin() {
@@ -98,6 +137,9 @@ void backend::begin() {
   bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
   check(vkBeginCommandBuffer(cmd_, &bi), std::string(dev_.name()), "vkBeginCommandBuffer");
   full_barrier(cmd_);  // the uploads before this graph
+  written_.clear();
+  read_.clear();
+  stats_ = {};
 }
 
 void backend::finish() {
@@ -132,12 +174,7 @@ void backend::dispatch(const char* shader, std::initializer_list<VkBuffer> buffe
   const uint64_t gx = std::min<uint64_t>(std::max<uint64_t>(groups, 1), dev_.limits().max_workgroup_count_x);
   const uint64_t gy = (groups + gx - 1) / gx;
   vkCmdDispatch(cmd_, static_cast<uint32_t>(gx), static_cast<uint32_t>(std::max<uint64_t>(gy, 1)), 1);
-  // The next node may read what this one wrote.
-  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-  mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
-  mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
-  vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0,
-                       nullptr, 0, nullptr);
+  ++stats_.dispatches;
 }
 
 }  // namespace troupe::vulkan

@@ -1,6 +1,8 @@
 // The Vulkan backend: runs graphs on one device. Each graph is one command buffer: per node a compute
 // pipeline (from the device's kernel cache), its buffers bound as storage buffers (whole buffers; element
-// offsets and strides as push constants), a dispatch and a barrier; one submit and one fence wait.
+// offsets and strides as push constants) and a dispatch; one submit and one fence wait. A barrier goes
+// before a node only where it reads, or writes, bytes that a node since the last barrier wrote (or writes
+// bytes one of them read): independent nodes (the q, k and v products of a layer) run without one between.
 //
 //   backend_ptr be = dev.init_backend();
 //   be->graph_compute(g);         // every node supported (device::supports_op) and placed in dev's buffers
@@ -35,6 +37,13 @@ class backend final : public backend_i {
   // its buffers, out_of_memory_error when the driver runs out.
   void graph_compute(graph& g) override;
 
+  // What the last graph recorded: its dispatches and the barriers between them.
+  struct graph_stats {
+    uint32_t dispatches = 0;
+    uint32_t barriers = 0;
+  };
+  graph_stats last_graph() const { return stats_; }
+
  private:
   static constexpr uint32_t max_bindings = 4;
 
@@ -48,6 +57,19 @@ class backend final : public backend_i {
 
   void begin();
   void finish();
+  // Puts a barrier before node when it depends on (or overwrites) what the nodes since the last one touched.
+  void order(const tensor& node);
+  void barrier();
+
+  // Byte ranges of buffers touched since the last barrier (rounded out to words: 16-bit stores write
+  // their word).
+  struct span {
+    VkBuffer buffer;
+    size_t lo, hi;
+  };
+  static bool overlaps(const std::vector<span>& spans, const span& s);
+  std::vector<span> written_, read_;
+  graph_stats stats_;
 
   vulkan::device& dev_;
   // TROUPE_VULKAN_PERF=1: each node submitted and waited for on its own, its time summed per op and shader,

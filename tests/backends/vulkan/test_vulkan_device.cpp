@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/vulkan/vulkan_backend.h"
 #include "backends/vulkan/vulkan_buffer.h"
 #include "backends/vulkan/vulkan_device.h"
 #include "runtime/graph_allocator.h"
@@ -277,4 +278,43 @@ TEST_CASE("memory beyond the device's heap is an out-of-memory error naming the 
   held.clear();
   buffer_ptr ok = bt.alloc_buffer(piece);  // all freed: the device serves again
   CHECK(ok->size() == piece);
+}
+
+TEST_CASE("a Vulkan graph has barriers only where a node reads or overwrites what an earlier one wrote", "[vulkan]") {
+  vulkan::device* d = first_device();
+  if (d == nullptr) return;
+  context ctx({.max_tensors = 32, .no_alloc = true});
+  tensor* w = ctx.new_tensor_2d(type::f32, 64, 48);
+  tensor* x = ctx.new_tensor_2d(type::f32, 64, 3);
+  // Three products of x (independent, as a layer's q, k and v), then a sum of all three (depends on them),
+  // then a scale of the sum (depends on it).
+  tensor* q = mul_mat(ctx, w, x);
+  tensor* k = mul_mat(ctx, w, scale(ctx, x, 2.0f));
+  tensor* v = mul_mat(ctx, w, scale(ctx, x, 3.0f));
+  tensor* out = scale(ctx, add(ctx, add(ctx, q, k), v), 0.5f);
+  graph g;
+  g.build_forward_expand(out);
+  buffer_ptr buf = alloc_ctx_tensors(ctx, d->buffer_type());
+  std::vector<float> vw(64 * 48), vx(64 * 3);
+  for (size_t i = 0; i < vw.size(); ++i) vw[i] = static_cast<float>(i % 11) - 5.0f;
+  for (size_t i = 0; i < vx.size(); ++i) vx[i] = static_cast<float>(i % 3);
+  tensor_set(*w, vw.data(), 0, nbytes(*w));
+  tensor_set(*x, vx.data(), 0, nbytes(*x));
+  backend_ptr be = d->init_backend();
+  be->graph_compute(g);
+  const auto stats = dynamic_cast<vulkan::backend&>(*be).last_graph();
+  // Every tensor has its own memory here (alloc_ctx_tensors). In the graph's order: q and x * 2 together |
+  // k | q + k and x * 3 together | v | + v | the scale: 5 barriers among 8 dispatches (one after every
+  // dispatch would be 7).
+  CHECK(stats.dispatches == 8);
+  CHECK(stats.barriers == 5);
+  std::vector<float> got(48 * 3);
+  tensor_get(*out, got.data(), 0, nbytes(*out));
+  for (int j = 0; j < 3; ++j) {
+    for (int i = 0; i < 48; ++i) {
+      float dot = 0;
+      for (int e = 0; e < 64; ++e) dot += vw[static_cast<size_t>(i * 64 + e)] * vx[static_cast<size_t>(j * 64 + e)];
+      CHECK(got[static_cast<size_t>(j * 48 + i)] == Approx(0.5f * 6.0f * dot));
+    }
+  }
 }
