@@ -12,10 +12,8 @@
 // type's max_size is the smaller of maxStorageBufferRange and maxMemoryAllocationSize (lavapipe: 128 MiB),
 // so the graph allocator plans compute memory larger than that as several chunks.
 //
-// State: devices, buffers, transfers and the backend (vulkan_backend.h) with the element-wise ops; the
-// ops the model graphs need beyond them (quantized weights, YaRN rope) are not
-// written yet, so the devices are not registered with the runtime's registry (models cannot use them).
-// See docs/architecture.md ("Vulkan").
+// register_builtin_backends() (backends/registry.h) registers these devices; the backend (vulkan_backend.h)
+// computes what the llama / qwen2 / qwen3 / gemma3 graphs need. See docs/architecture.md ("Vulkan").
 #pragma once
 
 #include <vulkan/vulkan.h>

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <string>
 
+#include "backends/registry.h"
 #include "backends/rpc/rpc.h"
 #include "runtime/llm/llm_context.h"
 #include "tests/net/test_server.h"
@@ -50,14 +51,14 @@ const std::vector<int32_t> stories_ref = {432, 383, 286, 261, 376, 298, 315, 421
 // `troupe peer` on an ephemeral port of 127.0.0.1, killed (SIGTERM) and reaped with the object.
 class peer_process {
  public:
-  explicit peer_process(std::vector<std::string> extra = {}) {
+  explicit peer_process(std::vector<std::string> extra = {}, const std::string& device = "cpu") {
     int out[2];
     REQUIRE(::pipe(out) == 0);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, out[1], 1);
     posix_spawn_file_actions_addclose(&fa, out[0]);
-    std::vector<std::string> args = {TROUPE_PEER_BIN, "peer", "--host", "127.0.0.1", "--port", "0", "--threads", "2", "--device", "cpu"};
+    std::vector<std::string> args = {TROUPE_PEER_BIN, "peer", "--host", "127.0.0.1", "--port", "0", "--threads", "2", "--device", device};
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -144,6 +145,27 @@ TEST_CASE("a model layer on a real `troupe peer` process", "[rpc][llm][process]"
   auto c = rpc::client_of(*devs[0]);
   CHECK_FALSE(c->health_check(std::chrono::milliseconds(500)));
   CHECK_THROWS_AS(devs[0]->buffer_type().alloc_buffer(1024), backend_error);
+}
+
+TEST_CASE("a model on a `troupe peer --device vulkan` process: the reference's tokens from its Vulkan device", "[rpc][llm][process][vulkan]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  register_builtin_backends();
+  if (registry::instance().find("Vulkan0") == nullptr) {
+    WARN("skipped: no Vulkan device on this machine (troupe devices says why)");
+    return;
+  }
+  peer_process peer({}, "vulkan");
+  const auto devs = rpc::add_peer("127.0.0.1:" + std::to_string(peer.port()));
+  REQUIRE(devs.size() == 1);
+  CHECK_THAT(devs[0]->description(), !Catch::Contains("CPU"));  // the peer's Vulkan0, not its CPU
+  auto m = model::load(*path, {.devices = {{devs[0], 99}}});
+  {
+    llm_context ctx(*m, {.n_ctx = 64, .n_threads = 1});
+    CHECK(greedy(ctx, stories_prompt, 8) == std::vector<int32_t>(stories_ref.begin(), stories_ref.begin() + 8));
+  }
+  m.reset();
+  CHECK(WEXITSTATUS(peer.stop()) == 0);
 }
 
 TEST_CASE("`troupe peer` refuses a non-loopback address without a key", "[rpc][process]") {
