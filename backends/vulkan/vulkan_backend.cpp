@@ -41,27 +41,56 @@ backend::~backend() {
     TROUPE_LOG(info, os.str());
   }
   const VkDevice d = dev_.handle();  // nothing in flight: graph_compute waits for its work before returning
-  if (descriptors_ != VK_NULL_HANDLE) vkDestroyDescriptorPool(d, descriptors_, nullptr);
+  drop_descriptor_sets();
   vkDestroyFence(d, fence_, nullptr);
   vkDestroyCommandPool(d, pool_, nullptr);
 }
 
-void backend::reserve_descriptors(uint32_t sets) {
+void backend::drop_descriptor_sets() {
+  for (VkDescriptorPool p : pools_) vkDestroyDescriptorPool(dev_.handle(), p, nullptr);
+  pools_.clear();
+  pool_left_ = 0;
+  sets_.clear();
+}
+
+VkDescriptorSet backend::descriptor_set(const kernel& k, std::initializer_list<VkBuffer> buffers) {
+  std::array<uint64_t, 1 + max_bindings> key{};
+  key[0] = reinterpret_cast<uint64_t>(k.set_layout);
+  size_t i = 1;
+  for (VkBuffer b : buffers) key[i++] = reinterpret_cast<uint64_t>(b);
+  if (const auto it = sets_.find(key); it != sets_.end()) return it->second;
   const VkDevice d = dev_.handle();
-  if (sets > descriptor_sets_) {
-    const uint32_t n = std::max(sets, 2 * descriptor_sets_ + 64);  // grow geometrically: graphs vary in size
-    if (descriptors_ != VK_NULL_HANDLE) vkDestroyDescriptorPool(d, descriptors_, nullptr);
-    descriptors_ = VK_NULL_HANDLE;
-    descriptor_sets_ = 0;
-    const VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, max_bindings * n};
+  if (pool_left_ == 0) {
+    const VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, max_bindings * sets_per_pool};
     VkDescriptorPoolCreateInfo ci{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
-    ci.maxSets = n;
+    ci.maxSets = sets_per_pool;
     ci.poolSizeCount = 1;
     ci.pPoolSizes = &size;
-    check(vkCreateDescriptorPool(d, &ci, nullptr, &descriptors_), std::string(dev_.name()), "vkCreateDescriptorPool");
-    descriptor_sets_ = n;
+    VkDescriptorPool pool = VK_NULL_HANDLE;
+    check(vkCreateDescriptorPool(d, &ci, nullptr, &pool), std::string(dev_.name()), "vkCreateDescriptorPool");
+    pools_.push_back(pool);
+    pool_left_ = sets_per_pool;
   }
-  check(vkResetDescriptorPool(d, descriptors_, 0), std::string(dev_.name()), "vkResetDescriptorPool");
+  VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
+  ai.descriptorPool = pools_.back();
+  ai.descriptorSetCount = 1;
+  ai.pSetLayouts = &k.set_layout;
+  VkDescriptorSet set = VK_NULL_HANDLE;
+  check(vkAllocateDescriptorSets(d, &ai, &set), std::string(dev_.name()), "vkAllocateDescriptorSets");
+  --pool_left_;
+  VkDescriptorBufferInfo infos[max_bindings];
+  uint32_t n = 0;
+  for (VkBuffer b : buffers) infos[n++] = {b, 0, VK_WHOLE_SIZE};
+  VkWriteDescriptorSet w{VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
+  w.dstSet = set;
+  w.dstBinding = 0;
+  w.descriptorCount = n;
+  w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+  w.pBufferInfo = infos;
+  vkUpdateDescriptorSets(d, 1, &w, 0, nullptr);
+  sets_.emplace(key, set);
+  ++stats_.descriptor_sets_made;
+  return set;
 }
 
 void backend::graph_compute(graph& g) {
@@ -75,7 +104,10 @@ void backend::graph_compute(graph& g) {
     work.push_back(node);
   }
   if (work.empty()) return;
-  reserve_descriptors(static_cast<uint32_t>(work.size()));
+  if (const uint64_t gen = dev_.buffer_generation(); gen != generation_) {  // a buffer went: its handle may return
+    drop_descriptor_sets();
+    generation_ = gen;
+  }
   if (perf_) {
     for (tensor* node : work) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -151,22 +183,7 @@ void backend::dispatch(const char* shader, std::initializer_list<VkBuffer> buffe
                        uint32_t params_size, uint64_t groups) {
   const auto n_buffers = static_cast<uint32_t>(buffers.size());
   const kernel& k = dev_.kernel_for(shader, n_buffers, params_size);
-  VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
-  ai.descriptorPool = descriptors_;
-  ai.descriptorSetCount = 1;
-  ai.pSetLayouts = &k.set_layout;
-  VkDescriptorSet set = VK_NULL_HANDLE;
-  check(vkAllocateDescriptorSets(dev_.handle(), &ai, &set), std::string(dev_.name()), "vkAllocateDescriptorSets");
-  VkDescriptorBufferInfo infos[max_bindings];
-  uint32_t i = 0;
-  for (VkBuffer b : buffers) infos[i++] = {b, 0, VK_WHOLE_SIZE};
-  VkWriteDescriptorSet w{VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
-  w.dstSet = set;
-  w.dstBinding = 0;
-  w.descriptorCount = n_buffers;
-  w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-  w.pBufferInfo = infos;
-  vkUpdateDescriptorSets(dev_.handle(), 1, &w, 0, nullptr);
+  const VkDescriptorSet set = descriptor_set(k, buffers);
   vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, k.pipeline);
   vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, k.layout, 0, 1, &set, 0, nullptr);
   vkCmdPushConstants(cmd_, k.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, params_size, params);

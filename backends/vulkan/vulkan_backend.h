@@ -1,6 +1,7 @@
 // The Vulkan backend: runs graphs on one device. Each graph is one command buffer: per node a compute
 // pipeline (from the device's kernel cache), its buffers bound as storage buffers (whole buffers; element
-// offsets and strides as push constants) and a dispatch; one submit and one fence wait. A barrier goes
+// offsets and strides as push constants; descriptor sets made once per set of buffers and kept) and a
+// dispatch; one submit and one fence wait. A barrier goes
 // before a node only where it reads, or writes, bytes that a node since the last barrier wrote (or writes
 // bytes one of them read): independent nodes (the q, k and v products of a layer) run without one between.
 //
@@ -16,6 +17,7 @@
 // workgroup) for more; views cost nothing. Descriptor sets come from a pool reset per graph (no allocation per node beyond it).
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <initializer_list>
 #include <map>
@@ -41,13 +43,17 @@ class backend final : public backend_i {
   struct graph_stats {
     uint32_t dispatches = 0;
     uint32_t barriers = 0;
+    uint32_t descriptor_sets_made = 0;  // 0 once the same graph has run before
   };
   graph_stats last_graph() const { return stats_; }
 
  private:
   static constexpr uint32_t max_bindings = 4;
 
-  void reserve_descriptors(uint32_t sets);
+  // The descriptor set binding `buffers` (whole) to k's layout: made once and kept, since buffers are
+  // bound whole and offsets travel as push constants, a decode step binds the same sets as the last one.
+  VkDescriptorSet descriptor_set(const kernel& k, std::initializer_list<VkBuffer> buffers);
+  void drop_descriptor_sets();
   void record(tensor& node);
   void record_weights_op(tensor& node);  // mul_mat, get_rows
   // Records one dispatch of an embedded shader over `buffers` (bindings 0..), with its push constants,
@@ -83,8 +89,11 @@ class backend final : public backend_i {
   VkCommandPool pool_ = VK_NULL_HANDLE;
   VkCommandBuffer cmd_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;
-  VkDescriptorPool descriptors_ = VK_NULL_HANDLE;
-  uint32_t descriptor_sets_ = 0;  // the pool's capacity
+  static constexpr uint32_t sets_per_pool = 256;
+  std::vector<VkDescriptorPool> pools_;
+  uint32_t pool_left_ = 0;  // sets the last pool can still give
+  std::map<std::array<uint64_t, 1 + max_bindings>, VkDescriptorSet> sets_;  // (layout, buffers) -> set
+  uint64_t generation_ = ~uint64_t{0};  // the device's buffer generation the sets were made in
 };
 
 // Whether node t is one the backend computes (or a view, which costs nothing). In vulkan_ops.cpp, with

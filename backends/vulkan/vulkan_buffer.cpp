@@ -65,6 +65,7 @@ buffer::~buffer() {
   vkDestroyBuffer(dev_.handle(), buf_, nullptr);
   vkFreeMemory(dev_.handle(), mem_, nullptr);
   dev_.release(mem_type_, mem_size_);
+  dev_.buffer_destroyed();
 }
 
 void* buffer::base() { return opaque_base; }

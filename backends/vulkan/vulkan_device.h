@@ -102,6 +102,10 @@ class device final : public device_i {
   // held to them this way. release() gives them back.
   void reserve(uint32_t type, size_t bytes);
   void release(uint32_t type, size_t bytes);
+  // Counts buffers destroyed: a backend's descriptor sets name buffers by handle, and a handle may be reused
+  // by a later buffer, so a backend drops its sets when this has moved.
+  uint64_t buffer_generation() const { return buffer_generation_.load(std::memory_order_acquire); }
+  void buffer_destroyed() { buffer_generation_.fetch_add(1, std::memory_order_acq_rel); }
 
  private:
   void release();  // every Vulkan object this device created (idempotent)
@@ -119,6 +123,7 @@ class device final : public device_i {
   VkPhysicalDeviceMemoryProperties memory_props_{};
   std::mutex held_mu_;
   size_t held_[VK_MAX_MEMORY_HEAPS] = {};  // bytes troupe holds per heap
+  std::atomic<uint64_t> buffer_generation_{0};
   device_limits limits_;
 
   std::mutex queue_mu_;  // vkQueueSubmit needs the queue externally synchronized

@@ -280,7 +280,7 @@ TEST_CASE("memory beyond the device's heap is an out-of-memory error naming the 
   CHECK(ok->size() == piece);
 }
 
-TEST_CASE("a Vulkan graph has barriers only where a node reads or overwrites what an earlier one wrote", "[vulkan]") {
+TEST_CASE("a Vulkan graph has barriers only where a node reads or overwrites what an earlier one wrote, and makes its descriptor sets once", "[vulkan]") {
   vulkan::device* d = first_device();
   if (d == nullptr) return;
   context ctx({.max_tensors = 32, .no_alloc = true});
@@ -308,6 +308,10 @@ TEST_CASE("a Vulkan graph has barriers only where a node reads or overwrites wha
   // dispatch would be 7).
   CHECK(stats.dispatches == 8);
   CHECK(stats.barriers == 5);
+  CHECK(stats.descriptor_sets_made > 0);
+  // The same graph again (a decode step): the descriptor sets made the first time are bound again.
+  be->graph_compute(g);
+  CHECK(dynamic_cast<vulkan::backend&>(*be).last_graph().descriptor_sets_made == 0);
   std::vector<float> got(48 * 3);
   tensor_get(*out, got.data(), 0, nbytes(*out));
   for (int j = 0; j < 3; ++j) {
