@@ -192,6 +192,22 @@ void dims_of(const tensor& t, uint32_t (&out)[4]) {
   for (int i = 0; i < 4; ++i) out[i] = static_cast<uint32_t>(t.ne[static_cast<size_t>(i)]);
 }
 
+// set_rows' source rows and indices (the destination's fields are the caller's).
+set_rows_params set_rows_source(const tensor& ts, const f32_view& sv, const tensor& ti, const f32_view& iv) {
+  set_rows_params p{};
+  dims_of(ts, p.ne);
+  p.s_off = sv.off;
+  std::copy(sv.nb, sv.nb + 4, p.s_nb);
+  p.i_off = iv.off;
+  p.i_nb0 = iv.nb[0];
+  p.i_nb1 = iv.nb[1];
+  p.i_nb2 = iv.nb[2];
+  p.i_ne1 = static_cast<uint32_t>(ti.ne[1]);
+  p.i_ne2 = static_cast<uint32_t>(ti.ne[2]);
+  p.i_64 = ti.type == type::i64 ? 1 : 0;
+  return p;
+}
+
 // Workgroups for one invocation per unit (element, pair, word).
 uint64_t groups_for(uint64_t units) { return (units + shader_group_size - 1) / shader_group_size; }
 
@@ -241,9 +257,13 @@ bool computes(const tensor& t) {
     case op::set_rows: {
       const tensor* src = t.src[1];
       const tensor* idx = t.src[2];
-      if (src == nullptr || idx == nullptr || !f32_strides(*src) || !float_type(t.type) || !element_strides(t)) return false;
+      if (src == nullptr || idx == nullptr || !f32_strides(*src)) return false;
       if (idx->type != type::i32 && idx->type != type::i64) return false;
-      return element_strides(*idx) && t.nb[0] == type_size(t.type);
+      if (!element_strides(*idx) || t.nb[0] != type_size(t.type)) return false;
+      if (t.type == type::q8_0) {  // rows of whole blocks, 16-bit aligned (a q8_0 KV cache)
+        return t.ne[0] % 32 == 0 && std::all_of(t.nb.begin(), t.nb.end(), [](size_t nb) { return nb % 2 == 0; });
+      }
+      return float_type(t.type) && element_strides(t);
     }
     case op::get_rows: {
       const tensor* a = t.src[0];
@@ -279,7 +299,7 @@ bool computes(const tensor& t) {
 }
 
 void backend::record(tensor& node) {
-  if (node.op == op::mul_mat || node.op == op::get_rows) {
+  if (node.op == op::mul_mat || node.op == op::get_rows || (node.op == op::set_rows && node.type == type::q8_0)) {
     record_weights_op(node);
     return;
   }
@@ -356,17 +376,7 @@ void backend::record(tensor& node) {
       const tensor& ti = *node.src[2];
       const f32_view sv = view_of(dev_, ts);
       const f32_view iv = view_of(dev_, ti);
-      set_rows_params p{};
-      dims_of(ts, p.ne);
-      p.s_off = sv.off;
-      std::copy(sv.nb, sv.nb + 4, p.s_nb);
-      p.i_off = iv.off;
-      p.i_nb0 = iv.nb[0];
-      p.i_nb1 = iv.nb[1];
-      p.i_nb2 = iv.nb[2];
-      p.i_ne1 = static_cast<uint32_t>(ti.ne[1]);
-      p.i_ne2 = static_cast<uint32_t>(ti.ne[2]);
-      p.i_64 = ti.type == type::i64 ? 1 : 0;
+      set_rows_params p = set_rows_source(ts, sv, ti, iv);
       p.d_off = d.off;
       p.d_nb1 = d.nb[1];
       p.d_nb2 = d.nb[2];
@@ -446,13 +456,30 @@ void backend::record(tensor& node) {
   }
 }
 
-// The ops whose first source is weights of any type (weights.glsl): a's view is in bytes.
+// The ops over tensors of blocks, whose views are in bytes: mul_mat and get_rows (a of any weight type,
+// weights.glsl) and set_rows into q8_0 rows.
 void backend::record_weights_op(tensor& node) {
   const tensor& ta = *node.src[0];
   const weights_view w = weights_of(dev_, ta);
-  const f32_view d = view_of(dev_, node);
   uint32_t ne[4];
   dims_of(node, ne);
+  if (node.op == op::set_rows) {  // into q8_0 rows: the destination (ta) in bytes
+    const tensor& ts = *node.src[1];
+    const tensor& ti = *node.src[2];
+    const f32_view sv = view_of(dev_, ts);
+    const f32_view iv = view_of(dev_, ti);
+    const weights_view dv = weights_of(dev_, node);
+    set_rows_params p = set_rows_source(ts, sv, ti, iv);
+    p.d_off = dv.off;
+    p.d_nb1 = dv.nb[1];
+    p.d_nb2 = dv.nb[2];
+    p.d_nb3 = dv.nb[3];
+    p.d_rows = ne[1];
+    p.d_type = 3;
+    dispatch("set_rows", {sv.buffer, iv.buffer, dv.buffer}, &p, sizeof p, groups_for(static_cast<uint64_t>(nelements(ts)) / 32));
+    return;
+  }
+  const f32_view d = view_of(dev_, node);
   if (node.op == op::get_rows) {
     const tensor& ti = *node.src[1];
     const f32_view iv = view_of(dev_, ti);
