@@ -299,8 +299,12 @@ bool computes(const tensor& t) {
 }
 
 void backend::record(tensor& node) {
-  if (node.op == op::mul_mat || node.op == op::get_rows || (node.op == op::set_rows && node.type == type::q8_0)) {
+  if (node.op == op::mul_mat || node.op == op::get_rows) {
     record_weights_op(node);
+    return;
+  }
+  if (node.op == op::set_rows) {
+    record_set_rows(node);
     return;
   }
   const f32_view a = view_of(dev_, *node.src[0]);
@@ -369,21 +373,6 @@ void backend::record(tensor& node) {
       p.attn_factor = rp.attn_factor;
       const uint64_t units = static_cast<uint64_t>(nrows(node)) * static_cast<uint64_t>(rp.n_dims / 2 + (node.ne[0] - rp.n_dims));
       dispatch("rope", {a.buffer, pv.buffer, ff_buffer, d.buffer}, &p, sizeof p, groups_for(units));
-      return;
-    }
-    case op::set_rows: {
-      const tensor& ts = *node.src[1];
-      const tensor& ti = *node.src[2];
-      const f32_view sv = view_of(dev_, ts);
-      const f32_view iv = view_of(dev_, ti);
-      set_rows_params p = set_rows_source(ts, sv, ti, iv);
-      p.d_off = d.off;
-      p.d_nb1 = d.nb[1];
-      p.d_nb2 = d.nb[2];
-      p.d_nb3 = d.nb[3];
-      p.d_rows = ne[1];
-      p.d_type = float_code(node.type);
-      dispatch("set_rows", {sv.buffer, iv.buffer, d.buffer}, &p, sizeof p, groups_for(static_cast<uint64_t>(nelements(ts))));
       return;
     }
     case op::glu: {
@@ -456,29 +445,44 @@ void backend::record(tensor& node) {
   }
 }
 
-// The ops over tensors of blocks, whose views are in bytes: mul_mat and get_rows (a of any weight type,
-// weights.glsl) and set_rows into q8_0 rows.
+// set_rows: the destination's offset and strides in its elements, or in bytes for q8_0 rows.
+void backend::record_set_rows(tensor& node) {
+  const tensor& ts = *node.src[1];
+  const tensor& ti = *node.src[2];
+  const f32_view sv = view_of(dev_, ts);
+  const f32_view iv = view_of(dev_, ti);
+  set_rows_params p = set_rows_source(ts, sv, ti, iv);
+  const bool blocks = node.type == type::q8_0;
+  VkBuffer dst = VK_NULL_HANDLE;
+  const uint32_t* nb = nullptr;
+  weights_view dw;
+  f32_view df;
+  if (blocks) {
+    dw = weights_of(dev_, node);
+    dst = dw.buffer;
+    p.d_off = dw.off;
+    nb = dw.nb;
+  } else {
+    df = view_of(dev_, node);
+    dst = df.buffer;
+    p.d_off = df.off;
+    nb = df.nb;
+  }
+  p.d_nb1 = nb[1];
+  p.d_nb2 = nb[2];
+  p.d_nb3 = nb[3];
+  p.d_rows = static_cast<uint32_t>(node.ne[1]);
+  p.d_type = blocks ? 3 : float_code(node.type);
+  const auto units = static_cast<uint64_t>(nelements(ts)) / (blocks ? 32 : 1);  // blocks, or elements
+  dispatch("set_rows", {sv.buffer, iv.buffer, dst}, &p, sizeof p, groups_for(units));
+}
+
+// The ops whose first source is weights of any type (weights.glsl): a's view is in bytes.
 void backend::record_weights_op(tensor& node) {
   const tensor& ta = *node.src[0];
   const weights_view w = weights_of(dev_, ta);
   uint32_t ne[4];
   dims_of(node, ne);
-  if (node.op == op::set_rows) {  // into q8_0 rows: the destination (ta) in bytes
-    const tensor& ts = *node.src[1];
-    const tensor& ti = *node.src[2];
-    const f32_view sv = view_of(dev_, ts);
-    const f32_view iv = view_of(dev_, ti);
-    const weights_view dv = weights_of(dev_, node);
-    set_rows_params p = set_rows_source(ts, sv, ti, iv);
-    p.d_off = dv.off;
-    p.d_nb1 = dv.nb[1];
-    p.d_nb2 = dv.nb[2];
-    p.d_nb3 = dv.nb[3];
-    p.d_rows = ne[1];
-    p.d_type = 3;
-    dispatch("set_rows", {sv.buffer, iv.buffer, dv.buffer}, &p, sizeof p, groups_for(static_cast<uint64_t>(nelements(ts)) / 32));
-    return;
-  }
   const f32_view d = view_of(dev_, node);
   if (node.op == op::get_rows) {
     const tensor& ti = *node.src[1];
