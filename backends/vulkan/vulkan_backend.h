@@ -47,6 +47,12 @@ class backend final : public backend_i {
   };
   graph_stats last_graph() const { return stats_; }
 
+  // Which shader takes matrix products of more than 8 activation rows (of 1..8 as well, when not
+  // automatic): chosen per device by default (registers on a CPU driver, tiled on a GPU); tests force each
+  // so both run on any driver.
+  enum class matmul_shader : uint8_t { automatic, tiled, registers };
+  void force_matmul(matmul_shader s) { matmul_ = s; }
+
  private:
   static constexpr uint32_t max_bindings = 4;
 
@@ -77,6 +83,7 @@ class backend final : public backend_i {
   static bool overlaps(const std::vector<span>& spans, const span& s);
   std::vector<span> written_, read_;
   graph_stats stats_;
+  matmul_shader matmul_ = matmul_shader::automatic;
 
   vulkan::device& dev_;
   // TROUPE_VULKAN_PERF=1: each node submitted and waited for on its own, its time summed per op and shader,

@@ -525,11 +525,13 @@ void backend::record_weights_op(tensor& node) {
   p.d_nb2 = d.nb[2];
   p.d_nb3 = d.nb[3];
   const uint64_t planes = uint64_t{ne[2]} * ne[3];
-  if (node.ne[1] <= mat_vec_max_cols && dev_.limits().subgroup_arithmetic) {
+  const bool automatic = matmul_ == matmul_shader::automatic;
+  if (automatic && node.ne[1] <= mat_vec_max_cols && dev_.limits().subgroup_arithmetic) {
     // A subgroup per row: 64 / subgroup size rows per workgroup.
     const uint64_t rows_per_group = std::max<uint64_t>(1, 64 / std::max<uint32_t>(dev_.limits().subgroup_size, 1));
     dispatch(("mul_mat_vec" + w.variant).c_str(), {w.buffer, b.buffer, d.buffer}, &p, sizeof p, (uint64_t{ne[0]} * planes + rows_per_group - 1) / rows_per_group);
-  } else if (dev_.is_cpu()) {  // a CPU driver: 4 x 4 outputs per invocation, no shared memory
+  } else if (matmul_ == matmul_shader::registers || (automatic && dev_.is_cpu())) {
+    // A CPU driver: 4 x 4 outputs per invocation, no shared memory.
     const uint64_t blocks = uint64_t{(ne[0] + 3) / 4} * ((ne[1] + 3) / 4);
     dispatch(("mul_mat_reg" + w.variant).c_str(), {w.buffer, b.buffer, d.buffer}, &p, sizeof p, (blocks * planes + 63) / 64);
   } else {

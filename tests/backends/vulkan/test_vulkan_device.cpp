@@ -212,6 +212,32 @@ TEST_CASE("every conformance case of the ops Vulkan computes matches the CPU ref
   CHECK(mul_mat_cases >= 13 * (3 + 1 + 8) + 3 * 4 + 2);
 }
 
+TEST_CASE("every matrix product case matches the CPU reference with each of the matrix shaders forced", "[vulkan][conformance]") {
+  vulkan::device* d = first_device();
+  if (d == nullptr) return;
+  auto reference = cpu::make_cpu_backend({.reference = true});
+  const auto cases = testing::conformance_cases();
+  using shader = vulkan::backend::matmul_shader;
+  for (shader s : {shader::tiled, shader::registers}) {
+    INFO((s == shader::tiled ? "tiled (shared memory)" : "registers"));
+    backend_ptr be = d->init_backend();
+    dynamic_cast<vulkan::backend&>(*be).force_matmul(s);
+    int compared = 0;
+    for (size_t ci = 0; ci < cases.size(); ++ci) {
+      const testing::op_case& c = cases[ci];
+      if (c.name.rfind("mul_mat ", 0) != 0 && c.name != "attention chain") continue;
+      INFO("case: " << c.name);
+      const auto got = testing::run_case(c, ci, *be, nullptr);
+      REQUIRE(got.has_value());
+      const auto ref = testing::run_case(c, ci, *reference, nullptr);
+      REQUIRE(ref.has_value());
+      CHECK(testing::nmse(*got, *ref) <= c.max_nmse);
+      ++compared;
+    }
+    CHECK(compared > 150);
+  }
+}
+
 TEST_CASE("the Vulkan device says which ops it does not compute yet, and refuses them in a graph", "[vulkan]") {
   vulkan::device* d = first_device();
   if (d == nullptr) return;
