@@ -112,6 +112,24 @@ struct mul_mat_params {
   uint32_t d_off, d_nb1, d_nb2, d_nb3;
 };
 
+struct rows_params {
+  uint32_t ne[4];
+  uint32_t a_off, a_nb[4];
+  uint32_t d_ne0, d_ne1, d_ne2;
+  uint32_t d_off, d_nb[4];
+  uint32_t op;
+  float eps;
+};
+
+struct concat_pad_params {
+  uint32_t ne[4];
+  uint32_t a_ne[4];
+  uint32_t a_off, a_nb[4];
+  uint32_t b_off, b_nb[4];
+  uint32_t d_off, d_nb[4];
+  uint32_t op, dim;
+};
+
 struct rms_norm_params {
   uint32_t ne[4];
   uint32_t a_off, a_nb[4];
@@ -236,7 +254,19 @@ bool computes(const tensor& t) {
     case op::silu:
     case op::gelu:
     case op::rms_norm:
+    case op::norm:
       return f32_strides(t) && t.src[0] && f32_strides(*t.src[0]) && same_shape(t, *t.src[0]);
+    case op::sum_rows:
+    case op::mean:
+      return f32_strides(t) && t.src[0] && f32_strides(*t.src[0]) && nelements(t) == nrows(*t.src[0]);
+    case op::argmax:
+      return t.type == type::i32 && element_strides(t) && t.src[0] && f32_strides(*t.src[0]) && nelements(t) == nrows(*t.src[0]);
+    case op::concat: {
+      const int32_t dim = t.param<int32_t>(0);
+      return f32_strides(t) && t.src[0] && t.src[1] && f32_strides(*t.src[0]) && f32_strides(*t.src[1]) && dim >= 0 && dim < 4;
+    }
+    case op::pad:
+      return f32_strides(t) && t.src[0] && f32_strides(*t.src[0]);
     case op::cpy:
     case op::cont: {
       const tensor* a = t.src[0];
@@ -326,6 +356,45 @@ void backend::record(tensor& node) {
       std::copy(b.nb, b.nb + 4, p.b_nb);
       p.op = node.op == op::add ? 0 : node.op == op::sub ? 1 : node.op == op::mul ? 2 : 3;
       dispatch("binary", {a.buffer, b.buffer, d.buffer}, &p, sizeof p, per_element);
+      return;
+    }
+    case op::norm:
+    case op::sum_rows:
+    case op::mean:
+    case op::argmax: {
+      rows_params p{};
+      dims_of(*node.src[0], p.ne);
+      p.a_off = a.off;
+      std::copy(a.nb, a.nb + 4, p.a_nb);
+      p.d_ne0 = ne[0];
+      p.d_ne1 = ne[1];
+      p.d_ne2 = ne[2];
+      p.d_off = d.off;
+      std::copy(d.nb, d.nb + 4, p.d_nb);
+      p.op = node.op == op::norm ? 0 : node.op == op::sum_rows ? 1 : node.op == op::mean ? 2 : 3;
+      if (node.op == op::norm) p.eps = node.param<float>(0);
+      dispatch("rows", {a.buffer, d.buffer}, &p, sizeof p, groups_for(static_cast<uint64_t>(nrows(*node.src[0]))));
+      return;
+    }
+    case op::concat:
+    case op::pad: {
+      concat_pad_params p{};
+      std::copy(ne, ne + 4, p.ne);
+      dims_of(*node.src[0], p.a_ne);
+      p.a_off = a.off;
+      std::copy(a.nb, a.nb + 4, p.a_nb);
+      VkBuffer b_buffer = a.buffer;  // pad: bound, not read
+      if (node.op == op::concat) {
+        const f32_view b = view_of(dev_, *node.src[1]);
+        b_buffer = b.buffer;
+        p.b_off = b.off;
+        std::copy(b.nb, b.nb + 4, p.b_nb);
+        p.dim = static_cast<uint32_t>(node.param<int32_t>(0));
+      }
+      p.d_off = d.off;
+      std::copy(d.nb, d.nb + 4, p.d_nb);
+      p.op = node.op == op::concat ? 0 : 1;
+      dispatch("concat_pad", {a.buffer, b_buffer, d.buffer}, &p, sizeof p, per_element);
       return;
     }
     case op::rms_norm: {
