@@ -1,7 +1,9 @@
 // Op construction: shape and type checks, result shapes, parameters. See ops.h for every op's contract.
 #include "runtime/ops.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numbers>
 #include <initializer_list>
 #include <string>
 
@@ -155,6 +157,25 @@ tensor* rope(context& ctx, tensor* a, tensor* pos, tensor* freq_factors, const r
   r->set_param(7, p.beta_fast);
   r->set_param(8, p.beta_slow);
   return r;
+}
+
+namespace {
+
+// Dimension at which `n_rot` full rotations happen over n_ctx_orig positions:
+// n_dims * log(n_ctx_orig / (n_rot * 2 pi)) / (2 log(base)).
+float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
+  return static_cast<float>(n_dims) *
+         std::log(static_cast<float>(n_ctx_orig) / (n_rot * 2.0f * std::numbers::pi_v<float>)) /
+         (2.0f * std::log(base));
+}
+
+}  // namespace
+
+void rope_yarn_corr_dims(const rope_params& p, float dims[2]) {
+  const float start = std::floor(yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_fast, p.freq_base));
+  const float end = std::ceil(yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_slow, p.freq_base));
+  dims[0] = std::max(0.0f, start);
+  dims[1] = std::min(static_cast<float>(p.n_dims - 1), end);
 }
 
 rope_params rope_params_of(const tensor& t) {

@@ -71,6 +71,9 @@ struct rope_params {
 // dividing each frequency (Llama 3 long-context rope). dst: a's shape, f32.
 tensor* rope(context& ctx, tensor* a, tensor* pos, tensor* freq_factors, const rope_params& p);
 rope_params rope_params_of(const tensor& t);  // read back from a rope node
+// YaRN's correction range [dims[0], dims[1]] of rotated dimension pairs (ggml_rope_yarn_corr_dims, step for
+// step): every backend's rope interpolates between them.
+void rope_yarn_corr_dims(const rope_params& p, float dims[2]);
 
 // ---- attention helpers ----
 // a: [n_kv, n_q, ne2, ne3] f32; mask: optional [n_kv, >= n_q, ne2m, ne3m] f32 or f16, broadcast over

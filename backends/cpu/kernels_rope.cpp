@@ -41,21 +41,6 @@ float yarn_ramp(float low, float high, int64_t i0) {
   return 1.0f - std::min(1.0f, std::max(0.0f, y));
 }
 
-// Dimension at which `n_rot` full rotations happen over n_ctx_orig positions:
-// n_dims * log(n_ctx_orig / (n_rot * 2 pi)) / (2 log(base)).
-float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
-  return static_cast<float>(n_dims) *
-         std::log(static_cast<float>(n_ctx_orig) / (n_rot * 2.0f * std::numbers::pi_v<float>)) /
-         (2.0f * std::log(base));
-}
-
-void yarn_corr_dims(const rope_args& p, float dims[2]) {
-  const float start = std::floor(yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_fast, p.freq_base));
-  const float end = std::ceil(yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_slow, p.freq_base));
-  dims[0] = std::max(0.0f, start);
-  dims[1] = std::min(static_cast<float>(p.n_dims - 1), end);
-}
-
 // cache[i0] = cos(theta_i0) * mscale, cache[i0 + 1] = sin(theta_i0) * mscale for i0 = 0, 2, ... < n_dims,
 // theta_i0 = pos * base^(-i0 / n_dims) / freq_factor[i0 / 2], interpolated / extrapolated by YaRN.
 void cache_init(const rope_args& p, float pos, const tensor* ff, const float corr[2], float theta_scale,
@@ -125,7 +110,7 @@ void compute_rope(const compute_params& params, tensor& node) {
 
   const float theta_scale = n_dims > 0 ? std::pow(p.freq_base, -2.0f / static_cast<float>(n_dims)) : 1.0f;
   float corr[2];
-  yarn_corr_dims(p, corr);
+  rope_yarn_corr_dims(rope_params_of(node), corr);
 
   float* cache = reinterpret_cast<float*>(params.wdata + cache_bytes * static_cast<size_t>(params.ith));
   int64_t cached_i2 = -1;

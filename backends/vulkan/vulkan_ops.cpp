@@ -194,6 +194,7 @@ struct rope_shader_params {
   uint32_t p_off, f_off, has_ff;
   uint32_t n_dims, neox;
   float theta_scale, freq_scale, attn_factor;
+  float ext_factor, corr0, corr1, yarn_mscale;
 };
 
 struct unary_params {
@@ -280,8 +281,7 @@ bool computes(const tensor& t) {
       if (a == nullptr || pos == nullptr || !f32_strides(*a) || !f32_strides(t) || !same_shape(t, *a)) return false;
       if (pos->type != type::i32 || pos->nb[0] != 4) return false;
       if (ff != nullptr && (ff->type != type::f32 || ff->nb[0] != 4)) return false;
-      // YaRN (ext_factor != 0) is not written yet.
-      return (rp.mode == rope_mode::normal || rp.mode == rope_mode::neox) && rp.ext_factor == 0.0f && rp.n_dims > 0 &&
+      return (rp.mode == rope_mode::normal || rp.mode == rope_mode::neox) && rp.n_dims > 0 &&
              rp.n_dims % 2 == 0 && rp.n_dims <= a->ne[0];
     }
     case op::set_rows: {
@@ -440,6 +440,14 @@ void backend::record(tensor& node) {
       p.theta_scale = std::pow(rp.freq_base, -2.0f / static_cast<float>(rp.n_dims));  // as the CPU computes it
       p.freq_scale = rp.freq_scale;
       p.attn_factor = rp.attn_factor;
+      if (rp.ext_factor != 0.0f) {
+        float corr[2];
+        rope_yarn_corr_dims(rp, corr);
+        p.ext_factor = rp.ext_factor;
+        p.corr0 = corr[0];
+        p.corr1 = corr[1];
+        p.yarn_mscale = 1.0f + 0.1f * std::log(1.0f / rp.freq_scale);  // as the CPU computes it
+      }
       const uint64_t units = static_cast<uint64_t>(nrows(node)) * static_cast<uint64_t>(rp.n_dims / 2 + (node.ne[0] - rp.n_dims));
       dispatch("rope", {a.buffer, pv.buffer, ff_buffer, d.buffer}, &p, sizeof p, groups_for(units));
       return;

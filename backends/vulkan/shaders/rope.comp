@@ -1,5 +1,5 @@
 // Rotary position embedding, normal (pairs 2i, 2i + 1) and neox (pairs i, i + n_dims / 2) modes, partial
-// rotation (dimensions from n_dims on pass through), linear scaling and freq_factors, as the CPU computes it
+// rotation (dimensions from n_dims on pass through), linear scaling, YaRN and freq_factors, as the CPU computes it
 // (theta of pair i is pos * theta_scale^i by repeated multiplication). a: [head_dim, n_head, n_tokens, ne3]
 // f32 of any strides; pos: i32 per token. One invocation per pair (it writes both elements, so the op may
 // run in place) or per passed-through element.
@@ -21,6 +21,7 @@ layout(push_constant) uniform params {
   uint p_off, f_off, has_ff;
   uint n_dims, neox;
   float theta_scale, freq_scale, attn_factor;
+  float ext_factor, corr0, corr1, yarn_mscale;  // YaRN (ext_factor 0: off); corr: rope_yarn_corr_dims
 } p;
 
 void main() {
@@ -44,9 +45,18 @@ void main() {
   float theta = float(pos[p.p_off + i2]);
   for (uint k = 0u; k < c; ++k) theta *= p.theta_scale;
   const float f = p.has_ff != 0u ? ff[p.f_off + c] : 1.0f;
-  const float th = p.freq_scale * (theta / f);
-  const float cs = cos(th) * p.attn_factor;
-  const float sn = sin(th) * p.attn_factor;
+  const float theta_extrap = theta / f;
+  const float theta_interp = p.freq_scale * theta_extrap;
+  float th = theta_interp;
+  float mscale = p.attn_factor;
+  if (p.ext_factor != 0.0f) {  // YaRN: extrapolated below corr0, interpolated above corr1, a ramp between
+    const float y = (float(c) - p.corr0) / max(0.001f, p.corr1 - p.corr0);
+    const float ramp_mix = (1.0f - min(1.0f, max(0.0f, y))) * p.ext_factor;
+    th = theta_interp * (1.0f - ramp_mix) + theta_extrap * ramp_mix;
+    mscale *= p.yarn_mscale;
+  }
+  const float cs = cos(th) * mscale;
+  const float sn = sin(th) * mscale;
   const uint i = p.neox != 0u ? c : 2u * c;
   const uint j = i + (p.neox != 0u ? half_dims : 1u);
   const float x0 = a[x_row + i * p.a_nb0];
