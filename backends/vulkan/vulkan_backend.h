@@ -11,7 +11,8 @@
 // Ops so far: add, sub, mul, div (b broadcast over a), scale, silu, gelu, rms_norm, soft_max (f32 / f16
 // mask, ALiBi), swiglu / geglu on f32 of any strides;
 // get_rows of f32 / f16 / bf16 / quantized rows; cpy / cont between f32, f16 and bf16;
-// set_rows into f32 / f16 / bf16 / q8_0 rows; rope (normal / neox, no YaRN yet);
+// set_rows into f32 / f16 / bf16 / q8_0 rows; rope (normal / neox, YaRN); norm, sum_rows, mean, argmax,
+// concat, pad;
 // mul_mat with f32 / f16 / bf16 / q4_0 / q4_1 / q5_0 / q5_1 / q8_0 / q2_K..q6_K weights (rows contiguous)
 // and f32 activations: a matrix-vector shader for 1..8 activation rows, a tiled one (64 x 64 outputs per
 // workgroup) for more; views cost nothing. Descriptor sets come from a pool reset per graph (no allocation per node beyond it).
