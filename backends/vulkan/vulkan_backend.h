@@ -1,21 +1,21 @@
 // The Vulkan backend: runs graphs on one device. Each graph is one command buffer: per node a compute
 // pipeline (from the device's kernel cache), its buffers bound as storage buffers (whole buffers; element
 // offsets and strides as push constants; descriptor sets made once per set of buffers and kept) and a
-// dispatch; one submit and one fence wait. A barrier goes
-// before a node only where it reads, or writes, bytes that a node since the last barrier wrote (or writes
-// bytes one of them read): independent nodes (the q, k and v products of a layer) run without one between.
+// dispatch; one submit and one fence wait. A barrier goes before a node only where it reads, or writes,
+// bytes that a node since the last barrier wrote (or writes bytes one of them read): independent nodes
+// (the q, k and v products of a layer) run without one between.
 //
 //   backend_ptr be = dev.init_backend();
 //   be->graph_compute(g);         // every node supported (device::supports_op) and placed in dev's buffers
 //
-// Ops so far: add, sub, mul, div (b broadcast over a), scale, silu, gelu, rms_norm, soft_max (f32 / f16
+// Ops: add, sub, mul, div (b broadcast over a), scale, silu, gelu, rms_norm, soft_max (f32 / f16
 // mask, ALiBi), swiglu / geglu on f32 of any strides;
 // get_rows of f32 / f16 / bf16 / quantized rows; cpy / cont between f32, f16 and bf16;
 // set_rows into f32 / f16 / bf16 / q8_0 rows; rope (normal / neox, YaRN); norm, sum_rows, mean, argmax,
 // concat, pad;
 // mul_mat with f32 / f16 / bf16 / q4_0 / q4_1 / q5_0 / q5_1 / q8_0 / q2_K..q6_K weights (rows contiguous)
 // and f32 activations: a matrix-vector shader for 1..8 activation rows, a tiled one (64 x 64 outputs per
-// workgroup) for more; views cost nothing. Descriptor sets come from a pool reset per graph (no allocation per node beyond it).
+// workgroup) for more, or on a CPU driver a barrier-free one; views cost nothing.
 #pragma once
 
 #include <array>
