@@ -9,6 +9,9 @@
 #ifdef TROUPE_HAVE_VULKAN
 #include "backends/vulkan/vulkan_device.h"
 #endif
+#ifdef TROUPE_HAVE_CUDA
+#include "backends/cuda/cuda_probe.h"
+#endif
 
 namespace troupe {
 
@@ -31,13 +34,18 @@ std::vector<std::string> builtin_device_names() {
 std::vector<backend_report> builtin_backends() {
   register_builtin_backends();
   std::vector<backend_report> out;
-  out.push_back({"CPU", true, 1, "1 device"});
+  out.push_back({"CPU", true, "compiled", 1, "1 device"});
 #ifdef TROUPE_HAVE_VULKAN
-  out.push_back({"Vulkan", true, vulkan::devices().size(), vulkan::status()});
+  out.push_back({"Vulkan", true, "compiled", vulkan::devices().size(), vulkan::status()});
 #else
-  out.push_back({"Vulkan", false, 0, "built without the Vulkan SDK"});
+  out.push_back({"Vulkan", false, "not compiled", 0, "built without the Vulkan SDK"});
 #endif
-  out.push_back({"CUDA", false, 0, "no CUDA backend in this version of troupe"});
+#ifdef TROUPE_HAVE_CUDA
+  // Probed, not registered: the backend does not compute yet (backends/cuda/cuda_probe.h).
+  out.push_back({"CUDA", true, "compiled (toolkit " + cuda::toolkit_version() + ")", 0, cuda::status()});
+#else
+  out.push_back({"CUDA", false, "not compiled", 0, "built without the CUDA toolkit"});
+#endif
   return out;
 }
 
@@ -60,7 +68,13 @@ std::string format_devices() {
   }
   for (const backend_report& b : backends) {
     if (b.devices > 0) continue;
-    out += "  " + b.name + ": " + (b.compiled ? "compiled, no device (" + b.status + ")" : "not compiled (" + b.status + ")") + "\n";
+    if (!b.compiled) {
+      out += "  " + b.name + ": " + b.build + " (" + b.status + ")\n";
+    } else if (b.status.rfind("found", 0) == 0) {  // devices the backend cannot use yet
+      out += "  " + b.name + ": " + b.build + ", " + b.status + "\n";
+    } else {
+      out += "  " + b.name + ": " + b.build + ", no device (" + b.status + ")\n";
+    }
   }
   return out;
 }

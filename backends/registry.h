@@ -25,6 +25,7 @@ std::vector<std::string> builtin_device_names();
 struct backend_report {
   std::string name;  // "CPU", "Vulkan", "CUDA"
   bool compiled = false;
+  std::string build;  // what it was compiled with, as users see it: "compiled (toolkit 13.0)"
   size_t devices = 0;
   std::string status;
 };
@@ -33,7 +34,8 @@ struct backend_report {
 std::vector<backend_report> builtin_backends();
 
 // One line per registered device (name, description, kind, memory total / free, max buffer size) and one
-// per backend without devices ("Vulkan: compiled, no device (...)", "CUDA: not compiled").
+// per backend without devices ("Vulkan: compiled, no device (...)", "CUDA: compiled (toolkit 13.0), no
+// device (...)", "CUDA: not compiled (...)").
 std::string format_devices();
 
 }  // namespace troupe
