@@ -30,6 +30,9 @@
 
 namespace troupe {
 
+// Ops that only reinterpret their source's memory (no work for a backend): view, reshape, permute, transpose.
+inline bool is_view_op(op o) { return o == op::view || o == op::reshape || o == op::permute || o == op::transpose; }
+
 // ---- element-wise, with broadcasting of b over a (each a.ne[i] a multiple of b.ne[i]); f32 -> f32 ----
 tensor* add(context& ctx, tensor* a, tensor* b);
 tensor* sub(context& ctx, tensor* a, tensor* b);

@@ -4,6 +4,7 @@
 
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "runtime/ops.h"
 
 namespace troupe {
 
@@ -312,9 +313,7 @@ void scheduler::record_run() {
     r.backend = splits_[i].backend;
     r.ops.clear();
     for (const tensor* n : splits_[i].nodes) {
-      if (n->op != op::none && n->op != op::view && n->op != op::reshape && n->op != op::permute && n->op != op::transpose) {
-        r.ops.push_back(n->op);
-      }
+      if (n->op != op::none && !is_view_op(n->op)) r.ops.push_back(n->op);
     }
   }
 }

@@ -5,11 +5,10 @@
 
 #include "backends/rpc/rpc_device.h"
 #include "runtime/error.h"
+#include "runtime/ops.h"
 
 namespace troupe::rpc {
 namespace {
-
-bool is_view_op(op o) { return o == op::view || o == op::reshape || o == op::permute || o == op::transpose; }
 
 // Entry index of each tensor already in the message: open addressing over pointers (std::unordered_map
 // allocates a node per tensor, and a message is built for every graph run).

@@ -24,6 +24,7 @@
 #include <map>
 
 #include "backends/vulkan/vulkan_device.h"
+#include "runtime/ops.h"
 
 namespace troupe::vulkan {
 
@@ -110,9 +111,7 @@ class backend final : public backend_i {
 bool computes(const tensor& t);
 
 // Nodes that only reinterpret their source's memory: no work.
-inline bool is_layout_op(op o) {
-  return o == op::none || o == op::view || o == op::reshape || o == op::permute || o == op::transpose;
-}
+inline bool is_layout_op(op o) { return o == op::none || is_view_op(o); }
 
 // local_size_x of every shader.
 inline constexpr uint32_t shader_group_size = 256;
