@@ -141,15 +141,17 @@ void backend::order(const tensor& node) {
   };
   const span w = span_of(node);
   bool hazard = overlaps(written_, w) || overlaps(read_, w);  // write after write, write after read
-  std::vector<span> reads;
+  std::array<span, max_src> reads{};  // on the stack: order() runs for every node of every graph
+  size_t n_reads = 0;
   for (const tensor* src : node.src) {
     if (src == nullptr) continue;
-    reads.push_back(span_of(*src));
-    hazard = hazard || overlaps(written_, reads.back());  // read after write
+    reads[n_reads] = span_of(*src);
+    hazard = hazard || overlaps(written_, reads[n_reads]);  // read after write
+    ++n_reads;
   }
   if (hazard) barrier();
   written_.push_back(w);
-  read_.insert(read_.end(), reads.begin(), reads.end());
+  read_.insert(read_.end(), reads.begin(), reads.begin() + static_cast<std::ptrdiff_t>(n_reads));
 }
 
 void backend::barrier() {

@@ -250,7 +250,7 @@ void full_barrier(VkCommandBuffer cmd) {
 
 const kernel& device::kernel_for(const char* shader, uint32_t n_buffers, uint32_t push_bytes) {
   std::lock_guard l(kernels_mu_);
-  if (const auto it = kernels_.find(shader); it != kernels_.end()) return it->second;
+  if (const auto it = kernels_.find(std::string_view(shader)); it != kernels_.end()) return it->second;
   const shader_bytes code = shader_code(shader);
   if (code.data == nullptr) throw backend_error(name_ + ": no shader named '" + std::string(shader) + "' in this build");
   kernel k;

@@ -129,7 +129,7 @@ class device final : public device_i {
   std::mutex queue_mu_;  // vkQueueSubmit needs the queue externally synchronized
   std::mutex kernels_mu_;
   VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;
-  std::map<std::string, kernel> kernels_;  // by shader name (stable references)
+  std::map<std::string, kernel, std::less<>> kernels_;  // by shader name (stable references; found without a copy of it)
 
   std::mutex transfer_mu_;
   VkCommandPool pool_ = VK_NULL_HANDLE;

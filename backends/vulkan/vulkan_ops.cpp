@@ -2,6 +2,7 @@
 // (backend::record): the shader and its push constants, built from the node's tensors.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "backends/vulkan/vulkan_backend.h"
 #include "backends/vulkan/vulkan_buffer.h"
@@ -22,14 +23,21 @@ struct f32_view {
   uint32_t nb[4] = {};
 };
 
-f32_view view_of(const vulkan::device& dev, const tensor& t) {
-  const size_t es = type_size(t.type);
+// The Vulkan buffer t lies in and t's byte offset in it, which must be a multiple of `align`; throws
+// backend_error naming the tensor otherwise, or when t is not in dev's memory.
+std::pair<vulkan::buffer*, size_t> place_of(const vulkan::device& dev, const tensor& t, size_t align) {
   auto* b = dynamic_cast<vulkan::buffer*>(t.buffer);
   if (b == nullptr || &b->type().device() != &dev) {
     throw backend_error(std::string(dev.name()) + ": tensor " + describe(t) + " is not in this device's memory");
   }
   const size_t at = b->offset_of(t);
-  if (at % es != 0) throw backend_error(std::string(dev.name()) + ": tensor " + describe(t) + " is not aligned to its type");
+  if (at % align != 0) throw backend_error(std::string(dev.name()) + ": tensor " + describe(t) + " is not aligned to its type");
+  return {b, at};
+}
+
+f32_view view_of(const vulkan::device& dev, const tensor& t) {
+  const size_t es = type_size(t.type);
+  const auto [b, at] = place_of(dev, t, es);
   f32_view v;
   v.buffer = b->handle();
   v.off = static_cast<uint32_t>(at / es);
@@ -75,14 +83,7 @@ struct weights_view {
 };
 
 weights_view weights_of(const vulkan::device& dev, const tensor& t) {
-  auto* b = dynamic_cast<vulkan::buffer*>(t.buffer);
-  if (b == nullptr || &b->type().device() != &dev) {
-    throw backend_error(std::string(dev.name()) + ": tensor " + describe(t) + " is not in this device's memory");
-  }
-  const size_t at = b->offset_of(t);
-  if (at % (t.type == type::f32 ? 4 : 2) != 0) {
-    throw backend_error(std::string(dev.name()) + ": tensor " + describe(t) + " is not aligned to its type");
-  }
+  const auto [b, at] = place_of(dev, t, t.type == type::f32 ? 4 : 2);
   weights_view v;
   v.buffer = b->handle();
   v.off = static_cast<uint32_t>(at);

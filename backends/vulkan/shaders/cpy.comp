@@ -22,11 +22,8 @@ layout(push_constant) uniform params {
   uint by_word;  // a 16-bit destination, contiguous and word-aligned: one invocation per word
 } p;
 
-void store16(uint e, uint h) {
-  const uint shift = (e & 1u) * 16u;
-  atomicAnd(d[e >> 1], ~(0xffffu << shift));
-  atomicOr(d[e >> 1], h << shift);
-}
+#define STORE16_BUFFER d
+#include "store16.glsl"
 
 // Source element number i (in the source's element order).
 float source(uint i) {

@@ -21,11 +21,8 @@ layout(push_constant) uniform params {
   uint d_type;  // 0 f32, 1 f16, 2 bf16 (offsets and strides in elements), 3 q8_0 (in bytes)
 } p;
 
-void store16(uint e, uint h) {
-  const uint shift = (e & 1u) * 16u;
-  atomicAnd(d[e >> 1], ~(0xffffu << shift));
-  atomicOr(d[e >> 1], h << shift);
-}
+#define STORE16_BUFFER d
+#include "store16.glsl"
 
 // q8_0 as the CPU's reference quantizes it: d = amax / 127, q = round(x / d) (halves away from zero).
 int q8(float v) {
