@@ -34,17 +34,17 @@ std::vector<std::string> builtin_device_names() {
 std::vector<backend_report> builtin_backends() {
   register_builtin_backends();
   std::vector<backend_report> out;
-  out.push_back({"CPU", true, "compiled", 1, "1 device"});
+  out.push_back({"CPU", true, "compiled", 1, 0, "1 device"});
 #ifdef TROUPE_HAVE_VULKAN
-  out.push_back({"Vulkan", true, "compiled", vulkan::devices().size(), vulkan::status()});
+  out.push_back({"Vulkan", true, "compiled", vulkan::devices().size(), 0, vulkan::status()});
 #else
-  out.push_back({"Vulkan", false, "not compiled", 0, "built without the Vulkan SDK"});
+  out.push_back({"Vulkan", false, "not compiled", 0, 0, "built without the Vulkan SDK"});
 #endif
 #ifdef TROUPE_HAVE_CUDA
   // Probed, not registered: the backend does not compute yet (backends/cuda/cuda_probe.h).
-  out.push_back({"CUDA", true, "compiled (toolkit " + cuda::toolkit_version() + ")", 0, cuda::status()});
+  out.push_back({"CUDA", true, "compiled (toolkit " + cuda::toolkit_version() + ")", 0, cuda::probe().size(), cuda::status()});
 #else
-  out.push_back({"CUDA", false, "not compiled", 0, "built without the CUDA toolkit"});
+  out.push_back({"CUDA", false, "not compiled", 0, 0, "built without the CUDA toolkit"});
 #endif
   return out;
 }
@@ -70,7 +70,7 @@ std::string format_devices() {
     if (b.devices > 0) continue;
     if (!b.compiled) {
       out += "  " + b.name + ": " + b.build + " (" + b.status + ")\n";
-    } else if (b.status.rfind("found", 0) == 0) {  // devices the backend cannot use yet
+    } else if (b.unused > 0) {  // devices the backend cannot use yet
       out += "  " + b.name + ": " + b.build + ", " + b.status + "\n";
     } else {
       out += "  " + b.name + ": " + b.build + ", no device (" + b.status + ")\n";

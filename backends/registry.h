@@ -26,7 +26,8 @@ struct backend_report {
   std::string name;  // "CPU", "Vulkan", "CUDA"
   bool compiled = false;
   std::string build;  // what it was compiled with, as users see it: "compiled (toolkit 13.0)"
-  size_t devices = 0;
+  size_t devices = 0;  // registered
+  size_t unused = 0;   // found but not registered (the backend cannot compute on them yet)
   std::string status;
 };
 
