@@ -46,4 +46,10 @@ std::vector<std::pair<std::string, int>> offload_layers(const offload_request& r
   return offload_layers(r, static_cast<int>(model::open(path)->hp().n_layer));
 }
 
+std::vector<std::pair<device_i*, int>> offload_devices(const offload_request& r, const std::string& path) {
+  std::vector<std::pair<device_i*, int>> out;
+  for (const auto& [name, layers] : offload_layers(r, path)) out.emplace_back(registry::instance().find(name), layers);
+  return out;
+}
+
 }  // namespace troupe::llm

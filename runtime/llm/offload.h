@@ -7,7 +7,7 @@
 //                               ones); "CPU" keeps its share in host memory. With -ngl N they share the last
 //                               N layers, the rest stays on the CPU.
 //
-//   auto layers = llm::offload_layers({.n_gpu_layers = 99}, n_layer);   // {{"Vulkan0", 99}}
+//   auto layers = llm::offload_layers({.n_gpu_layers = 99}, 30);   // {{"Vulkan0", 31}}: every layer and the output
 //   auto layers = llm::offload_layers({.devices = {"Vulkan0", "CPU"}}, 30);  // {{"Vulkan0", 15}, {"CPU", 16}}
 //
 // The result is in the placement's terms (loader/placement.h: devices take the last layers, the output goes
@@ -18,6 +18,10 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+namespace troupe {
+class device_i;
+}
 
 namespace troupe::llm {
 
@@ -32,5 +36,7 @@ struct offload_request {
 std::vector<std::pair<std::string, int>> offload_layers(const offload_request& r, int n_layer);
 // The same for the model at `path` (its layer count from the GGUF metadata; nothing else is read).
 std::vector<std::pair<std::string, int>> offload_layers(const offload_request& r, const std::string& path);
+// The same as the registry's devices, as llm::model_params::devices takes them.
+std::vector<std::pair<device_i*, int>> offload_devices(const offload_request& r, const std::string& path);
 
 }  // namespace troupe::llm

@@ -136,10 +136,8 @@ int run_bench(const bench_options& o) {
       return 1;
     }
     backend.clear();
-    for (const auto& [name, layers] : llm::offload_layers(o.offload, o.model)) {
-      mp.devices.emplace_back(registry::instance().find(name), layers);
-      backend += (backend.empty() ? "" : ",") + name;
-    }
+    mp.devices = llm::offload_devices(o.offload, o.model);
+    for (const auto& [dev, layers] : mp.devices) backend += (backend.empty() ? "" : ",") + std::string(dev->name());
     if (backend.empty()) backend = "CPU";
   }
   auto m = llm::model::load(o.model, mp);

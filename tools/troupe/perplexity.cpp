@@ -28,11 +28,7 @@ int run_perplexity(const ppl_options& o) {
   }
   std::ostringstream text;
   text << in.rdbuf();
-  llm::model_params mp;
-  for (const auto& [name, layers] : llm::offload_layers(o.offload, o.model)) {
-    mp.devices.emplace_back(registry::instance().find(name), layers);
-  }
-  auto m = llm::model::load(o.model, mp);
+  auto m = llm::model::load(o.model, {.devices = llm::offload_devices(o.offload, o.model)});
   llm::vocab v(m->meta());
   llm::llm_context ctx(*m, {.n_ctx = o.n_ctx, .n_batch = o.n_ctx, .n_threads = o.n_threads});
   const auto tokens = v.tokenize(text.str(), true);
