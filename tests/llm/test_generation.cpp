@@ -5,6 +5,7 @@
 
 #include "runtime/error.h"
 #include "runtime/llm/llm_context.h"
+#include "tests/support/greedy.h"
 #include "tests/test_models.h"
 
 using namespace troupe;
@@ -12,30 +13,10 @@ using namespace troupe::llm;
 
 namespace {
 
-int32_t argmax_of(std::span<const float> l) {
-  return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
-}
-
-// Decodes the prompt, then n greedy tokens one at a time.
-std::vector<int32_t> greedy(llm_context& ctx, const std::vector<int32_t>& prompt, int n, int32_t seq = 0) {
-  batch b;
-  for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], static_cast<int32_t>(i), seq, i + 1 == prompt.size());
-  ctx.decode(b);
-  std::vector<int32_t> out;
-  int32_t pos = static_cast<int32_t>(prompt.size());
-  for (int i = 0; i < n; ++i) {
-    const int32_t t = argmax_of(ctx.logits(0));
-    out.push_back(t);
-    b.clear();
-    b.add(t, pos++, seq, true);
-    ctx.decode(b);
-  }
-  return out;
-}
-
-const std::vector<int32_t> stories_prompt = {1, 403, 407, 261, 378};
-const std::vector<int32_t> stories_ref = {432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337,
-                                          410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394};
+using test::argmax_of;
+using test::greedy;
+using test::stories_prompt;
+using test::stories_ref;
 
 }  // namespace
 

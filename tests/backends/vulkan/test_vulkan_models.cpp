@@ -15,6 +15,7 @@
 #include "runtime/llm/perplexity.h"
 #include "runtime/llm/vocab.h"
 #include "tests/backends/vulkan/vulkan_test_device.h"
+#include "tests/support/greedy.h"
 #include "tests/test_models.h"
 
 using namespace troupe;
@@ -22,30 +23,9 @@ using namespace troupe;
 namespace {
 
 llm::model_params placed(const llm::offload_request& r, const std::filesystem::path& path) {
-  llm::model_params mp;
-  for (const auto& [name, layers] : llm::offload_layers(r, path.string())) {
-    mp.devices.emplace_back(registry::instance().find(name), layers);
-  }
-  return mp;
+  return {.devices = llm::offload_devices(r, path.string())};
 }
 
-// Decodes the prompt, then n greedy tokens one at a time.
-std::vector<int32_t> greedy(llm::llm_context& ctx, const std::vector<int32_t>& prompt, int n) {
-  llm::batch b;
-  for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], static_cast<int32_t>(i), 0, i + 1 == prompt.size());
-  ctx.decode(b);
-  std::vector<int32_t> out;
-  auto pos = static_cast<int32_t>(prompt.size());
-  for (int i = 0; i < n; ++i) {
-    const std::span<const float> l = ctx.logits(0);
-    const auto t = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
-    out.push_back(t);
-    b.clear();
-    b.add(t, pos++, 0, true);
-    ctx.decode(b);
-  }
-  return out;
-}
 
 // The ops of the last graph the scheduler ran on the CPU.
 std::vector<std::string> cpu_ops(llm::llm_context& ctx) {
@@ -84,13 +64,10 @@ TEST_CASE("stories260K fully offloaded (-ngl 99): the reference's greedy tokens,
   REQUIRE(mp.devices.size() == 1);
   CHECK(mp.devices[0].first == d);
   auto m = llm::model::load(*path, mp);
-  const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};
-  const std::vector<int32_t> ref = {432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337,
-                                    410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394};
   for (type kv : {type::f16, type::f32}) {
     INFO("KV cache " << type_name(kv));
     llm::llm_context ctx(*m, {.n_ctx = 128, .type_k = kv, .type_v = kv, .n_threads = 2});
-    CHECK(greedy(ctx, prompt, 32) == ref);
+    CHECK(test::greedy(ctx, test::stories_prompt, 32) == test::stories_ref);
     // The last graph (one token): the token embeddings stay in host memory (as in llama.cpp), so their
     // get_rows is the only op computed on the CPU; every other op of the graph ran on Vulkan0.
     CHECK(cpu_ops(ctx) == std::vector<std::string>{"get_rows"});
