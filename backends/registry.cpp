@@ -10,7 +10,7 @@
 #include "backends/vulkan/vulkan_device.h"
 #endif
 #ifdef TROUPE_HAVE_CUDA
-#include "backends/cuda/cuda_probe.h"
+#include "backends/cuda/cuda_device.h"
 #endif
 
 namespace troupe {
@@ -20,6 +20,9 @@ void register_builtin_backends() {
 #ifdef TROUPE_HAVE_VULKAN
   for (vulkan::device* d : vulkan::devices()) registry::instance().add(*d);
 #endif
+#ifdef TROUPE_HAVE_CUDA
+  for (cuda::device* d : cuda::devices()) registry::instance().add(*d);
+#endif
 }
 
 std::vector<std::string> builtin_device_names() {
@@ -27,6 +30,9 @@ std::vector<std::string> builtin_device_names() {
   std::vector<std::string> out{"CPU"};
 #ifdef TROUPE_HAVE_VULKAN
   for (vulkan::device* d : vulkan::devices()) out.emplace_back(d->name());
+#endif
+#ifdef TROUPE_HAVE_CUDA
+  for (cuda::device* d : cuda::devices()) out.emplace_back(d->name());
 #endif
   return out;
 }
@@ -41,8 +47,7 @@ std::vector<backend_report> builtin_backends() {
   out.push_back({"Vulkan", false, "not compiled", 0, 0, "built without the Vulkan SDK"});
 #endif
 #ifdef TROUPE_HAVE_CUDA
-  // Probed, not registered: the backend does not compute yet (backends/cuda/cuda_probe.h).
-  out.push_back({"CUDA", true, "compiled (toolkit " + cuda::toolkit_version() + ")", 0, cuda::probe().size(), cuda::status()});
+  out.push_back({"CUDA", true, "compiled (toolkit " + cuda::toolkit_version() + ")", cuda::devices().size(), 0, cuda::status()});
 #else
   out.push_back({"CUDA", false, "not compiled", 0, 0, "built without the CUDA toolkit"});
 #endif

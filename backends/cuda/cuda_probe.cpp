@@ -60,7 +60,7 @@ std::string toolkit_version() {
   return std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10);
 }
 
-std::string status() {
+std::string probe_status() {
   const probe_state& s = state();
   if (s.devices.empty()) return s.why;
   std::string out = "found " + std::to_string(s.devices.size()) + " device(s):";
@@ -68,7 +68,7 @@ std::string status() {
     out += " CUDA" + std::to_string(d.index) + " " + d.name + " (compute " + std::to_string(d.cc_major) + "." +
            std::to_string(d.cc_minor) + ", " + std::to_string(d.total >> 20) + " MiB)";
   }
-  return out + "; not used yet (the CUDA backend does not compute)";
+  return out;
 }
 
 }  // namespace troupe::cuda

@@ -1,12 +1,9 @@
-// What the CUDA runtime finds on this machine: the first piece of the CUDA backend (issue 16). The devices
-// are asked of cudart (name, compute capability, memory total / free from cudaMemGetInfo), never guessed;
-// without a GPU or a driver there are none, and status() says why in cudart's words.
+// What the CUDA runtime finds on this machine. The devices are asked of cudart (name, compute capability,
+// memory total / free from cudaMemGetInfo), never guessed; without a GPU or a driver there are none, and
+// probe_status() says why in cudart's words. cuda_device.h makes troupe devices of them.
 //
 //   for (const cuda::device_info& d : cuda::probe()) ...   // empty without a GPU
-//   cuda::status();   // why there is no device: "cudaGetDeviceCount: CUDA driver version is insufficient ..."
-//
-// The devices are not registered with the runtime yet: buffers, transfers and kernels come next, and a device
-// that cannot compute must not be offered to models.
+//   cuda::probe_status();   // "cudaGetDeviceCount: CUDA driver version is insufficient ..."
 #pragma once
 
 #include <cstddef>
@@ -27,6 +24,6 @@ const std::vector<device_info>& probe();
 // The toolkit this build was compiled with, "13.0".
 std::string toolkit_version();
 // Why there is no device (cudart's error), or "found N device(s): CUDA0 NAME (compute 9.0, 143771 MiB) ...".
-std::string status();
+std::string probe_status();
 
 }  // namespace troupe::cuda

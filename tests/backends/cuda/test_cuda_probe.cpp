@@ -13,8 +13,8 @@ TEST_CASE("the CUDA probe reports the toolkit and what cudart found", "[cuda]") 
   CHECK(cuda::toolkit_version().rfind("13.", 0) == 0);  // the toolkit these machines have
   const auto& devs = cuda::probe();
   if (devs.empty()) {
-    WARN("no CUDA device: " << cuda::status());
-    CHECK_THAT(cuda::status(), Catch::Contains("cudaGetDeviceCount"));
+    WARN("no CUDA device: " << cuda::probe_status());
+    CHECK_THAT(cuda::probe_status(), Catch::Contains("cudaGetDeviceCount"));
   }
   for (const cuda::device_info& d : devs) {
     INFO("CUDA" << d.index << " " << d.name);

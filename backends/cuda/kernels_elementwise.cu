@@ -1,0 +1,91 @@
+// The CUDA kernels of every op but the matrix products: a thread per unit (element-wise, rope, copies,
+// get_rows, set_rows, dequantization), striding over the units beyond the grid, or a block per row (norms,
+// soft_max, sums, argmax). What each thread computes is bodies.h's, which the host tests run too.
+#include <type_traits>
+
+#include "backends/cuda/kernels/groups.cuh"
+#include "backends/cuda/launch.h"
+#include "runtime/error.h"
+
+namespace troupe::cuda {
+
+namespace {
+
+using namespace kern;
+
+template <class Args, void (*Body)(const Args&, int64_t)>
+__global__ void each_unit(Args p, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) Body(p, i);
+}
+
+template <class Args, void (*Body)(const Args&, int64_t, block_group&)>
+__global__ void each_row(Args p, int64_t rows) {
+  block_group g;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) Body(p, r, g);
+}
+
+template <class Args, void (*Body)(const Args&, int64_t)>
+void run_units(const step& s, const Args& a, cudaStream_t stream) {
+  const launch_dims d = dims_of(s);
+  each_unit<Args, Body><<<dim3(d.grid_x, d.grid_y), d.block, 0, stream>>>(a, units_of(s));
+}
+
+template <class Args, void (*Body)(const Args&, int64_t, block_group&)>
+void run_rows(const step& s, const Args& a, cudaStream_t stream) {
+  const launch_dims d = dims_of(s);
+  each_row<Args, Body><<<dim3(d.grid_x, d.grid_y), d.block, 0, stream>>>(a, units_of(s));
+}
+
+// Calls f with the weight type t as a compile-time constant.
+template <class F>
+void with_weight_type(type t, F&& f) {
+  switch (t) {
+    case type::f32: return f(std::integral_constant<type, type::f32>{});
+    case type::f16: return f(std::integral_constant<type, type::f16>{});
+    case type::bf16: return f(std::integral_constant<type, type::bf16>{});
+    case type::q4_0: return f(std::integral_constant<type, type::q4_0>{});
+    case type::q4_1: return f(std::integral_constant<type, type::q4_1>{});
+    case type::q5_0: return f(std::integral_constant<type, type::q5_0>{});
+    case type::q5_1: return f(std::integral_constant<type, type::q5_1>{});
+    case type::q8_0: return f(std::integral_constant<type, type::q8_0>{});
+    case type::q2_K: return f(std::integral_constant<type, type::q2_K>{});
+    case type::q3_K: return f(std::integral_constant<type, type::q3_K>{});
+    case type::q4_K: return f(std::integral_constant<type, type::q4_K>{});
+    case type::q5_K: return f(std::integral_constant<type, type::q5_K>{});
+    case type::q6_K: return f(std::integral_constant<type, type::q6_K>{});
+    default: throw backend_error("CUDA: no kernel reads weights of type " + std::string(type_name(t)));
+  }
+}
+
+}  // namespace
+
+void launch_elementwise(const step& s, cudaStream_t stream) {
+  if (const auto* st = std::get_if<binary_step>(&s)) {
+    run_units<binary_args, binary_at>(s, st->a, stream);
+  } else if (const auto* st = std::get_if<unary_step>(&s)) {
+    run_units<unary_args, unary_at>(s, st->a, stream);
+  } else if (const auto* st = std::get_if<glu_step>(&s)) {
+    run_units<glu_args, glu_at>(s, st->a, stream);
+  } else if (const auto* st = std::get_if<concat_pad_step>(&s)) {
+    run_units<concat_pad_args, concat_pad_at>(s, st->a, stream);
+  } else if (const auto* st = std::get_if<rope_step>(&s)) {
+    run_units<rope_args, rope_at>(s, st->a, stream);
+  } else if (const auto* st = std::get_if<cpy_step>(&s)) {
+    run_units<cpy_args, cpy_at>(s, st->a, stream);
+  } else if (const auto* st = std::get_if<set_rows_step>(&s)) {
+    run_units<set_rows_args, set_rows_at>(s, st->a, stream);
+  } else if (const auto* st = std::get_if<get_rows_step>(&s)) {
+    with_weight_type(st->a.t, [&](auto t) { run_units<get_rows_args, get_rows_at<decltype(t)::value>>(s, st->a, stream); });
+  } else if (const auto* st = std::get_if<dequant_step>(&s)) {
+    with_weight_type(st->a.t, [&](auto t) { run_units<dequant_args, dequant_at<decltype(t)::value>>(s, st->a, stream); });
+  } else if (const auto* st = std::get_if<rows_step>(&s)) {
+    run_rows<rows_args, rows_row<block_group>>(s, st->a, stream);
+  } else if (const auto* st = std::get_if<soft_max_step>(&s)) {
+    run_rows<soft_max_args, soft_max_row<block_group>>(s, st->a, stream);
+  } else {
+    throw backend_error("CUDA: step " + std::string(step_name(s)) + " is not an element-wise or row kernel");
+  }
+}
+
+}  // namespace troupe::cuda

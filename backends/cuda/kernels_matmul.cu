@@ -1,0 +1,125 @@
+// The matrix products: activations quantized to 8 bits (a warp per 32 values), the matrix-vector kernels
+// (a warp per output row, 4 rows per block; quantized weights by dp4a over act_blocks, float weights by
+// f32 fma) and cuBLAS (cublasGemmEx, f32 accumulation) for more than 8 activation columns.
+#include <type_traits>
+
+#include "backends/cuda/kernels/groups.cuh"
+#include "backends/cuda/launch.h"
+#include "runtime/error.h"
+
+namespace troupe::cuda {
+
+namespace {
+
+using namespace kern;
+
+__global__ void quantize_kernel(quantize_args p, int64_t blocks) {
+  warp_group g;
+  const int64_t per_block = blockDim.x / 32;
+  for (int64_t b = blockIdx.x * per_block + threadIdx.x / 32; b < blocks; b += static_cast<int64_t>(gridDim.x) * per_block) {
+    quantize_block(p, b, g);
+  }
+}
+
+template <type T, int N, bool Quantized>
+__global__ void mat_vec_kernel(mat_vec_args p) {
+  warp_group g;
+  const int64_t planes = p.ne2 * p.ne3;
+  const int64_t warps = blockDim.x / 32;
+  for (int64_t plane = blockIdx.y; plane < planes; plane += gridDim.y) {
+    for (int64_t row = blockIdx.x * warps + threadIdx.x / 32; row < p.m; row += static_cast<int64_t>(gridDim.x) * warps) {
+      if constexpr (Quantized) {
+        mat_vec_q_row<T, N>(p, row, plane, g);
+      } else {
+        mat_vec_f_row<T, N>(p, row, plane, g);
+      }
+    }
+  }
+}
+
+template <type T, bool Quantized>
+void run_mat_vec(const step& s, const mat_vec_args& a, cudaStream_t stream) {
+  const launch_dims d = dims_of(s);
+  const dim3 grid(d.grid_x, d.grid_y);
+  switch (a.n) {
+    case 1: mat_vec_kernel<T, 1, Quantized><<<grid, d.block, 0, stream>>>(a); break;
+    case 2: mat_vec_kernel<T, 2, Quantized><<<grid, d.block, 0, stream>>>(a); break;
+    case 4: mat_vec_kernel<T, 4, Quantized><<<grid, d.block, 0, stream>>>(a); break;
+    case 8: mat_vec_kernel<T, 8, Quantized><<<grid, d.block, 0, stream>>>(a); break;
+    default: throw backend_error("CUDA: a matrix-vector launch of " + std::to_string(a.n) + " columns (1, 2, 4 or 8)");
+  }
+}
+
+void mat_vec(const step& s, const mat_vec_args& a, cudaStream_t stream) {
+  switch (a.t) {
+    case type::f32: return run_mat_vec<type::f32, false>(s, a, stream);
+    case type::f16: return run_mat_vec<type::f16, false>(s, a, stream);
+    case type::bf16: return run_mat_vec<type::bf16, false>(s, a, stream);
+    case type::q4_0: return run_mat_vec<type::q4_0, true>(s, a, stream);
+    case type::q4_1: return run_mat_vec<type::q4_1, true>(s, a, stream);
+    case type::q5_0: return run_mat_vec<type::q5_0, true>(s, a, stream);
+    case type::q5_1: return run_mat_vec<type::q5_1, true>(s, a, stream);
+    case type::q8_0: return run_mat_vec<type::q8_0, true>(s, a, stream);
+    case type::q2_K: return run_mat_vec<type::q2_K, true>(s, a, stream);
+    case type::q3_K: return run_mat_vec<type::q3_K, true>(s, a, stream);
+    case type::q4_K: return run_mat_vec<type::q4_K, true>(s, a, stream);
+    case type::q5_K: return run_mat_vec<type::q5_K, true>(s, a, stream);
+    case type::q6_K: return run_mat_vec<type::q6_K, true>(s, a, stream);
+    default: throw backend_error("CUDA: no matrix-vector kernel for weights of type " + std::string(type_name(a.t)));
+  }
+}
+
+cudaDataType_t data_type(int code) { return code == f32_code ? CUDA_R_32F : code == f16_code ? CUDA_R_16F : CUDA_R_16BF; }
+
+void check_cublas(cublasStatus_t st, const char* call) {
+  if (st != CUBLAS_STATUS_SUCCESS) throw backend_error(std::string("CUDA: ") + call + ": " + error_text(st));
+}
+
+void gemm(const gemm_args& g, cudaStream_t stream, cublasHandle_t h) {
+  check_cublas(cublasSetStream(h, stream), "cublasSetStream");
+  const float alpha = 1.0f, beta = 0.0f;
+  const cudaDataType_t t = data_type(g.ab_type);
+  for (int64_t i3 = 0; i3 < g.ne3; ++i3) {
+    for (int64_t i2 = 0; i2 < g.ne2; ++i2) {
+      const uint8_t* a = g.a + (i2 / g.r2) * g.a_nb2 + (i3 / g.r3) * g.a_nb3;
+      const uint8_t* b = g.b + (i3 * g.ne2 + i2) * g.b_plane;
+      uint8_t* d = g.d + i2 * g.d_nb2 + i3 * g.d_nb3;
+      check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k),
+                                &alpha, a, t, static_cast<int>(g.lda), b, t, static_cast<int>(g.ldb), &beta, d, CUDA_R_32F,
+                                static_cast<int>(g.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx");
+    }
+  }
+}
+
+}  // namespace
+
+void launch_matmul(const step& s, cudaStream_t stream, cublasHandle_t cublas) {
+  if (const auto* st = std::get_if<quantize_step>(&s)) {
+    const launch_dims d = dims_of(s);
+    quantize_kernel<<<dim3(d.grid_x, d.grid_y), d.block, 0, stream>>>(st->a, units_of(s));
+  } else if (const auto* st = std::get_if<mat_vec_step>(&s)) {
+    mat_vec(s, st->a, stream);
+  } else if (const auto* st = std::get_if<gemm_step>(&s)) {
+    gemm(st->a, stream, cublas);
+  } else {
+    throw backend_error("CUDA: step " + std::string(step_name(s)) + " is not a matrix product");
+  }
+}
+
+void launch(const step& s, cudaStream_t stream, cublasHandle_t cublas) {
+  if (std::holds_alternative<quantize_step>(s) || std::holds_alternative<mat_vec_step>(s) || std::holds_alternative<gemm_step>(s)) {
+    launch_matmul(s, stream, cublas);
+  } else {
+    launch_elementwise(s, stream);
+  }
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+    throw backend_error("CUDA: launch of " + std::string(step_name(s)) + ": " + error_text(e));
+  }
+}
+
+std::string error_text(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
+
+std::string error_text(cublasStatus_t s) { return std::string(cublasGetStatusName(s)) + ": " + cublasGetStatusString(s); }
+
+}  // namespace troupe::cuda
