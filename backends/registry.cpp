@@ -15,24 +15,26 @@
 
 namespace troupe {
 
+// CUDA before Vulkan: where both drive the same NVIDIA GPU, -ngl without --device (the first device that is
+// not the CPU) takes its native backend.
 void register_builtin_backends() {
   cpu::register_cpu_backend();
-#ifdef TROUPE_HAVE_VULKAN
-  for (vulkan::device* d : vulkan::devices()) registry::instance().add(*d);
-#endif
 #ifdef TROUPE_HAVE_CUDA
   for (cuda::device* d : cuda::devices()) registry::instance().add(*d);
+#endif
+#ifdef TROUPE_HAVE_VULKAN
+  for (vulkan::device* d : vulkan::devices()) registry::instance().add(*d);
 #endif
 }
 
 std::vector<std::string> builtin_device_names() {
   register_builtin_backends();
   std::vector<std::string> out{"CPU"};
-#ifdef TROUPE_HAVE_VULKAN
-  for (vulkan::device* d : vulkan::devices()) out.emplace_back(d->name());
-#endif
 #ifdef TROUPE_HAVE_CUDA
   for (cuda::device* d : cuda::devices()) out.emplace_back(d->name());
+#endif
+#ifdef TROUPE_HAVE_VULKAN
+  for (vulkan::device* d : vulkan::devices()) out.emplace_back(d->name());
 #endif
   return out;
 }
