@@ -5,6 +5,7 @@
 #include "runtime/error.h"
 #include "runtime/log.h"
 #include "runtime/ops.h"
+#include "runtime/trace.h"
 
 namespace troupe {
 
@@ -271,13 +272,19 @@ void scheduler::forget_graph() {
 
 void scheduler::run_split(const split& sp) {
   backend_i& be = backend(sp.backend);
-  for (auto& [src, copy] : sp.inputs) {
-    const int from = tensor_backend(src->view_src ? src->view_src : src);
-    if (from >= 0 && from != sp.backend) backend(from).synchronize();
-    tensor_copy(*src, *copy);
+  const auto index = static_cast<int64_t>(&sp - splits_.data());
+  if (!sp.inputs.empty()) {
+    trace::span t("transfers", "inputs",
+                  {{"ubatch", trace_id_}, {"split", index}, {"copies", static_cast<int64_t>(sp.inputs.size())}});
+    for (auto& [src, copy] : sp.inputs) {
+      const int from = tensor_backend(src->view_src ? src->view_src : src);
+      if (from >= 0 && from != sp.backend) backend(from).synchronize();
+      tensor_copy(*src, *copy);
+    }
   }
   graph sg(sp.nodes.size() + 1);
   for (tensor* node : sp.nodes) sg.append(node);
+  trace::span t(be.device().name(), "split", {{"ubatch", trace_id_}, {"split", index}});
   be.graph_compute(sg);
 }
 

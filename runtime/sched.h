@@ -85,6 +85,9 @@ class scheduler {
   // order. Empty (the default): graph_compute runs them on the calling thread.
   using split_runner = std::function<void(int index, const split& sp, const std::function<void()>& work)>;
   void set_split_runner(split_runner runner) { runner_ = std::move(runner); }
+  bool has_split_runner() const { return static_cast<bool>(runner_); }
+  // The micro-batch id the trace's split spans carry (runtime/trace.h; llm_context sets it per graph).
+  void set_trace_id(int64_t id) { trace_id_ = id; }
 
   const std::vector<split>& splits() const { return splits_; }
   // What the last graph computed ran where, kept after reset() (which forgets the splits): per split, its
@@ -125,6 +128,7 @@ class scheduler {
   std::vector<std::pair<tensor*, std::array<tensor*, max_src>>> original_srcs_;
   const graph* current_ = nullptr;
   split_runner runner_;
+  int64_t trace_id_ = 0;
 };
 
 }  // namespace troupe

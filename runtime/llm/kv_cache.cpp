@@ -109,6 +109,14 @@ uint32_t kv_cache::n_kv(const std::vector<uint32_t>& extra) const {
   return std::min(n_ctx_, (top + pad - 1) / pad * pad);
 }
 
+void kv_cache::release(const std::vector<uint32_t>& cells) {
+  for (uint32_t c : cells) {
+    cell& x = cells_.at(c);
+    x.seqs = 0;
+    x.pos = -1;
+  }
+}
+
 void kv_cache::seq_rm(int32_t seq, int32_t p0, int32_t p1) {
   if (seq >= 0) check_seq(seq, "seq_rm");
   if (p0 < 0) p0 = 0;

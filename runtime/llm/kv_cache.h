@@ -56,6 +56,8 @@ class kv_cache {
   // Cells that attention must cover: one past the highest used cell (after adding `extra` cells), padded.
   uint32_t n_kv(const std::vector<uint32_t>& extra = {}) const;
 
+  // Frees cells that commit() filled (a micro-batch whose compute failed gives its cells back).
+  void release(const std::vector<uint32_t>& cells);
   // Removes positions [p0, p1) of seq (p1 < 0: to the end; seq < 0: every sequence).
   void seq_rm(int32_t seq, int32_t p0, int32_t p1);
   // Makes positions [p0, p1) of src visible to dst as well (shared cells, no copy).

@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <cstring>
 #include <string>
 
@@ -21,6 +25,18 @@ troupe::context_params graph_ctx_params(const hparams& hp) {
 }
 
 }  // namespace
+
+struct llm_context::ubatch {
+  std::unique_ptr<troupe::context> ctx;  // the graph's tensors
+  std::unique_ptr<graph_builder> gb;
+  std::unique_ptr<graph> g;
+  tensor* logits = nullptr;
+  std::vector<uint32_t> cells;
+  std::vector<int32_t> pos, seq;
+  size_t n_out = 0;      // rows of logits wanted
+  size_t out_at = 0;     // where they go in logits_ (in rows)
+  bool discard = false;  // no logits wanted: the graph's one row is dropped
+};
 
 llm_context::llm_context(const model& m, const context_params& p) : m_(m), params_(p) {
   if (params_.n_ctx == 0) params_.n_ctx = std::min<uint32_t>(m.hp().n_ctx_train, 4096);
@@ -46,8 +62,9 @@ llm_context::llm_context(const model& m, const context_params& p) : m_(m), param
   for (const auto& l : m.layers()) add_device(l.buft);
   for (const auto& [bt, bytes] : m.weight_bytes()) add_device(bt);
   backends.push_back({cpu_.get(), nullptr});
+  backend_list_ = backends;
   sched_ = std::make_unique<scheduler>(std::move(backends), graph_tensors(m.hp()) * 2);
-  reserve();
+  reserve(*sched_);
 }
 
 llm_context::~llm_context() = default;
@@ -57,6 +74,9 @@ void llm_context::set_n_threads(int n) { cpu_->set_n_threads(n); }
 size_t llm_context::compute_bytes() const {
   size_t n = 0;
   for (int b = 0; b < sched_->n_backends(); ++b) n += sched_->compute_buffer_size(b);
+  for (const auto& s : slots_) {
+    for (int b = 0; b < s->n_backends(); ++b) n += s->compute_buffer_size(b);
+  }
   return n;
 }
 
@@ -68,16 +88,21 @@ void llm_context::account(memory_ledger& ledger, int sign) const {
   for (int b = 0; b < sched_->n_backends(); ++b) {
     ledger.add(key(sched_->buffer_type(b)), memory_kind::compute, sign * static_cast<int64_t>(sched_->compute_buffer_size(b)));
   }
+  for (const auto& s : slots_) {
+    for (int b = 0; b < s->n_backends(); ++b) {
+      ledger.add(key(s->buffer_type(b)), memory_kind::compute, sign * static_cast<int64_t>(s->compute_buffer_size(b)));
+    }
+  }
 }
 
-void llm_context::reserve() {
+void llm_context::reserve(scheduler& s) {
   // The worst case: a full micro-batch attending to the whole cache, every token with logits.
   troupe::context ctx(graph_ctx_params(m_.hp()));
   graph_builder b(ctx, m_, *kv_, {.n_tokens = params_.n_ubatch, .n_kv = kv_->size(), .n_outputs = params_.n_ubatch});
   tensor* logits = build_graph(b);
   graph g(graph_tensors(m_.hp()) * 2);
   g.build_forward_expand(logits);
-  sched_->reserve(g);
+  s.reserve(g);
 }
 
 std::span<const float> llm_context::logits(size_t i) const {
@@ -119,68 +144,214 @@ void llm_context::decode(const batch& b) {
   for (uint8_t l : b.logits) want += l != 0;
   logits_.assign(want * n_vocab, 0.0f);
   n_outputs_ = 0;
-  for (size_t begin = 0; begin < n; begin += params_.n_ubatch) {
-    decode_ubatch(b, begin, std::min(n, begin + params_.n_ubatch));
+  if (n > params_.n_ubatch && pipelines()) {
+    decode_pipelined(b);
+  } else {
+    for (size_t begin = 0; begin < n; begin += params_.n_ubatch) {
+      ubatch u;
+      try {
+        prepare(u, *sched_, b, begin, std::min(n, begin + params_.n_ubatch));
+        u.out_at = n_outputs_;
+        sched_->graph_compute(*u.g);
+      } catch (...) {
+        kv_->release(u.cells);  // the cache keeps the micro-batches that completed (found cells are free)
+        sched_->reset();        // nothing may point into u's graph once it is gone
+        throw;
+      }
+      n_outputs_ += u.discard ? 0 : u.n_out;
+      finish(u, *sched_);
+    }
   }
   stats_.n_tokens += n;
   stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void llm_context::decode_ubatch(const batch& b, size_t begin, size_t end) {
+
+// Builds and places micro-batch [begin, end) in scheduler s and sets its inputs; its cells are committed
+// to the cache (the next micro-batch's mask sees them). Nothing is computed.
+void llm_context::prepare(ubatch& u, scheduler& s, const batch& b, size_t begin, size_t end) {
   const hparams& hp = m_.hp();
-  const uint32_t n_tokens = static_cast<uint32_t>(end - begin);
-  const std::vector<int32_t> pos(b.pos.begin() + static_cast<std::ptrdiff_t>(begin), b.pos.begin() + static_cast<std::ptrdiff_t>(end));
-  const std::vector<int32_t> seq(b.seq.begin() + static_cast<std::ptrdiff_t>(begin), b.seq.begin() + static_cast<std::ptrdiff_t>(end));
+  const auto n_tokens = static_cast<uint32_t>(end - begin);
+  u.pos.assign(b.pos.begin() + static_cast<std::ptrdiff_t>(begin), b.pos.begin() + static_cast<std::ptrdiff_t>(end));
+  u.seq.assign(b.seq.begin() + static_cast<std::ptrdiff_t>(begin), b.seq.begin() + static_cast<std::ptrdiff_t>(end));
   std::vector<int32_t> out_ids;
   for (size_t i = begin; i < end; ++i) {
     if (b.logits[i]) out_ids.push_back(static_cast<int32_t>(i - begin));
   }
   // The graph always produces at least one row; a micro-batch without requested logits discards it.
-  const bool discard = out_ids.empty();
-  if (discard) out_ids.push_back(static_cast<int32_t>(n_tokens - 1));
+  u.discard = out_ids.empty();
+  if (u.discard) out_ids.push_back(static_cast<int32_t>(n_tokens - 1));
+  u.n_out = out_ids.size();
 
-  const std::vector<uint32_t> cells = kv_->find_slots(n_tokens);
-  const uint32_t n_kv = kv_->n_kv(cells);
+  u.cells = kv_->find_slots(n_tokens);
+  const uint32_t n_kv = kv_->n_kv(u.cells);
 
-  troupe::context ctx(graph_ctx_params(hp));
-  graph_builder gb(ctx, m_, *kv_, {.n_tokens = n_tokens, .n_kv = n_kv, .n_outputs = static_cast<uint32_t>(out_ids.size())});
-  tensor* logits = build_graph(gb);
-  graph g(graph_tensors(hp) * 2);
-  g.build_forward_expand(logits);
-  sched_->alloc_graph(g);
+  u.ctx = std::make_unique<troupe::context>(graph_ctx_params(hp));
+  u.gb = std::make_unique<graph_builder>(*u.ctx, m_, *kv_,
+                                         graph_shape{.n_tokens = n_tokens, .n_kv = n_kv, .n_outputs = static_cast<uint32_t>(out_ids.size())});
+  graph_builder& gb = *u.gb;
+  u.logits = build_graph(gb);
+  u.g = std::make_unique<graph>(graph_tensors(hp) * 2);
+  u.g->build_forward_expand(u.logits);
+  s.alloc_graph(*u.g);
+  s.set_trace_id(static_cast<int64_t>(next_ubatch_id_++));
 
   // Inputs.
   tensor_set(*gb.in.tokens, b.tokens.data() + begin, 0, n_tokens * sizeof(int32_t));
-  tensor_set(*gb.in.pos, pos.data(), 0, n_tokens * sizeof(int32_t));
+  tensor_set(*gb.in.pos, u.pos.data(), 0, n_tokens * sizeof(int32_t));
   std::vector<float> mask(static_cast<size_t>(n_kv) * n_tokens);
-  kv_->fill_mask(mask.data(), n_kv, n_tokens, pos, seq, cells, 0);
+  kv_->fill_mask(mask.data(), n_kv, n_tokens, u.pos, u.seq, u.cells, 0);
   tensor_set(*gb.in.mask, mask.data(), 0, mask.size() * sizeof(float));
   if (gb.in.mask_swa != nullptr) {
-    kv_->fill_mask(mask.data(), n_kv, n_tokens, pos, seq, cells, hp.n_swa);
+    kv_->fill_mask(mask.data(), n_kv, n_tokens, u.pos, u.seq, u.cells, hp.n_swa);
     tensor_set(*gb.in.mask_swa, mask.data(), 0, mask.size() * sizeof(float));
   }
-  std::vector<int64_t> k_idx(cells.begin(), cells.end());
+  std::vector<int64_t> k_idx(u.cells.begin(), u.cells.end());
   tensor_set(*gb.in.k_idx, k_idx.data(), 0, k_idx.size() * sizeof(int64_t));
   if (gb.in.v_idx != gb.in.k_idx) {
     const int64_t n_embd_v = hp.n_embd_v_gqa();
     std::vector<int64_t> v_idx(static_cast<size_t>(n_embd_v) * n_tokens);
     for (uint32_t t = 0; t < n_tokens; ++t) {
-      for (int64_t d = 0; d < n_embd_v; ++d) v_idx[t * n_embd_v + d] = d * kv_->size() + cells[t];
+      for (int64_t d = 0; d < n_embd_v; ++d) v_idx[t * n_embd_v + d] = d * kv_->size() + u.cells[t];
     }
     tensor_set(*gb.in.v_idx, v_idx.data(), 0, v_idx.size() * sizeof(int64_t));
   }
   tensor_set(*gb.in.out_ids, out_ids.data(), 0, out_ids.size() * sizeof(int32_t));
+  kv_->commit(u.cells, u.pos, u.seq);
+}
 
-  sched_->graph_compute(g);
-  kv_->commit(cells, pos, seq);
-  stats_.n_graphs += 1;
-
-  if (!discard) {
-    const size_t n_vocab = hp.n_vocab;
-    tensor_get(*logits, logits_.data() + n_outputs_ * n_vocab, 0, out_ids.size() * n_vocab * sizeof(float));
-    n_outputs_ += out_ids.size();
+// After micro-batch u computed in s: its logits into logits_, s ready for the next graph.
+void llm_context::finish(ubatch& u, scheduler& s) {
+  if (!u.discard) {
+    const size_t n_vocab = m_.hp().n_vocab;
+    tensor_get(*u.logits, logits_.data() + u.out_at * n_vocab, 0, u.n_out * n_vocab * sizeof(float));
   }
-  sched_->reset();
+  stats_.n_graphs += 1;
+  s.reset();
+  u = ubatch{};
+}
+
+bool llm_context::pipelines() const { return params_.n_pipeline > 1 && sched_->n_backends() > 1 && !sched_->has_split_runner(); }
+
+void llm_context::decode_pipelined(const batch& b) {
+  const size_t n = b.size();
+  const size_t n_ub = (n + params_.n_ubatch - 1) / params_.n_ubatch;
+  const size_t n_slots = std::min<size_t>(params_.n_pipeline, n_ub);
+  while (slots_.size() + 1 < n_slots) {  // slot 0 is sched_
+    slots_.push_back(std::make_unique<scheduler>(backend_list_, graph_tensors(m_.hp()) * 2));
+    reserve(*slots_.back());
+  }
+  const auto sched_of = [&](size_t k) -> scheduler& { return k % n_slots == 0 ? *sched_ : *slots_[k % n_slots - 1]; };
+
+  // Shared with the backends' threads, under mu: which micro-batches are placed and how many of their
+  // splits have completed (splits of a micro-batch complete in order).
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<ubatch> ubs(n_ub);
+  std::vector<char> ready(n_ub, 0), running(n_ub, 0);
+  std::vector<int> done(n_ub, 0), n_splits(n_ub, 0);
+  std::vector<std::vector<int>> split_backend(n_ub);
+  std::exception_ptr failure;
+  bool stop = false;
+
+  // A split may run once the split before it and the same split of the micro-batch before have completed;
+  // micro-batches whose splits fall on other backends than the one before (a different split structure)
+  // wait for it to complete.
+  const auto runnable = [&](size_t k) {
+    if (!ready[k] || running[k] || done[k] >= n_splits[k]) return false;
+    if (k == 0) return true;
+    if (split_backend[k - 1] != split_backend[k]) return done[k - 1] >= n_splits[k - 1];
+    return done[k - 1] > done[k];
+  };
+  const auto worker = [&](int be) {
+    std::unique_lock lock(mu);
+    for (;;) {
+      if (failure) return;
+      size_t pick = n_ub;
+      for (size_t k = 0; k < n_ub && pick == n_ub; ++k) {
+        if (runnable(k) && split_backend[k][static_cast<size_t>(done[k])] == be) pick = k;
+      }
+      if (pick == n_ub) {
+        if (stop) return;
+        cv.wait(lock);
+        continue;
+      }
+      running[pick] = 1;
+      const int split = done[pick];
+      scheduler& s = sched_of(pick);
+      lock.unlock();
+      std::exception_ptr err;
+      try {
+        s.compute_split(split);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      lock.lock();
+      running[pick] = 0;
+      if (err) {
+        if (!failure) failure = err;
+        stop = true;
+      } else {
+        ++done[pick];
+      }
+      cv.notify_all();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int be = 0; be < sched_->n_backends(); ++be) threads.emplace_back(worker, be);
+
+  size_t next_out = 0;
+  size_t finished = 0;  // micro-batches whose logits are out
+  const auto finish_one = [&](std::unique_lock<std::mutex>& lock) {
+    const size_t k = finished;
+    cv.wait(lock, [&] { return failure || done[k] >= n_splits[k]; });
+    if (failure) return false;
+    lock.unlock();
+    finish(ubs[k], sched_of(k));
+    lock.lock();
+    ++finished;
+    return true;
+  };
+  {
+    std::unique_lock lock(mu);
+    try {
+      for (size_t k = 0; k < n_ub && !failure; ++k) {
+        if (k >= n_slots && !finish_one(lock)) break;  // slot k % n_slots is free once micro-batch k - n_slots is out
+        lock.unlock();
+        const size_t begin = k * params_.n_ubatch;
+        scheduler& s = sched_of(k);
+        prepare(ubs[k], s, b, begin, std::min(n, begin + params_.n_ubatch));
+        ubs[k].out_at = next_out;
+        next_out += ubs[k].discard ? 0 : ubs[k].n_out;
+        lock.lock();
+        n_splits[k] = s.n_splits();
+        for (const scheduler::split& sp : s.splits()) split_backend[k].push_back(sp.backend);
+        ready[k] = 1;
+        cv.notify_all();
+      }
+      while (!failure && finished < n_ub && ready[finished]) {
+        if (!finish_one(lock)) break;
+      }
+    } catch (...) {
+      if (!lock.owns_lock()) lock.lock();
+      if (!failure) failure = std::current_exception();
+    }
+    stop = true;
+    cv.notify_all();
+  }
+  for (std::thread& t : threads) t.join();
+  stats_.n_pipelined += 1;
+  if (failure) {
+    // The cache keeps the micro-batches that completed; the others give their cells back, and every
+    // scheduler forgets its graph.
+    for (size_t k = finished; k < n_ub; ++k) {
+      if (!ubs[k].cells.empty()) kv_->release(ubs[k].cells);
+      if (ubs[k].g) sched_of(k).reset();
+    }
+    n_outputs_ = 0;
+    std::rethrow_exception(failure);
+  }
+  n_outputs_ = next_out;
 }
 
 }  // namespace troupe::llm

@@ -8,6 +8,14 @@
 // once for the worst case (n_ubatch tokens over the whole cache) and reused. Errors (a full cache, a token
 // id outside the vocabulary, a bad sequence id, a device failure) throw troupe::error; the cache keeps only
 // the micro-batches that completed.
+//
+// Pipelining: when the model's layers span several backends (CPU and CPU1, a GPU and the CPU...) and a
+// batch has several micro-batches, up to n_pipeline of them are in flight at once, each with its own graph
+// and compute memory (a scheduler per pipeline slot, reserved at the first such batch): a thread per
+// backend runs the splits, micro-batch k + 1's first split while micro-batch k runs its second, each split
+// after the same split of the micro-batch before (so every layer's cache writes happen in micro-batch
+// order) and after the split before it. Logits are bit-identical to running them one after another
+// (n_pipeline = 1). A split runner (set_split_runner on sched(): the actor layer) turns it off.
 #pragma once
 
 #include <cstdint>
@@ -32,12 +40,14 @@ struct context_params {
   type type_k = type::f16;
   type type_v = type::f16;
   int n_threads = 0;         // CPU threads; 0: all hardware threads
+  uint32_t n_pipeline = 4;   // micro-batches in flight at once over several backends; 1: one at a time
 };
 
 struct decode_stats {
   uint64_t n_tokens = 0;     // tokens decoded
   uint64_t n_graphs = 0;     // micro-batches computed
   double seconds = 0.0;      // wall time inside decode()
+  uint64_t n_pipelined = 0;  // decodes whose micro-batches ran as a pipeline
 };
 
 class llm_context {
@@ -57,8 +67,12 @@ class llm_context {
   const kv_cache& kv() const { return *kv_; }
   const context_params& params() const { return params_; }
   scheduler& sched() { return *sched_; }
-  // Compute memory reserved per backend's buffer type.
+  // Compute memory reserved, over every backend and pipeline slot.
   size_t compute_bytes() const;
+  // Pipeline slots with compute memory of their own besides sched()'s (0 until a batch was pipelined).
+  size_t n_pipeline_slots() const { return slots_.size(); }
+  // Whether a batch of several micro-batches would run as a pipeline.
+  bool pipelines() const;
   // Adds (sign > 0) or removes this context's KV cache ("context") and compute buffers ("compute").
   void account(memory_ledger& ledger, int sign = 1) const;
   const decode_stats& stats() const { return stats_; }
@@ -66,8 +80,11 @@ class llm_context {
   void set_n_threads(int n);
 
  private:
-  void decode_ubatch(const batch& b, size_t begin, size_t end);
-  void reserve();
+  struct ubatch;  // one micro-batch's graph, inputs and outputs (llm_context.cpp)
+  void prepare(ubatch& u, scheduler& s, const batch& b, size_t begin, size_t end);
+  void finish(ubatch& u, scheduler& s);
+  void decode_pipelined(const batch& b);
+  void reserve(scheduler& s);
 
   const model& m_;
   context_params params_;
@@ -75,8 +92,11 @@ class llm_context {
   std::unique_ptr<cpu::cpu_backend> cpu_;
   std::vector<backend_ptr> device_backends_;  // devices holding weights, other than the host
   std::unique_ptr<scheduler> sched_;
+  std::vector<sched_backend> backend_list_;              // sched_'s backends, for the pipeline slots' schedulers
+  std::vector<std::unique_ptr<scheduler>> slots_;        // pipeline slots after the first (sched_)
   std::vector<float> logits_;
   size_t n_outputs_ = 0;
+  uint64_t next_ubatch_id_ = 0;  // the trace's micro-batch ids
   decode_stats stats_;
 };
 

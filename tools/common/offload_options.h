@@ -4,7 +4,7 @@
 //   add_offload_options(app, off);   // -ngl / --n-gpu-layers N, --device A,B,..., --list-devices
 //   app.parse(llama_spellings(argc, argv));
 //
-// CLI11 takes one-letter short options only, so llama.cpp's multi-letter ones (-ngl, -dev, -sys) are
+// CLI11 takes one-letter short options only, so llama.cpp's multi-letter ones (-ngl, -dev, -sys, -ub) are
 // rewritten to their long forms before parsing.
 // --list-devices prints the devices (backends/registry.h's format_devices) and exits. runtime/llm/offload.h
 // turns the request into layers per device.
@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu_instance.h"
 #include "backends/registry.h"
 #include "runtime/llm/offload.h"
 
@@ -31,9 +32,21 @@ inline std::vector<std::string> llama_spellings(int argc, char** argv) {
     if (a == "-ngl") a = "--n-gpu-layers";
     else if (a == "-dev") a = "--device";
     else if (a == "-sys") a = "--sys";
+    else if (a == "-ub") a = "--ubatch-size";
   }
   std::reverse(args.begin(), args.end());
   return args;
+}
+
+// Registers the extra CPU devices (CPU1, CPU2, ...) that --device names, with n_threads threads each (0: all),
+// so that a model can be split over CPU instances on any machine.
+inline void add_cpu_instances(const llm::offload_request& r, int n_threads) {
+  for (const std::string& name : r.devices) {
+    if (name.size() < 4 || name.rfind("CPU", 0) != 0 || registry::instance().find(name) != nullptr) continue;
+    if (!std::all_of(name.begin() + 3, name.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    const int index = std::atoi(name.c_str() + 3);
+    if (index >= 1) add_cpu_instance({.index = index, .n_threads = n_threads});
+  }
 }
 
 inline void add_offload_options(CLI::App& app, llm::offload_request& r) {

@@ -22,6 +22,7 @@
 #include "backends/rpc/rpc.h"
 #include "net/rpc/auth.h"
 #include "runtime/llm/llm_context.h"
+#include "runtime/trace.h"
 #include "tools/common/offload_options.h"
 #include "tools/troupe/commands.h"
 
@@ -39,6 +40,8 @@ struct bench_options {
   std::vector<std::string> rpc;  // peers holding the layers
   std::string rpc_key_file;
   llm::offload_request offload;
+  std::string pipeline = "on";  // micro-batches of a prompt in flight over several devices at once
+  std::string trace;            // Chrome trace of the measured runs
 };
 
 struct result {
@@ -136,6 +139,7 @@ int run_bench(const bench_options& o) {
       return 1;
     }
     backend.clear();
+    add_cpu_instances(o.offload, o.n_threads);
     mp.devices = llm::offload_devices(o.offload, o.model);
     for (const auto& [dev, layers] : mp.devices) backend += (backend.empty() ? "" : ",") + std::string(dev->name());
     if (backend.empty()) backend = "CPU";
@@ -143,10 +147,12 @@ int run_bench(const bench_options& o) {
   auto m = llm::model::load(o.model, mp);
   const uint32_t n_ctx = static_cast<uint32_t>(std::max(o.n_prompt, o.n_gen) + 32);
   llm::llm_context ctx(*m, {.n_ctx = n_ctx, .n_batch = static_cast<uint32_t>(std::max(o.n_prompt, 1)),
-                            .n_ubatch = static_cast<uint32_t>(o.n_batch), .n_threads = o.n_threads});
+                            .n_ubatch = static_cast<uint32_t>(o.n_batch), .n_threads = o.n_threads,
+                            .n_pipeline = o.pipeline == "on" ? 4u : 1u});
   const int threads = o.n_threads > 0 ? o.n_threads : cpu::hardware_threads();
 
   std::vector<result> results;
+  if (!o.trace.empty()) trace::enable(true);
   if (o.n_prompt > 0) {
     result r{"pp" + std::to_string(o.n_prompt), o.n_prompt, {}};
     const auto toks = random_tokens(o.n_prompt, m->hp().n_vocab, 1);
@@ -169,6 +175,10 @@ int run_bench(const bench_options& o) {
     results.push_back(r);
   }
 
+  if (!o.trace.empty()) {
+    trace::enable(false);
+    trace::write(o.trace);
+  }
   const std::string model_desc = m->hp().name + " " + human_params(m->n_params());
   if (o.output == "json") {
     std::printf("[\n");
@@ -176,10 +186,12 @@ int run_bench(const bench_options& o) {
       const result& r = results[i];
       std::printf("  {\"model\": \"%s\", \"model_type\": \"%s\", \"model_size\": %llu, \"model_n_params\": %llu, "
                   "\"backend\": \"%s\", \"n_threads\": %d, \"n_batch\": %d, \"test\": \"%s\", \"n_prompt\": %d, "
-                  "\"n_gen\": %d, \"avg_ts\": %.3f, \"stddev_ts\": %.3f, \"samples_ts\": [",
+                  "\"n_gen\": %d, \"n_ubatch\": %d, \"devices\": \"%s\", \"pipeline\": %s, \"avg_ts\": %.3f, "
+                  "\"stddev_ts\": %.3f, \"samples_ts\": [",
                   o.model.c_str(), model_desc.c_str(), static_cast<unsigned long long>(m->n_bytes()),
                   static_cast<unsigned long long>(m->n_params()), backend.c_str(), threads, o.n_batch, r.test.c_str(),
-                  r.test[0] == 'p' ? r.n_tokens : 0, r.test[0] == 't' ? r.n_tokens : 0, r.mean(), r.stddev());
+                  r.test[0] == 'p' ? r.n_tokens : 0, r.test[0] == 't' ? r.n_tokens : 0, o.n_batch, backend.c_str(),
+                  ctx.pipelines() ? "true" : "false", r.mean(), r.stddev());
       for (size_t k = 0; k < r.tps.size(); ++k) std::printf("%s%.3f", k ? ", " : "", r.tps[k]);
       std::printf("]");
       if (!peers.empty() && r.test[0] == 't') {
@@ -224,7 +236,11 @@ command_fn add_bench(CLI::App& app) {
   app.add_option("-n,--n-gen", o->n_gen, "generated tokens (0: skip the tg test)");
   app.add_option("-t,--threads", o->n_threads, "CPU threads (0: all)");
   app.add_option("-r,--repetitions", o->reps, "repetitions of each test");
-  app.add_option("-b,--ubatch-size", o->n_batch, "tokens per graph");
+  app.add_option("-b,--ubatch-size", o->n_batch, "(-ub) tokens per graph");
+  app.add_option("--pipeline", o->pipeline,
+                 "on: a prompt's micro-batches in flight over the devices at once (several devices only); off: one at a time")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--trace", o->trace, "write a Chrome trace (Perfetto, chrome://tracing) of the runs: a track per device");
   app.add_option("-o,--output", o->output, "table or json")->check(CLI::IsMember({"table", "json"}));
   app.add_option("--rpc", o->rpc, "remote peers (troupe peer) holding every layer, split evenly: HOST:PORT,...")
       ->delimiter(',');

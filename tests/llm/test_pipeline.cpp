@@ -1,0 +1,168 @@
+// Pipelined prompts (llm_context, n_pipeline > 1): a model split over the CPU and a CPU instance (CPU1, its
+// own buffers and threads) runs a prompt's micro-batches as a pipeline over the two; the logits must be
+// bit-identical to running them one at a time, the cache must hold exactly the same, and the pipeline
+// slots' compute memory must be accounted.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <map>
+
+#include "backends/cpu_instance.h"
+#include "runtime/llm/llm_context.h"
+#include "runtime/memory.h"
+#include "runtime/trace.h"
+#include "tests/support/greedy.h"
+#include "tests/test_models.h"
+
+using namespace troupe;
+using namespace troupe::llm;
+
+namespace {
+
+// The prompt's logits for every token, decoded in one batch of micro-batches of n_ubatch.
+std::vector<float> prompt_logits(llm_context& ctx, const std::vector<int32_t>& prompt) {
+  batch b;
+  for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], static_cast<int32_t>(i), 0, true);
+  ctx.decode(b);
+  std::vector<float> out;
+  for (size_t i = 0; i < ctx.n_outputs(); ++i) {
+    const auto l = ctx.logits(i);
+    out.insert(out.end(), l.begin(), l.end());
+  }
+  return out;
+}
+
+// One token at position pos after what the cache holds: its logits.
+std::vector<float> prompt_logits_at(llm_context& ctx, int32_t token, int32_t pos) {
+  batch b;
+  b.add(token, pos, 0, true);
+  ctx.decode(b);
+  const auto l = ctx.logits(0);
+  return {l.begin(), l.end()};
+}
+
+std::vector<int32_t> tokens_of(int n, uint32_t n_vocab) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % static_cast<int>(n_vocab));
+  return t;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("stories260K over CPU and CPU1: a pipelined prompt's logits are bit-identical to one micro-batch at a time", "[llm][pipeline]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  device_i& cpu1 = add_cpu_instance({.index = 1, .n_threads = 1});
+  auto m = model::load(*path, {.devices = {{&cpu1, 3}}});  // the last 3 layers and the output on CPU1
+  const auto prompt = tokens_of(100, m->hp().n_vocab);
+  llm_context off(*m, {.n_ctx = 256, .n_ubatch = 16, .n_threads = 1, .n_pipeline = 1});
+  llm_context on(*m, {.n_ctx = 256, .n_ubatch = 16, .n_threads = 1, .n_pipeline = 4});
+  CHECK_FALSE(off.pipelines());
+  REQUIRE(on.pipelines());
+  const size_t compute_before = on.compute_bytes();
+  const auto serial = prompt_logits(off, prompt);
+  const auto piped = prompt_logits(on, prompt);
+  CHECK(off.stats().n_pipelined == 0);
+  CHECK(on.stats().n_pipelined == 1);
+  CHECK(on.stats().n_graphs == 7);  // 100 tokens in micro-batches of 16
+  REQUIRE(serial.size() == 100 * m->hp().n_vocab);
+  CHECK(same_bits(piped, serial));
+  // Three more slots, each with compute memory of its own, in the ledger too.
+  CHECK(on.n_pipeline_slots() == 3);
+  CHECK(on.compute_bytes() == 4 * compute_before);
+  memory_ledger ledger;
+  on.account(ledger);
+  CHECK(ledger.total().compute == on.compute_bytes());
+  CHECK(ledger.usage("CPU1").compute > 0);
+  on.account(ledger, -1);
+  CHECK(ledger.total().compute == 0);
+  // The caches hold the same: the next token's logits agree bit for bit; and from the reference's prompt,
+  // the reference's tokens.
+  CHECK(same_bits(prompt_logits_at(on, 42, 100), prompt_logits_at(off, 42, 100)));
+  on.kv().clear();
+  off.kv().clear();
+  llm_context short_ub(*m, {.n_ctx = 256, .n_ubatch = 2, .n_threads = 1, .n_pipeline = 4});
+  CHECK(test::greedy(short_ub, test::stories_prompt, 32) == test::stories_ref);  // 5 prompt tokens: 3 micro-batches
+  CHECK(short_ub.stats().n_pipelined == 1);
+}
+
+TEST_CASE("a pipelined prompt that does not fit the cache changes nothing, and the next one works", "[llm][pipeline]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  device_i& cpu1 = add_cpu_instance({.index = 1, .n_threads = 1});
+  auto m = model::load(*path, {.devices = {{&cpu1, 3}}});
+  llm_context ctx(*m, {.n_ctx = 64, .n_ubatch = 8, .n_threads = 1, .n_pipeline = 4});
+  const auto prompt = tokens_of(40, m->hp().n_vocab);
+  (void)prompt_logits(ctx, prompt);
+  CHECK(ctx.kv().used_cells() == 40);
+  batch b;
+  for (int i = 0; i < 40; ++i) b.add(prompt[static_cast<size_t>(i)], 40 + i, 0, true);
+  CHECK_THROWS_AS(ctx.decode(b), capacity_error);
+  CHECK(ctx.kv().used_cells() == 40);
+  ctx.kv().seq_rm(0, 20, -1);
+  batch c;
+  for (int i = 0; i < 30; ++i) c.add(prompt[static_cast<size_t>(i)], 20 + i, 0, i == 29);
+  ctx.decode(c);
+  CHECK(ctx.kv().used_cells() == 50);
+  CHECK(ctx.stats().n_pipelined == 2);
+}
+
+TEST_CASE("SmolLM2 over CPU and CPU1: a pipelined prompt's logits are bit-identical to one micro-batch at a time", "[llm][pipeline][smollm2]") {
+  const auto path = test::smollm2_path();
+  if (!path) return;
+  device_i& cpu1 = add_cpu_instance({.index = 1, .n_threads = 1});
+  auto m = model::load(*path, {.devices = {{&cpu1, 16}}});
+  const auto prompt = tokens_of(160, m->hp().n_vocab);
+  std::vector<float> serial, piped;
+  {
+    llm_context off(*m, {.n_ctx = 256, .n_ubatch = 32, .n_threads = 1, .n_pipeline = 1});
+    serial = prompt_logits(off, prompt);
+  }
+  {
+    llm_context on(*m, {.n_ctx = 256, .n_ubatch = 32, .n_threads = 1, .n_pipeline = 4});
+    piped = prompt_logits(on, prompt);
+    CHECK(on.stats().n_pipelined == 1);
+  }
+  REQUIRE(serial.size() == 160 * m->hp().n_vocab);
+  CHECK(same_bits(piped, serial));
+}
+
+TEST_CASE("a trace of a pipelined prompt: CPU and CPU1 splits overlap in time, each micro-batch's splits in order", "[llm][pipeline][trace]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  device_i& cpu1 = add_cpu_instance({.index = 1, .n_threads = 1});
+  auto m = model::load(*path, {.devices = {{&cpu1, 3}}});
+  llm_context ctx(*m, {.n_ctx = 512, .n_ubatch = 8, .n_threads = 1, .n_pipeline = 4});
+  trace::clear();
+  trace::enable(true);
+  (void)prompt_logits(ctx, tokens_of(400, m->hp().n_vocab));  // 50 micro-batches
+  trace::enable(false);
+  const auto ev = trace::events();
+  trace::clear();
+  std::map<std::string, std::vector<const trace::event*>> by_track;
+  for (const trace::event& e : ev) {
+    if (e.name == "split") by_track[e.track].push_back(&e);
+  }
+  REQUIRE(by_track.count("CPU") == 1);
+  REQUIRE(by_track.count("CPU1") == 1);
+  CHECK(by_track["CPU1"].size() == 50);  // a split per micro-batch on CPU1 (its layers and the output)
+  // Some span of CPU overlaps some span of CPU1: two devices at work at once.
+  int overlaps = 0;
+  for (const trace::event* a : by_track["CPU"]) {
+    for (const trace::event* b : by_track["CPU1"]) {
+      if (a->begin_us < b->begin_us + b->dur_us && b->begin_us < a->begin_us + a->dur_us) ++overlaps;
+    }
+  }
+  WARN("CPU / CPU1 split spans overlapping in time: " << overlaps);
+  CHECK(overlaps > 0);
+  // Per track, micro-batches in order (every layer's cache writes in micro-batch order).
+  for (const auto& [track, spans] : by_track) {
+    for (size_t i = 1; i < spans.size(); ++i) CHECK(spans[i]->begin_us >= spans[i - 1]->begin_us);
+  }
+  const std::string json = trace::to_json(ev);
+  CHECK_THAT(json, Catch::Contains("\"traceEvents\"") && Catch::Contains("\"thread_name\"") && Catch::Contains("\"ubatch\":49"));
+}
