@@ -19,10 +19,8 @@ void report_compute(scheduler_ptr self, std::function<void()> done) {
   auto& st = self->state;
   fan_in join(1, std::move(done));  // one for this function itself: each request below adds its own
   if (st.ctx) {
-    scheduler& sched = st.ctx->sched();
-    std::map<buffer_type_i*, uint64_t> now;
-    for (int b = 0; b < sched.n_backends(); ++b) now[&sched.buffer_type(b)] += sched.compute_buffer_size(b);
-    for (const auto& [bt, bytes] : now) {
+    // Every pipeline slot's compute memory too (llm_context: several micro-batches in flight).
+    for (const auto& [bt, bytes] : st.ctx->compute_bytes_by_buft()) {
       const std::string name(bt->name());
       uint64_t& reported = st.compute_reported[name];
       if (reported == bytes) continue;

@@ -335,6 +335,22 @@ void scheduler::compute_split(int i) {
   backend(sp.backend).synchronize();
 }
 
+void scheduler::dispatch_split(int i) {
+  if (!runner_) {
+    compute_split(i);
+    return;
+  }
+  if (current_ == nullptr) throw error("scheduler: dispatch_split without an allocated graph");
+  if (i < 0 || i >= n_splits()) {
+    throw error("scheduler: split " + std::to_string(i) + " of " + std::to_string(n_splits()));
+  }
+  const split& sp = splits_[static_cast<size_t>(i)];
+  runner_(i, sp, [this, &sp] {
+    run_split(sp);
+    backend(sp.backend).synchronize();
+  });
+}
+
 int scheduler::n_copies() const {
   int n = 0;
   for (const split& sp : splits_) n += static_cast<int>(sp.inputs.size());

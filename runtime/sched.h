@@ -85,7 +85,10 @@ class scheduler {
   // order. Empty (the default): graph_compute runs them on the calling thread.
   using split_runner = std::function<void(int index, const split& sp, const std::function<void()>& work)>;
   void set_split_runner(split_runner runner) { runner_ = std::move(runner); }
-  bool has_split_runner() const { return static_cast<bool>(runner_); }
+  const split_runner& runner() const { return runner_; }
+  // Runs split i as graph_compute would: through the split runner when one is set, else compute_split(i).
+  // For callers that run the splits of several graphs at once (llm_context's pipeline).
+  void dispatch_split(int i);
   // The micro-batch id the trace's split spans carry (runtime/trace.h; llm_context sets it per graph).
   void set_trace_id(int64_t id) { trace_id_ = id; }
 

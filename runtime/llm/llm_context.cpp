@@ -71,6 +71,15 @@ llm_context::~llm_context() = default;
 
 void llm_context::set_n_threads(int n) { cpu_->set_n_threads(n); }
 
+std::map<buffer_type_i*, size_t> llm_context::compute_bytes_by_buft() const {
+  std::map<buffer_type_i*, size_t> out;
+  for (int b = 0; b < sched_->n_backends(); ++b) out[&sched_->buffer_type(b)] += sched_->compute_buffer_size(b);
+  for (const auto& s : slots_) {
+    for (int b = 0; b < s->n_backends(); ++b) out[&s->buffer_type(b)] += s->compute_buffer_size(b);
+  }
+  return out;
+}
+
 size_t llm_context::compute_bytes() const {
   size_t n = 0;
   for (int b = 0; b < sched_->n_backends(); ++b) n += sched_->compute_buffer_size(b);
@@ -231,7 +240,7 @@ void llm_context::finish(ubatch& u, scheduler& s) {
   u = ubatch{};
 }
 
-bool llm_context::pipelines() const { return params_.n_pipeline > 1 && sched_->n_backends() > 1 && !sched_->has_split_runner(); }
+bool llm_context::pipelines() const { return params_.n_pipeline > 1 && sched_->n_backends() > 1; }
 
 void llm_context::decode_pipelined(const batch& b) {
   const size_t n = b.size();
@@ -241,6 +250,7 @@ void llm_context::decode_pipelined(const batch& b) {
     slots_.push_back(std::make_unique<scheduler>(backend_list_, graph_tensors(m_.hp()) * 2));
     reserve(*slots_.back());
   }
+  for (auto& slot : slots_) slot->set_split_runner(sched_->runner());  // the actor layer's device threads
   const auto sched_of = [&](size_t k) -> scheduler& { return k % n_slots == 0 ? *sched_ : *slots_[k % n_slots - 1]; };
 
   // Shared with the backends' threads, under mu: which micro-batches are placed and how many of their
@@ -282,7 +292,7 @@ void llm_context::decode_pipelined(const batch& b) {
       lock.unlock();
       std::exception_ptr err;
       try {
-        s.compute_split(split);
+        s.dispatch_split(split);
       } catch (...) {
         err = std::current_exception();
       }

@@ -15,10 +15,12 @@
 // backend runs the splits, micro-batch k + 1's first split while micro-batch k runs its second, each split
 // after the same split of the micro-batch before (so every layer's cache writes happen in micro-batch
 // order) and after the split before it. Logits are bit-identical to running them one after another
-// (n_pipeline = 1). A split runner (set_split_runner on sched(): the actor layer) turns it off.
+// (n_pipeline = 1). With a split runner (set_split_runner on sched(): the actor layer hands each split to
+// its device actor's thread) the threads hand their splits to it, several at once.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -67,8 +69,9 @@ class llm_context {
   const kv_cache& kv() const { return *kv_; }
   const context_params& params() const { return params_; }
   scheduler& sched() { return *sched_; }
-  // Compute memory reserved, over every backend and pipeline slot.
+  // Compute memory reserved, over every backend and pipeline slot; and per buffer type.
   size_t compute_bytes() const;
+  std::map<buffer_type_i*, size_t> compute_bytes_by_buft() const;
   // Pipeline slots with compute memory of their own besides sched()'s (0 until a batch was pipelined).
   size_t n_pipeline_slots() const { return slots_.size(); }
   // Whether a batch of several micro-batches would run as a pipeline.

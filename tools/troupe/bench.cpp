@@ -11,7 +11,9 @@
 // process keeps the token embeddings. The table's last columns then give the round trips and the graphs
 // sent per generated token.
 // -ngl / --device: layers on local devices, as llama.cpp (runtime/llm/offload.h); the backend column names
-// the devices holding layers.
+// the devices holding layers. --device may name CPU instances (CPU1, ...: created, -t threads each) and,
+// with --rpc, the peers' devices (RPC[host:port]#0). --pipeline on (the default) runs a prompt's
+// micro-batches over several devices at once; --trace FILE writes a Chrome trace of the runs.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -124,9 +126,9 @@ int run_bench(const bench_options& o) {
       devs.push_back(d);
       peers.push_back(rpc::client_of(*d));
     }
-    // Layers split evenly (the output layer goes with the last device).
+    // Layers split evenly (the output layer goes with the last device), unless --device places them.
     const int n_layer = static_cast<int>(llm::model::open(o.model)->hp().n_layer);
-    for (size_t i = 0; i < devs.size(); ++i) {
+    for (size_t i = 0; i < devs.size() && o.offload.devices.empty(); ++i) {
       const int begin = n_layer * static_cast<int>(i) / static_cast<int>(devs.size());
       const int end = n_layer * static_cast<int>(i + 1) / static_cast<int>(devs.size());
       mp.devices.emplace_back(devs[i], end - begin + (i + 1 == devs.size() ? 1 : 0));
@@ -134,8 +136,8 @@ int run_bench(const bench_options& o) {
   }
   std::string backend = peers.empty() ? "CPU" : "RPC";
   if (o.offload.given()) {
-    if (!peers.empty()) {
-      std::fprintf(stderr, "troupe bench: --rpc places every layer; it does not go with -ngl / --device\n");
+    if (!peers.empty() && o.offload.devices.empty()) {
+      std::fprintf(stderr, "troupe bench: --rpc places every layer; with -ngl, name the peers' devices in --device\n");
       return 1;
     }
     backend.clear();

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "backends/registry.h"
@@ -175,4 +176,39 @@ TEST_CASE("`troupe peer` refuses a non-loopback address without a key", "[rpc][p
   CHECK(WIFEXITED(st));
   CHECK(WEXITSTATUS(st) == 1);
   CHECK_THAT(text, Catch::Contains("--auth-key-file") && Catch::Contains("--insecure"));
+}
+
+TEST_CASE("a prompt pipelined over the CPU and a real `troupe peer`: logits bit-identical to one micro-batch at a time", "[rpc][llm][process][pipeline]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  peer_process peer;
+  const auto devs = rpc::add_peer("127.0.0.1:" + std::to_string(peer.port()));
+  REQUIRE(devs.size() == 1);
+  auto m = model::load(*path, {.devices = {{devs[0], 3}}});  // the last 3 layers and the output on the peer
+  std::vector<int32_t> prompt(100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % m->hp().n_vocab);
+  const auto logits_of = [&](uint32_t n_pipeline) {
+    llm_context ctx(*m, {.n_ctx = 256, .n_ubatch = 16, .n_threads = 1, .n_pipeline = n_pipeline});
+    batch b;
+    for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], static_cast<int32_t>(i), 0, true);
+    ctx.decode(b);
+    CHECK(ctx.stats().n_pipelined == (n_pipeline > 1 ? 1u : 0u));
+    std::vector<float> out;
+    for (size_t i = 0; i < ctx.n_outputs(); ++i) {
+      const auto l = ctx.logits(i);
+      out.insert(out.end(), l.begin(), l.end());
+    }
+    // The next token after the prompt: the caches hold the same.
+    b.clear();
+    b.add(prompt[0], static_cast<int32_t>(prompt.size()), 0, true);
+    ctx.decode(b);
+    const auto l = ctx.logits(0);
+    out.insert(out.end(), l.begin(), l.end());
+    return out;
+  };
+  const auto serial = logits_of(1);
+  const auto piped = logits_of(4);
+  REQUIRE(serial.size() == 101 * m->hp().n_vocab);
+  CHECK(piped.size() == serial.size());
+  CHECK(std::equal(piped.begin(), piped.end(), serial.begin(), [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }));
 }
