@@ -262,6 +262,7 @@ void llm_context::decode_pipelined(const batch& b) {
   std::vector<int> done(n_ub, 0), n_splits(n_ub, 0);
   std::vector<std::vector<int>> split_backend(n_ub);
   std::exception_ptr failure;
+  size_t failed = n_ub;  // the first micro-batch that failed: the ones before it still complete
   bool stop = false;
 
   // A split may run once the split before it and the same split of the micro-batch before have completed;
@@ -276,9 +277,8 @@ void llm_context::decode_pipelined(const batch& b) {
   const auto worker = [&](int be) {
     std::unique_lock lock(mu);
     for (;;) {
-      if (failure) return;
       size_t pick = n_ub;
-      for (size_t k = 0; k < n_ub && pick == n_ub; ++k) {
+      for (size_t k = 0; k < failed && pick == n_ub; ++k) {
         if (runnable(k) && split_backend[k][static_cast<size_t>(done[k])] == be) pick = k;
       }
       if (pick == n_ub) {
@@ -299,8 +299,10 @@ void llm_context::decode_pipelined(const batch& b) {
       lock.lock();
       running[pick] = 0;
       if (err) {
-        if (!failure) failure = err;
-        stop = true;
+        if (pick < failed) {
+          failed = pick;
+          failure = err;
+        }
       } else {
         ++done[pick];
       }
@@ -324,8 +326,9 @@ void llm_context::decode_pipelined(const batch& b) {
   };
   {
     std::unique_lock lock(mu);
+    size_t k = 0;  // the micro-batch being placed
     try {
-      for (size_t k = 0; k < n_ub && !failure; ++k) {
+      for (k = 0; k < n_ub && !failure; ++k) {
         if (k >= n_slots && !finish_one(lock)) break;  // slot k % n_slots is free once micro-batch k - n_slots is out
         lock.unlock();
         const size_t begin = k * params_.n_ubatch;
@@ -344,18 +347,31 @@ void llm_context::decode_pipelined(const batch& b) {
       }
     } catch (...) {
       if (!lock.owns_lock()) lock.lock();
-      if (!failure) failure = std::current_exception();
+      if (k < failed) {
+        failed = k;
+        failure = std::current_exception();
+      }
     }
+    // After a failure, the micro-batches before the failed one run to completion (as they would have one
+    // at a time), and nothing after it starts.
+    cv.wait(lock, [&] {
+      for (size_t j = 0; j < failed; ++j) {
+        if (ready[j] && done[j] < n_splits[j]) return false;
+      }
+      return true;
+    });
     stop = true;
     cv.notify_all();
   }
   for (std::thread& t : threads) t.join();
   stats_.n_pipelined += 1;
   if (failure) {
-    // The cache keeps the micro-batches that completed; the others give their cells back, and every
-    // scheduler forgets its graph.
+    // The cache keeps the micro-batches that completed (a prefix: a micro-batch's splits wait for the one
+    // before's); the others give their cells back, and every scheduler forgets its graph.
+    size_t kept = finished;
+    while (kept < n_ub && ready[kept] && done[kept] >= n_splits[kept]) ++kept;
     for (size_t k = finished; k < n_ub; ++k) {
-      if (!ubs[k].cells.empty()) kv_->release(ubs[k].cells);
+      if (k >= kept && !ubs[k].cells.empty()) kv_->release(ubs[k].cells);
       if (ubs[k].g) sched_of(k).reset();
     }
     n_outputs_ = 0;

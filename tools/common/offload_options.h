@@ -4,7 +4,7 @@
 //   add_offload_options(app, off);   // -ngl / --n-gpu-layers N, --device A,B,..., --list-devices
 //   app.parse(llama_spellings(argc, argv));
 //
-// CLI11 takes one-letter short options only, so llama.cpp's multi-letter ones (-ngl, -dev, -sys, -ub) are
+// CLI11 takes one-letter short options only, so llama.cpp's multi-letter ones (-ngl, -dev, -sys, -ub, -np) are
 // rewritten to their long forms before parsing.
 // --list-devices prints the devices (backends/registry.h's format_devices) and exits. runtime/llm/offload.h
 // turns the request into layers per device.
@@ -33,6 +33,7 @@ inline std::vector<std::string> llama_spellings(int argc, char** argv) {
     else if (a == "-dev") a = "--device";
     else if (a == "-sys") a = "--sys";
     else if (a == "-ub") a = "--ubatch-size";
+    else if (a == "-np") a = "--n-parallel";
   }
   std::reverse(args.begin(), args.end());
   return args;

@@ -44,6 +44,7 @@ struct bench_options {
   llm::offload_request offload;
   std::string pipeline = "on";  // micro-batches of a prompt in flight over several devices at once
   std::string trace;            // Chrome trace of the measured runs
+  int n_parallel = 1;           // sequences generating at once in the tg test
 };
 
 struct result {
@@ -83,13 +84,14 @@ double run_pp(llm::llm_context& ctx, const std::vector<int32_t>& tokens) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-double run_tg(llm::llm_context& ctx, const std::vector<int32_t>& tokens) {
+// n_parallel sequences generating at once: each step decodes one token of every sequence.
+double run_tg(llm::llm_context& ctx, const std::vector<int32_t>& tokens, int n_parallel) {
   ctx.kv().clear();
   llm::batch b;
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < tokens.size(); ++i) {
     b.clear();
-    b.add(tokens[i], static_cast<int32_t>(i), 0, true);
+    for (int s = 0; s < n_parallel; ++s) b.add(tokens[(i + static_cast<size_t>(s)) % tokens.size()], static_cast<int32_t>(i), s, true);
     ctx.decode(b);
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -112,8 +114,8 @@ std::string human_params(uint64_t n) {
 }
 
 int run_bench(const bench_options& o) {
-  if (o.n_prompt < 0 || o.n_gen < 0 || o.reps < 1 || o.n_batch < 1) {
-    std::fprintf(stderr, "troupe bench: -p, -n must be >= 0, -r and -b >= 1\n");
+  if (o.n_prompt < 0 || o.n_gen < 0 || o.reps < 1 || o.n_batch < 1 || o.n_parallel < 1 || o.n_parallel > 64) {
+    std::fprintf(stderr, "troupe bench: -p, -n must be >= 0, -r and -b >= 1, -np in 1..64\n");
     return 1;
   }
   llm::model_params mp;
@@ -147,9 +149,10 @@ int run_bench(const bench_options& o) {
     if (backend.empty()) backend = "CPU";
   }
   auto m = llm::model::load(o.model, mp);
-  const uint32_t n_ctx = static_cast<uint32_t>(std::max(o.n_prompt, o.n_gen) + 32);
-  llm::llm_context ctx(*m, {.n_ctx = n_ctx, .n_batch = static_cast<uint32_t>(std::max(o.n_prompt, 1)),
-                            .n_ubatch = static_cast<uint32_t>(o.n_batch), .n_threads = o.n_threads,
+  const uint32_t n_ctx = static_cast<uint32_t>(std::max(o.n_prompt, o.n_gen * o.n_parallel) + 32);
+  llm::llm_context ctx(*m, {.n_ctx = n_ctx, .n_batch = static_cast<uint32_t>(std::max({o.n_prompt, o.n_parallel, 1})),
+                            .n_ubatch = static_cast<uint32_t>(o.n_batch), .n_seq_max = static_cast<uint32_t>(o.n_parallel),
+                            .n_threads = o.n_threads,
                             .n_pipeline = o.pipeline == "on" ? 4u : 1u});
   const int threads = o.n_threads > 0 ? o.n_threads : cpu::hardware_threads();
 
@@ -165,9 +168,9 @@ int run_bench(const bench_options& o) {
   if (o.n_gen > 0) {
     result r{"tg" + std::to_string(o.n_gen), o.n_gen, {}};
     const auto toks = random_tokens(o.n_gen, m->hp().n_vocab, 2);
-    run_tg(ctx, toks);
+    run_tg(ctx, toks, o.n_parallel);
     for (auto& p : peers) p->reset_stats();
-    for (int i = 0; i < o.reps; ++i) r.tps.push_back(o.n_gen / run_tg(ctx, toks));
+    for (int i = 0; i < o.reps; ++i) r.tps.push_back(o.n_gen * o.n_parallel / run_tg(ctx, toks, o.n_parallel));
     for (auto& p : peers) {
       r.round_trips += static_cast<double>(p->stats().round_trips);
       r.graphs_sent += static_cast<double>(p->stats().graphs_sent);
@@ -188,12 +191,12 @@ int run_bench(const bench_options& o) {
       const result& r = results[i];
       std::printf("  {\"model\": \"%s\", \"model_type\": \"%s\", \"model_size\": %llu, \"model_n_params\": %llu, "
                   "\"backend\": \"%s\", \"n_threads\": %d, \"n_batch\": %d, \"test\": \"%s\", \"n_prompt\": %d, "
-                  "\"n_gen\": %d, \"n_ubatch\": %d, \"devices\": \"%s\", \"pipeline\": %s, \"avg_ts\": %.3f, "
+                  "\"n_gen\": %d, \"n_ubatch\": %d, \"devices\": \"%s\", \"n_parallel\": %d, \"pipeline\": %s, \"avg_ts\": %.3f, "
                   "\"stddev_ts\": %.3f, \"samples_ts\": [",
                   o.model.c_str(), model_desc.c_str(), static_cast<unsigned long long>(m->n_bytes()),
                   static_cast<unsigned long long>(m->n_params()), backend.c_str(), threads, o.n_batch, r.test.c_str(),
                   r.test[0] == 'p' ? r.n_tokens : 0, r.test[0] == 't' ? r.n_tokens : 0, o.n_batch, backend.c_str(),
-                  ctx.pipelines() ? "true" : "false", r.mean(), r.stddev());
+                  o.n_parallel, ctx.pipelines() ? "true" : "false", r.mean(), r.stddev());
       for (size_t k = 0; k < r.tps.size(); ++k) std::printf("%s%.3f", k ? ", " : "", r.tps[k]);
       std::printf("]");
       if (!peers.empty() && r.test[0] == 't') {
@@ -242,6 +245,7 @@ command_fn add_bench(CLI::App& app) {
   app.add_option("--pipeline", o->pipeline,
                  "on: a prompt's micro-batches in flight over the devices at once (several devices only); off: one at a time")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--n-parallel", o->n_parallel, "(-np) sequences generating at once in the tg test (tg counts all their tokens)");
   app.add_option("--trace", o->trace, "write a Chrome trace (Perfetto, chrome://tracing) of the runs: a track per device");
   app.add_option("-o,--output", o->output, "table or json")->check(CLI::IsMember({"table", "json"}));
   app.add_option("--rpc", o->rpc, "remote peers (troupe peer) holding every layer, split evenly: HOST:PORT,...")

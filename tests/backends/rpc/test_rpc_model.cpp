@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 
@@ -211,4 +212,60 @@ TEST_CASE("a prompt pipelined over the CPU and a real `troupe peer`: logits bit-
   REQUIRE(serial.size() == 101 * m->hp().n_vocab);
   CHECK(piped.size() == serial.size());
   CHECK(std::equal(piped.begin(), piped.end(), serial.begin(), [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }));
+}
+
+namespace {
+
+// A peer's CPU backend whose n-th graph (counted over all its backends) fails, as a device fails mid-way.
+class failing_backend final : public backend_i {
+ public:
+  failing_backend(std::atomic<int>& count, std::atomic<int>& fail_at)
+      : inner_(cpu::make_cpu_backend({.n_threads = 1})), count_(count), fail_at_(fail_at) {}
+  std::string_view name() const override { return inner_->name(); }
+  device_i& device() const override { return inner_->device(); }
+  void graph_compute(graph& g) override {
+    if (const int n = ++count_; n == fail_at_) throw backend_error("injected failure of graph " + std::to_string(n));
+    inner_->graph_compute(g);
+  }
+
+ private:
+  std::unique_ptr<cpu::cpu_backend> inner_;
+  std::atomic<int>& count_;
+  std::atomic<int>& fail_at_;
+};
+
+}  // namespace
+
+TEST_CASE("a peer failing mid-pipeline fails the decode with its error, keeps the completed micro-batches, and the next decode works", "[rpc][llm][pipeline]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  std::atomic<int> graphs{0}, fail_at{-1};
+  rpc::server_options so;
+  so.make_backend = [&](device_i&) -> backend_ptr { return std::make_unique<failing_backend>(graphs, fail_at); };
+  auto srv = rpc::testing::start_server(std::move(so));
+  const auto devs = rpc::add_peer("127.0.0.1:" + std::to_string(srv->port()));
+  REQUIRE(devs.size() == 1);
+  auto m = model::load(*path, {.devices = {{devs[0], 3}}});
+  std::vector<int32_t> prompt(100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % m->hp().n_vocab);
+  batch b;
+  for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], static_cast<int32_t>(i), 0, true);
+  // What a context that never fails gives, and how many graphs the peer computes per micro-batch.
+  llm_context fresh(*m, {.n_ctx = 256, .n_ubatch = 16, .n_threads = 1, .n_pipeline = 1});
+  fresh.decode(b);
+  REQUIRE(graphs % 7 == 0);
+  const int per_ubatch = graphs / 7;
+  graphs = 0;
+  // The peer fails micro-batch 2's first graph: micro-batches 0 and 1 completed, 2..6 did not.
+  fail_at = 2 * per_ubatch + 1;
+  llm_context ctx(*m, {.n_ctx = 256, .n_ubatch = 16, .n_threads = 1, .n_pipeline = 4});
+  CHECK_THROWS_WITH(ctx.decode(b), Catch::Contains("injected failure of graph " + std::to_string(2 * per_ubatch + 1)));
+  CHECK(ctx.kv().used_cells() == 32);
+  CHECK(ctx.n_outputs() == 0);
+  // The next decode works and gives what a context that never failed gives.
+  ctx.kv().clear();
+  ctx.decode(b);
+  std::vector<float> again(ctx.logits(99).begin(), ctx.logits(99).end());
+  CHECK(std::equal(again.begin(), again.end(), fresh.logits(99).begin()));
+  CHECK(ctx.kv().used_cells() == 100);
 }
