@@ -28,6 +28,7 @@
 
 #include "actors/runtime.h"
 #include "tools/common/offload_options.h"
+#include "tools/common/trace_option.h"
 
 using namespace troupe;
 
@@ -101,6 +102,8 @@ int run(int argc, char** argv) {
   app.add_option("-p,--prompt", prompt, "prompt (with --no-chat: complete it and exit)");
   app.add_flag("--no-chat", no_chat, "complete the prompt instead of chatting");
   cli::add_offload_options(app, offload);
+  std::string trace_path;
+  cli::add_trace_option(app, trace_path);
   std::vector<std::string> args = cli::llama_spellings(argc, argv);  // -sys, -ngl
   try {
     app.parse(args);
@@ -112,9 +115,11 @@ int run(int argc, char** argv) {
     return 1;
   }
   if (seed == 0) seed = static_cast<uint32_t>(std::time(nullptr));
+  const cli::trace_guard tracing(trace_path);
 
   // The device actors' backends are idle here (decoding runs on the model's scheduler): one thread each.
-  engine eng({.n_threads = 1});
+  // --device CPU1,...: the engine makes those CPU instances.
+  engine eng({.cpu_instances = cli::max_cpu_instance(offload), .n_threads = 1});
   actors::model_settings ms{.n_ctx = n_ctx, .n_seq_max = 1, .n_threads = n_threads};
   for (const auto& [name, layers] : llm::offload_layers(offload, model_path)) ms.devices.push_back({name, layers});
   const actors::model_info info = eng.load_model("chat", model_path, ms);

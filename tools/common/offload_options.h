@@ -39,6 +39,17 @@ inline std::vector<std::string> llama_spellings(int argc, char** argv) {
   return args;
 }
 
+// The highest N of the CPU instances (CPUN, N >= 1) that --device names; 0: none.
+inline int max_cpu_instance(const llm::offload_request& r) {
+  int top = 0;
+  for (const std::string& name : r.devices) {
+    if (name.size() < 4 || name.rfind("CPU", 0) != 0) continue;
+    if (!std::all_of(name.begin() + 3, name.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    top = std::max(top, std::atoi(name.c_str() + 3));
+  }
+  return top;
+}
+
 // Registers the extra CPU devices (CPU1, CPU2, ...) that --device names, with n_threads threads each (0: all),
 // so that a model can be split over CPU instances on any machine.
 inline void add_cpu_instances(const llm::offload_request& r, int n_threads) {

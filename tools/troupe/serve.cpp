@@ -22,6 +22,7 @@
 #include "net/http/server.h"
 #include "runtime/log.h"
 #include "tools/common/offload_options.h"
+#include "tools/common/trace_option.h"
 #include "tools/troupe/commands.h"
 
 namespace troupe::cli {
@@ -40,6 +41,7 @@ struct serve_options {
   int ctx = -1;
   std::string log_level;
   llm::offload_request offload;
+  std::string trace;  // Chrome trace of the daemon's run, written at exit
 };
 
 int signal_pipe[2] = {-1, -1};
@@ -72,6 +74,7 @@ void stderr_sink(log_level level, std::string_view msg) {
 }
 
 int run_serve(const serve_options& o) {
+  const cli::trace_guard tracing(o.trace);
   http::daemon_config cfg;
   if (!o.config.empty()) {
     cfg = http::load_daemon_config(o.config);
@@ -177,6 +180,7 @@ command_fn add_serve(CLI::App& app) {
   app.add_option("--port", o->port, "port to listen on; 0: any free port (default 8080)");
   app.add_option("--api-key", o->api_keys, "an accepted bearer key (repeatable)");
   app.add_option("-t,--threads", o->threads, "CPU threads for decoding; 0: all");
+  cli::add_trace_option(app, o->trace);
   app.add_option("--parallel", o->parallel, "parallel sessions per model");
   app.add_option("--ctx", o->ctx, "KV cache cells per model (shared by its parallel sessions)");
   add_offload_options(app, o->offload);
