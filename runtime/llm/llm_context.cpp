@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -123,8 +124,7 @@ std::span<const float> llm_context::logits(size_t i) const {
   return {logits_.data() + i * n_vocab, n_vocab};
 }
 
-void llm_context::decode(const batch& b) {
-  const auto t0 = std::chrono::steady_clock::now();
+void llm_context::validate(const batch& b) const {
   const size_t n = b.size();
   if (n == 0) throw error("llm context: empty batch");
   if (b.pos.size() != n || b.seq.size() != n || b.logits.size() != n) {
@@ -149,6 +149,13 @@ void llm_context::decode(const batch& b) {
     throw capacity_error("llm context: " + std::to_string(n) + " tokens do not fit the context (" +
                          std::to_string(kv_->used_cells()) + " of " + std::to_string(kv_->size()) + " cells in use)");
   }
+}
+
+void llm_context::decode(const batch& b) {
+  const auto t0 = std::chrono::steady_clock::now();
+  validate(b);
+  const size_t n = b.size();
+  const uint32_t n_vocab = m_.hp().n_vocab;
   size_t want = 0;
   for (uint8_t l : b.logits) want += l != 0;
   logits_.assign(want * n_vocab, 0.0f);
@@ -229,11 +236,13 @@ void llm_context::prepare(ubatch& u, scheduler& s, const batch& b, size_t begin,
   kv_->commit(u.cells, u.pos, u.seq);
 }
 
-// After micro-batch u computed in s: its logits into logits_, s ready for the next graph.
-void llm_context::finish(ubatch& u, scheduler& s) {
+// After micro-batch u computed in s: its logits into dst (rows of n_vocab; null: logits_ at u.out_at), s
+// ready for the next graph.
+void llm_context::finish(ubatch& u, scheduler& s, float* dst) {
   if (!u.discard) {
     const size_t n_vocab = m_.hp().n_vocab;
-    tensor_get(*u.logits, logits_.data() + u.out_at * n_vocab, 0, u.n_out * n_vocab * sizeof(float));
+    if (dst == nullptr) dst = logits_.data() + u.out_at * n_vocab;
+    tensor_get(*u.logits, dst, 0, u.n_out * n_vocab * sizeof(float));
   }
   stats_.n_graphs += 1;
   s.reset();
@@ -244,8 +253,73 @@ bool llm_context::pipelines() const { return params_.n_pipeline > 1 && sched_->n
 
 void llm_context::decode_pipelined(const batch& b) {
   const size_t n = b.size();
-  const size_t n_ub = (n + params_.n_ubatch - 1) / params_.n_ubatch;
-  const size_t n_slots = std::min<size_t>(params_.n_pipeline, n_ub);
+  std::deque<pipeline_item> items;
+  size_t out = 0;
+  for (size_t begin = 0; begin < n; begin += params_.n_ubatch) {
+    const size_t end = std::min(n, begin + params_.n_ubatch);
+    items.push_back({&b, begin, end, 0, out});
+    for (size_t i = begin; i < end; ++i) out += b.logits[i] != 0;
+  }
+  run_pipeline(items, nullptr, items.size());
+  n_outputs_ = out;
+}
+
+void llm_context::decode_ring(std::vector<batch> first, const ring_step& next) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const batch& b : first) {
+    validate(b);
+    if (b.size() > params_.n_ubatch) throw error("llm context: a ring step of " + std::to_string(b.size()) + " tokens exceeds n_ubatch");
+  }
+  std::vector<batch> cur = std::move(first);
+  const size_t n_vocab = m_.hp().n_vocab;
+  std::vector<float> logits;
+  const auto wanted = [](const batch& b) {
+    size_t w = 0;
+    for (uint8_t l : b.logits) w += l != 0;
+    return w;
+  };
+  n_outputs_ = 0;
+  if (!pipelines() || cur.size() < 2) {  // one after another
+    for (bool any = true; any;) {
+      any = false;
+      for (size_t g = 0; g < cur.size(); ++g) {
+        if (cur[g].size() == 0) continue;
+        decode(cur[g]);
+        batch nb;
+        const std::span<const float> l(logits_.data(), n_outputs_ * n_vocab);
+        if (next(g, l, nb)) {
+          validate(nb);
+          cur[g] = std::move(nb);
+          any = any || cur[g].size() > 0;
+        } else {
+          cur[g] = batch{};
+        }
+      }
+    }
+    return;
+  }
+  std::deque<pipeline_item> items;
+  for (size_t g = 0; g < cur.size(); ++g) {
+    if (cur[g].size() > 0) items.push_back({&cur[g], 0, cur[g].size(), g, 0});
+  }
+  const auto on_done = [&](const pipeline_item& it, ubatch& u, scheduler& s, std::deque<pipeline_item>& queue) {
+    logits.assign(wanted(*it.b) * n_vocab, 0.0f);
+    finish(u, s, logits.data());
+    stats_.n_tokens += it.b->size();
+    batch nb;
+    if (next(it.group, logits, nb) && nb.size() > 0) {
+      validate(nb);
+      if (nb.size() > params_.n_ubatch) throw error("llm context: a ring step of " + std::to_string(nb.size()) + " tokens exceeds n_ubatch");
+      cur[it.group] = std::move(nb);
+      queue.push_back({&cur[it.group], 0, cur[it.group].size(), it.group, 0});
+    }
+  };
+  run_pipeline(items, on_done, items.size());
+  stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void llm_context::run_pipeline(std::deque<pipeline_item>& queue, const item_done& on_done, size_t max_slots) {
+  const size_t n_slots = std::max<size_t>(1, std::min<size_t>(params_.n_pipeline, max_slots));
   while (slots_.size() + 1 < n_slots) {  // slot 0 is sched_
     slots_.push_back(std::make_unique<scheduler>(backend_list_, graph_tensors(m_.hp()) * 2));
     reserve(*slots_.back());
@@ -253,21 +327,23 @@ void llm_context::decode_pipelined(const batch& b) {
   for (auto& slot : slots_) slot->set_split_runner(sched_->runner());  // the actor layer's device threads
   const auto sched_of = [&](size_t k) -> scheduler& { return k % n_slots == 0 ? *sched_ : *slots_[k % n_slots - 1]; };
 
-  // Shared with the backends' threads, under mu: which micro-batches are placed and how many of their
-  // splits have completed (splits of a micro-batch complete in order).
+  // Shared with the backends' threads, under mu: per micro-batch (in the order they were placed, k), whether
+  // it is placed and how many of its splits have completed (they complete in order).
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<ubatch> ubs(n_ub);
-  std::vector<char> ready(n_ub, 0), running(n_ub, 0);
-  std::vector<int> done(n_ub, 0), n_splits(n_ub, 0);
-  std::vector<std::vector<int>> split_backend(n_ub);
+  std::deque<ubatch> ubs;  // the main thread's (stable references)
+  std::deque<pipeline_item> placed;
+  std::vector<char> ready, running;
+  std::vector<int> done, n_splits;
+  std::vector<std::vector<int>> split_backend;
   std::exception_ptr failure;
-  size_t failed = n_ub;  // the first micro-batch that failed: the ones before it still complete
+  size_t failed = SIZE_MAX;  // the first micro-batch that failed: the ones before it still complete
   bool stop = false;
+  size_t n_placed = 0;
 
   // A split may run once the split before it and the same split of the micro-batch before have completed;
-  // micro-batches whose splits fall on other backends than the one before (a different split structure)
-  // wait for it to complete.
+  // a micro-batch whose splits fall on other backends than the one before's (a different split structure)
+  // waits for that one to complete.
   const auto runnable = [&](size_t k) {
     if (!ready[k] || running[k] || done[k] >= n_splits[k]) return false;
     if (k == 0) return true;
@@ -277,11 +353,11 @@ void llm_context::decode_pipelined(const batch& b) {
   const auto worker = [&](int be) {
     std::unique_lock lock(mu);
     for (;;) {
-      size_t pick = n_ub;
-      for (size_t k = 0; k < failed && pick == n_ub; ++k) {
+      size_t pick = SIZE_MAX;
+      for (size_t k = 0; k < n_placed && k < failed && pick == SIZE_MAX; ++k) {
         if (runnable(k) && split_backend[k][static_cast<size_t>(done[k])] == be) pick = k;
       }
-      if (pick == n_ub) {
+      if (pick == SIZE_MAX) {
         if (stop) return;
         cv.wait(lock);
         continue;
@@ -312,50 +388,72 @@ void llm_context::decode_pipelined(const batch& b) {
   std::vector<std::thread> threads;
   for (int be = 0; be < sched_->n_backends(); ++be) threads.emplace_back(worker, be);
 
-  size_t next_out = 0;
-  size_t finished = 0;  // micro-batches whose logits are out
-  const auto finish_one = [&](std::unique_lock<std::mutex>& lock) {
-    const size_t k = finished;
-    cv.wait(lock, [&] { return failure || done[k] >= n_splits[k]; });
-    if (failure) return false;
-    lock.unlock();
-    finish(ubs[k], sched_of(k));
-    lock.lock();
-    ++finished;
-    return true;
-  };
+  size_t finished = 0;  // micro-batches whose results are out
   {
     std::unique_lock lock(mu);
-    size_t k = 0;  // the micro-batch being placed
     try {
-      for (k = 0; k < n_ub && !failure; ++k) {
-        if (k >= n_slots && !finish_one(lock)) break;  // slot k % n_slots is free once micro-batch k - n_slots is out
-        lock.unlock();
-        const size_t begin = k * params_.n_ubatch;
-        scheduler& s = sched_of(k);
-        prepare(ubs[k], s, b, begin, std::min(n, begin + params_.n_ubatch));
-        ubs[k].out_at = next_out;
-        next_out += ubs[k].discard ? 0 : ubs[k].n_out;
-        lock.lock();
-        n_splits[k] = s.n_splits();
-        for (const scheduler::split& sp : s.splits()) split_backend[k].push_back(sp.backend);
-        ready[k] = 1;
-        cv.notify_all();
+      for (;;) {
+        if (failure) break;
+        if (finished < n_placed && done[finished] >= n_splits[finished]) {  // the oldest one completed
+          const size_t k = finished;
+          lock.unlock();
+          if (on_done) {
+            on_done(placed[k], ubs[k], sched_of(k), queue);
+          } else {
+            finish(ubs[k], sched_of(k), nullptr);
+          }
+          lock.lock();
+          ++finished;
+          continue;
+        }
+        if (!queue.empty() && n_placed - finished < n_slots) {  // a free slot: place the next one
+          const size_t k = n_placed;
+          const pipeline_item it = queue.front();
+          lock.unlock();
+          ubs.emplace_back();
+          placed.push_back(it);
+          scheduler& s = sched_of(k);
+          std::exception_ptr err;
+          try {
+            prepare(ubs[k], s, *it.b, it.begin, it.end);
+          } catch (...) {
+            err = std::current_exception();
+          }
+          if (err) {  // nothing from this one on starts
+            lock.lock();
+            if (k < failed) {
+              failed = k;
+              failure = err;
+            }
+            break;
+          }
+          ubs[k].out_at = it.out_at;
+          queue.pop_front();
+          lock.lock();
+          ready.push_back(1);
+          running.push_back(0);
+          done.push_back(0);
+          n_splits.push_back(s.n_splits());
+          split_backend.emplace_back();
+          for (const scheduler::split& sp : s.splits()) split_backend.back().push_back(sp.backend);
+          ++n_placed;
+          cv.notify_all();
+          continue;
+        }
+        if (queue.empty() && finished == n_placed) break;
+        cv.wait(lock);
       }
-      while (!failure && finished < n_ub && ready[finished]) {
-        if (!finish_one(lock)) break;
-      }
-    } catch (...) {
+    } catch (...) {  // a finished micro-batch's callback failed: nothing more is placed
       if (!lock.owns_lock()) lock.lock();
-      if (k < failed) {
-        failed = k;
+      if (n_placed < failed) {
+        failed = n_placed;
         failure = std::current_exception();
       }
     }
     // After a failure, the micro-batches before the failed one run to completion (as they would have one
     // at a time), and nothing after it starts.
     cv.wait(lock, [&] {
-      for (size_t j = 0; j < failed; ++j) {
+      for (size_t j = 0; j < n_placed && j < failed; ++j) {
         if (ready[j] && done[j] < n_splits[j]) return false;
       }
       return true;
@@ -366,18 +464,17 @@ void llm_context::decode_pipelined(const batch& b) {
   for (std::thread& t : threads) t.join();
   stats_.n_pipelined += 1;
   if (failure) {
-    // The cache keeps the micro-batches that completed (a prefix: a micro-batch's splits wait for the one
-    // before's); the others give their cells back, and every scheduler forgets its graph.
+    // The cache keeps the micro-batches that completed (a prefix); the others give their cells back, and
+    // every scheduler forgets its graph.
     size_t kept = finished;
-    while (kept < n_ub && ready[kept] && done[kept] >= n_splits[kept]) ++kept;
-    for (size_t k = finished; k < n_ub; ++k) {
+    while (kept < n_placed && ready[kept] && done[kept] >= n_splits[kept]) ++kept;
+    for (size_t k = finished; k < n_placed; ++k) {
       if (k >= kept && !ubs[k].cells.empty()) kv_->release(ubs[k].cells);
       if (ubs[k].g) sched_of(k).reset();
     }
     n_outputs_ = 0;
     std::rethrow_exception(failure);
   }
-  n_outputs_ = next_out;
 }
 
 }  // namespace troupe::llm

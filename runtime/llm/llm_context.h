@@ -20,6 +20,8 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -60,6 +62,14 @@ class llm_context {
   llm_context& operator=(const llm_context&) = delete;
 
   void decode(const batch& b);
+  // Generation of several groups of sequences at once, as a ring over the model's backends: each group's
+  // step (a batch of its sequences' tokens, at most n_ubatch) goes through the backends while the other
+  // groups' steps do, so that with the layers over two devices both work on every step. next(group, logits,
+  // next_batch) gets a group's logits (a row per token that asked, in batch order) and fills its next step;
+  // false or an empty batch ends that group. The groups' sequences must be disjoint. One backend (or
+  // n_pipeline 1): the groups' steps one after another. Each group's logits are bit-identical either way.
+  using ring_step = std::function<bool(size_t group, std::span<const float> logits, batch& next)>;
+  void decode_ring(std::vector<batch> first, const ring_step& next);
   // Logits of the i-th token (in batch order) that asked for them in the last decode: [n_vocab].
   std::span<const float> logits(size_t i) const;
   size_t n_outputs() const { return n_outputs_; }
@@ -84,9 +94,24 @@ class llm_context {
 
  private:
   struct ubatch;  // one micro-batch's graph, inputs and outputs (llm_context.cpp)
+  // A micro-batch for the pipeline: [begin, end) of *b, its logits at row out_at of logits_ (decode) or
+  // handed to a group's callback (decode_ring).
+  struct pipeline_item {
+    const batch* b;
+    size_t begin, end;
+    size_t group;
+    size_t out_at;
+  };
+  // Called on the calling thread when an item's micro-batch has completed: takes its results (finish) and
+  // may queue more items.
+  using item_done = std::function<void(const pipeline_item&, ubatch&, scheduler&, std::deque<pipeline_item>&)>;
+  void validate(const batch& b) const;
   void prepare(ubatch& u, scheduler& s, const batch& b, size_t begin, size_t end);
-  void finish(ubatch& u, scheduler& s);
+  void finish(ubatch& u, scheduler& s, float* dst = nullptr);
   void decode_pipelined(const batch& b);
+  // Runs the queued items (and those on_done queues) through the pipeline, at most max_slots (and
+  // n_pipeline) in flight; null on_done: finish into logits_.
+  void run_pipeline(std::deque<pipeline_item>& queue, const item_done& on_done, size_t max_slots);
   void reserve(scheduler& s);
 
   const model& m_;

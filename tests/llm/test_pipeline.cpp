@@ -166,3 +166,116 @@ TEST_CASE("a trace of a pipelined prompt: CPU and CPU1 splits overlap in time, e
   const std::string json = trace::to_json(ev);
   CHECK_THAT(json, Catch::Contains("\"traceEvents\"") && Catch::Contains("\"thread_name\"") && Catch::Contains("\"ubatch\":49"));
 }
+
+namespace {
+
+// Greedy generation of n tokens for 4 sequences (prompts of different lengths already decoded): in one
+// batch per step (groups = 1), or as `groups` groups of sequences through decode_ring. Returns each
+// sequence's tokens, and the logits of every step in order of (sequence, step) for the bit comparison.
+struct four_answers {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<float>> logits;
+};
+
+four_answers generate_four(llm_context& ctx, int n, size_t groups) {
+  four_answers out;
+  out.tokens.resize(4);
+  out.logits.resize(4);
+  std::vector<int32_t> pos(4), last(4);
+  for (int32_t s = 0; s < 4; ++s) {
+    batch b;
+    for (int32_t i = 0; i < 5 + 3 * s; ++i) b.add(test::stories_prompt[static_cast<size_t>(i % 5)], i, s, i == 4 + 3 * s);
+    ctx.decode(b);
+    last[static_cast<size_t>(s)] = test::argmax_of(ctx.logits(0));
+    pos[static_cast<size_t>(s)] = 5 + 3 * s;
+  }
+  const size_t per = 4 / groups;
+  const auto step_of = [&](size_t g) {
+    batch b;
+    for (size_t s = g * per; s < (g + 1) * per; ++s) b.add(last[s], pos[s]++, static_cast<int32_t>(s), true);
+    return b;
+  };
+  std::vector<int> steps(groups, 0);
+  const auto take = [&](size_t g, std::span<const float> l, batch& next) {
+    const size_t n_vocab = l.size() / per;
+    for (size_t i = 0; i < per; ++i) {
+      const size_t s = g * per + i;
+      const std::span<const float> row = l.subspan(i * n_vocab, n_vocab);
+      last[s] = test::argmax_of(row);
+      out.tokens[s].push_back(last[s]);
+      out.logits[s].insert(out.logits[s].end(), row.begin(), row.end());
+    }
+    if (++steps[g] == n) return false;
+    next = step_of(g);
+    return true;
+  };
+  if (groups == 1) {
+    batch b = step_of(0);
+    for (bool more = true; more;) {
+      ctx.decode(b);
+      std::vector<float> l;
+      for (size_t r = 0; r < 4; ++r) l.insert(l.end(), ctx.logits(r).begin(), ctx.logits(r).end());
+      more = take(0, l, b);
+    }
+    return out;
+  }
+  std::vector<batch> first;
+  for (size_t g = 0; g < groups; ++g) first.push_back(step_of(g));
+  ctx.decode_ring(std::move(first), take);
+  return out;
+}
+
+}  // namespace
+
+// Runs the three ways on a model split over CPU and CPU1 and checks the ring against the others; returns
+// how many CPU / CPU1 split spans of the ring overlapped in time.
+int check_ring(const model& m, int n) {
+  const llm::context_params cp{.n_ctx = 512, .n_ubatch = 64, .n_seq_max = 4, .n_threads = 1, .n_pipeline = 4};
+  llm_context one_batch(m, cp);
+  llm_context ring(m, cp);
+  llm::context_params serial_cp = cp;
+  serial_cp.n_pipeline = 1;
+  llm_context serial(m, serial_cp);
+  trace::clear();
+  trace::enable(true);
+  const auto r = generate_four(ring, n, 2);
+  trace::enable(false);
+  const auto a = generate_four(one_batch, n, 1);
+  const auto s = generate_four(serial, n, 2);
+  CHECK(ring.stats().n_pipelined == 1);
+  CHECK(serial.stats().n_pipelined == 0);
+  for (size_t q = 0; q < 4; ++q) {
+    INFO("sequence " << q);
+    CHECK(r.tokens[q].size() == static_cast<size_t>(n));
+    CHECK(r.tokens[q] == a.tokens[q]);  // grouped or not: the same tokens
+    CHECK(r.tokens[q] == s.tokens[q]);
+    CHECK(same_bits(r.logits[q], s.logits[q]));  // ring or one group after the other: the same bits
+  }
+  std::map<std::string, std::vector<trace::event>> by_track;
+  for (const trace::event& e : trace::events()) {
+    if (e.name == "split") by_track[e.track].push_back(e);
+  }
+  trace::clear();
+  int overlaps = 0;
+  for (const auto& x : by_track["CPU"]) {
+    for (const auto& y : by_track["CPU1"]) overlaps += x.begin_us < y.begin_us + y.dur_us && y.begin_us < x.begin_us + x.dur_us;
+  }
+  WARN("ring: CPU / CPU1 split spans overlapping in time: " << overlaps << " over " << by_track["CPU1"].size() << " splits on CPU1");
+  return overlaps;
+}
+
+TEST_CASE("stories260K over CPU and CPU1: 4 sequences in 2 groups as a ring give the tokens of one batch per step, the logits of the groups one after another", "[llm][pipeline][ring]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  device_i& cpu1 = add_cpu_instance({.index = 1, .n_threads = 1});
+  auto m = model::load(*path, {.devices = {{&cpu1, 3}}});
+  check_ring(*m, 24);
+}
+
+TEST_CASE("SmolLM2 over CPU and CPU1: a ring of 2 groups keeps both devices at work, with the same tokens and bits", "[llm][pipeline][ring][smollm2]") {
+  const auto path = test::smollm2_path();
+  if (!path) return;
+  device_i& cpu1 = add_cpu_instance({.index = 1, .n_threads = 1});
+  auto m = model::load(*path, {.devices = {{&cpu1, 16}}});
+  CHECK(check_ring(*m, 12) > 0);  // splits of tens of milliseconds: the two groups' steps run at once
+}

@@ -84,15 +84,32 @@ double run_pp(llm::llm_context& ctx, const std::vector<int32_t>& tokens) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// n_parallel sequences generating at once: each step decodes one token of every sequence.
-double run_tg(llm::llm_context& ctx, const std::vector<int32_t>& tokens, int n_parallel) {
+// n_parallel sequences generating at once: each step decodes one token of every sequence, in one batch,
+// or (ring, several devices) as two groups of sequences whose steps go round the devices (decode_ring).
+double run_tg(llm::llm_context& ctx, const std::vector<int32_t>& tokens, int n_parallel, bool ring) {
   ctx.kv().clear();
-  llm::batch b;
+  const auto token_at = [&](size_t step, int s) { return tokens[(step + static_cast<size_t>(s)) % tokens.size()]; };
   const auto t0 = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    b.clear();
-    for (int s = 0; s < n_parallel; ++s) b.add(tokens[(i + static_cast<size_t>(s)) % tokens.size()], static_cast<int32_t>(i), s, true);
-    ctx.decode(b);
+  if (ring && n_parallel >= 2 && ctx.pipelines()) {
+    const int halves[3] = {0, n_parallel / 2, n_parallel};
+    const auto step_of = [&](size_t g, size_t step) {
+      llm::batch b;
+      for (int s = halves[g]; s < halves[g + 1]; ++s) b.add(token_at(step, s), static_cast<int32_t>(step), s, true);
+      return b;
+    };
+    std::vector<size_t> steps(2, 0);
+    ctx.decode_ring({step_of(0, 0), step_of(1, 0)}, [&](size_t g, std::span<const float>, llm::batch& next) {
+      if (++steps[g] == tokens.size()) return false;
+      next = step_of(g, steps[g]);
+      return true;
+    });
+  } else {
+    llm::batch b;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      b.clear();
+      for (int s = 0; s < n_parallel; ++s) b.add(token_at(i, s), static_cast<int32_t>(i), s, true);
+      ctx.decode(b);
+    }
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -168,9 +185,10 @@ int run_bench(const bench_options& o) {
   if (o.n_gen > 0) {
     result r{"tg" + std::to_string(o.n_gen), o.n_gen, {}};
     const auto toks = random_tokens(o.n_gen, m->hp().n_vocab, 2);
-    run_tg(ctx, toks, o.n_parallel);
+    const bool ring = o.pipeline == "on";
+    run_tg(ctx, toks, o.n_parallel, ring);
     for (auto& p : peers) p->reset_stats();
-    for (int i = 0; i < o.reps; ++i) r.tps.push_back(o.n_gen * o.n_parallel / run_tg(ctx, toks, o.n_parallel));
+    for (int i = 0; i < o.reps; ++i) r.tps.push_back(o.n_gen * o.n_parallel / run_tg(ctx, toks, o.n_parallel, ring));
     for (auto& p : peers) {
       r.round_trips += static_cast<double>(p->stats().round_trips);
       r.graphs_sent += static_cast<double>(p->stats().graphs_sent);
