@@ -37,26 +37,6 @@ void run_rows(const step& s, const Args& a, cudaStream_t stream) {
   each_row<Args, Body><<<dim3(d.grid_x, d.grid_y), d.block, 0, stream>>>(a, units_of(s));
 }
 
-// Calls f with the weight type t as a compile-time constant.
-template <class F>
-void with_weight_type(type t, F&& f) {
-  switch (t) {
-    case type::f32: return f(std::integral_constant<type, type::f32>{});
-    case type::f16: return f(std::integral_constant<type, type::f16>{});
-    case type::bf16: return f(std::integral_constant<type, type::bf16>{});
-    case type::q4_0: return f(std::integral_constant<type, type::q4_0>{});
-    case type::q4_1: return f(std::integral_constant<type, type::q4_1>{});
-    case type::q5_0: return f(std::integral_constant<type, type::q5_0>{});
-    case type::q5_1: return f(std::integral_constant<type, type::q5_1>{});
-    case type::q8_0: return f(std::integral_constant<type, type::q8_0>{});
-    case type::q2_K: return f(std::integral_constant<type, type::q2_K>{});
-    case type::q3_K: return f(std::integral_constant<type, type::q3_K>{});
-    case type::q4_K: return f(std::integral_constant<type, type::q4_K>{});
-    case type::q5_K: return f(std::integral_constant<type, type::q5_K>{});
-    case type::q6_K: return f(std::integral_constant<type, type::q6_K>{});
-    default: throw backend_error("CUDA: no kernel reads weights of type " + std::string(type_name(t)));
-  }
-}
 
 }  // namespace
 

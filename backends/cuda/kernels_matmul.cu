@@ -51,22 +51,10 @@ void run_mat_vec(const step& s, const mat_vec_args& a, cudaStream_t stream) {
 }
 
 void mat_vec(const step& s, const mat_vec_args& a, cudaStream_t stream) {
-  switch (a.t) {
-    case type::f32: return run_mat_vec<type::f32, false>(s, a, stream);
-    case type::f16: return run_mat_vec<type::f16, false>(s, a, stream);
-    case type::bf16: return run_mat_vec<type::bf16, false>(s, a, stream);
-    case type::q4_0: return run_mat_vec<type::q4_0, true>(s, a, stream);
-    case type::q4_1: return run_mat_vec<type::q4_1, true>(s, a, stream);
-    case type::q5_0: return run_mat_vec<type::q5_0, true>(s, a, stream);
-    case type::q5_1: return run_mat_vec<type::q5_1, true>(s, a, stream);
-    case type::q8_0: return run_mat_vec<type::q8_0, true>(s, a, stream);
-    case type::q2_K: return run_mat_vec<type::q2_K, true>(s, a, stream);
-    case type::q3_K: return run_mat_vec<type::q3_K, true>(s, a, stream);
-    case type::q4_K: return run_mat_vec<type::q4_K, true>(s, a, stream);
-    case type::q5_K: return run_mat_vec<type::q5_K, true>(s, a, stream);
-    case type::q6_K: return run_mat_vec<type::q6_K, true>(s, a, stream);
-    default: throw backend_error("CUDA: no matrix-vector kernel for weights of type " + std::string(type_name(a.t)));
-  }
+  with_weight_type(a.t, [&](auto t) {
+    constexpr type T = decltype(t)::value;
+    run_mat_vec<T, !is_float_type(T)>(s, a, stream);
+  });
 }
 
 cudaDataType_t data_type(int code) { return code == f32_code ? CUDA_R_32F : code == f16_code ? CUDA_R_16F : CUDA_R_16BF; }

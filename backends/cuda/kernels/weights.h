@@ -12,8 +12,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <type_traits>
 
 #include "backends/cuda/kernels/hd.h"
+#include "runtime/error.h"
 #include "runtime/quants.h"
 #include "runtime/types.h"
 
@@ -65,6 +68,28 @@ constexpr bool is_weight_type(type t) {
 }
 
 constexpr bool is_float_type(type t) { return t == type::f32 || t == type::f16 || t == type::bf16; }
+
+// Host code: calls f with weight type t as a compile-time constant (std::integral_constant<type, T>), for
+// picking a kernel's instantiation. Throws backend_error for a type no kernel reads.
+template <class F>
+void with_weight_type(type t, F&& f) {
+  switch (t) {
+    case type::f32: return f(std::integral_constant<type, type::f32>{});
+    case type::f16: return f(std::integral_constant<type, type::f16>{});
+    case type::bf16: return f(std::integral_constant<type, type::bf16>{});
+    case type::q4_0: return f(std::integral_constant<type, type::q4_0>{});
+    case type::q4_1: return f(std::integral_constant<type, type::q4_1>{});
+    case type::q5_0: return f(std::integral_constant<type, type::q5_0>{});
+    case type::q5_1: return f(std::integral_constant<type, type::q5_1>{});
+    case type::q8_0: return f(std::integral_constant<type, type::q8_0>{});
+    case type::q2_K: return f(std::integral_constant<type, type::q2_K>{});
+    case type::q3_K: return f(std::integral_constant<type, type::q3_K>{});
+    case type::q4_K: return f(std::integral_constant<type, type::q4_K>{});
+    case type::q5_K: return f(std::integral_constant<type, type::q5_K>{});
+    case type::q6_K: return f(std::integral_constant<type, type::q6_K>{});
+    default: throw backend_error("CUDA: no kernel reads weights of type " + std::string(type_name(t)));
+  }
+}
 
 // The (scale, min) pair of sub-block j of a q4_K / q5_K block (runtime/quants.h's get_scale_min_k4).
 TROUPE_HD inline void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {

@@ -19,25 +19,6 @@ struct host_group {
   float max(float v) const { return v; }
 };
 
-template <class F>
-void with_weight_type(type t, F&& f) {
-  switch (t) {
-    case type::f32: return f(std::integral_constant<type, type::f32>{});
-    case type::f16: return f(std::integral_constant<type, type::f16>{});
-    case type::bf16: return f(std::integral_constant<type, type::bf16>{});
-    case type::q4_0: return f(std::integral_constant<type, type::q4_0>{});
-    case type::q4_1: return f(std::integral_constant<type, type::q4_1>{});
-    case type::q5_0: return f(std::integral_constant<type, type::q5_0>{});
-    case type::q5_1: return f(std::integral_constant<type, type::q5_1>{});
-    case type::q8_0: return f(std::integral_constant<type, type::q8_0>{});
-    case type::q2_K: return f(std::integral_constant<type, type::q2_K>{});
-    case type::q3_K: return f(std::integral_constant<type, type::q3_K>{});
-    case type::q4_K: return f(std::integral_constant<type, type::q4_K>{});
-    case type::q5_K: return f(std::integral_constant<type, type::q5_K>{});
-    case type::q6_K: return f(std::integral_constant<type, type::q6_K>{});
-    default: throw backend_error("no kernel reads weights of type " + std::string(type_name(t)));
-  }
-}
 
 template <class Body>
 void each(int64_t n, Body&& body) {

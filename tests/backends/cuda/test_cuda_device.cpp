@@ -21,6 +21,7 @@
 #include "tests/backends/conformance_cases.h"
 #include "tests/backends/conformance_runner.h"
 #include "tests/support/greedy.h"
+#include "tests/support/story.h"
 #include "tests/test_models.h"
 
 using namespace troupe;
@@ -43,19 +44,6 @@ std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
   return v;
 }
 
-std::string story() {
-  std::ifstream in(std::string(TROUPE_TEST_DATA_DIR) + "/story.txt");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-double ppl_of(const std::filesystem::path& path, const llm::model_params& mp) {
-  auto m = llm::model::load(path, mp);
-  llm::vocab v(m->meta());
-  llm::llm_context ctx(*m, {.n_ctx = 128, .n_batch = 128, .n_threads = 2});
-  return llm::perplexity(ctx, v, v.tokenize(story(), true), 128).ppl;
-}
 
 }  // namespace
 
@@ -243,8 +231,8 @@ TEST_CASE("SmolLM2 fully on CUDA0: perplexity within 1% of the CPU's", "[cuda][g
   if (d == nullptr) return;
   const auto path = test::smollm2_path();
   if (!path) return;
-  const double cpu = ppl_of(*path, {});
-  const double gpu = ppl_of(*path, {.devices = {{d, 99}}});
+  const double cpu = test::story_ppl(*path, {});
+  const double gpu = test::story_ppl(*path, {.devices = {{d, 99}}});
   WARN("perplexity over story.txt: CPU " << cpu << ", CUDA0 " << gpu);
   CHECK(std::abs(gpu - cpu) / cpu < 0.01);
 }

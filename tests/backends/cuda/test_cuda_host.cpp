@@ -26,25 +26,6 @@ namespace {
 const std::vector<type> weight_types = {type::f32,  type::f16,  type::bf16, type::q4_0, type::q4_1, type::q5_0, type::q5_1,
                                         type::q8_0, type::q2_K, type::q3_K, type::q4_K, type::q5_K, type::q6_K};
 
-template <class F>
-void with_type(type t, F&& f) {
-  switch (t) {
-    case type::f32: return f(std::integral_constant<type, type::f32>{});
-    case type::f16: return f(std::integral_constant<type, type::f16>{});
-    case type::bf16: return f(std::integral_constant<type, type::bf16>{});
-    case type::q4_0: return f(std::integral_constant<type, type::q4_0>{});
-    case type::q4_1: return f(std::integral_constant<type, type::q4_1>{});
-    case type::q5_0: return f(std::integral_constant<type, type::q5_0>{});
-    case type::q5_1: return f(std::integral_constant<type, type::q5_1>{});
-    case type::q8_0: return f(std::integral_constant<type, type::q8_0>{});
-    case type::q2_K: return f(std::integral_constant<type, type::q2_K>{});
-    case type::q3_K: return f(std::integral_constant<type, type::q3_K>{});
-    case type::q4_K: return f(std::integral_constant<type, type::q4_K>{});
-    case type::q5_K: return f(std::integral_constant<type, type::q5_K>{});
-    case type::q6_K: return f(std::integral_constant<type, type::q6_K>{});
-    default: FAIL("not a weight type");
-  }
-}
 
 std::vector<float> random_values(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -79,7 +60,7 @@ TEST_CASE("the CUDA kernels read every weight type value for value as the CPU de
     std::vector<float> ref(n);
     traits(t).to_float(row.data(), ref.data(), n);
     int64_t differ = 0;
-    with_type(t, [&](auto tc) {
+    with_weight_type(t, [&](auto tc) {
       for (int64_t i = 0; i < n; ++i) differ += load_weight<decltype(tc)::value>(row.data(), i) != ref[static_cast<size_t>(i)] ? 1 : 0;
     });
     CHECK(differ == 0);
@@ -149,7 +130,7 @@ TEST_CASE("activations quantized to 8 bits and each quantized type's dot32 give 
       mag += std::abs(static_cast<double>(wd[i]) * act_q[i]);
     }
     double got = 0;
-    with_type(t, [&](auto tc) {
+    with_weight_type(t, [&](auto tc) {
       constexpr type T = decltype(tc)::value;
       if constexpr (!is_float_type(T)) {
         for (int64_t j = 0; j < k / 32; ++j) got += dot32<T>(row.data(), j, blocks[static_cast<size_t>(j)]);

@@ -16,6 +16,7 @@
 #include "runtime/llm/vocab.h"
 #include "tests/backends/vulkan/vulkan_test_device.h"
 #include "tests/support/greedy.h"
+#include "tests/support/story.h"
 #include "tests/test_models.h"
 
 using namespace troupe;
@@ -36,20 +37,6 @@ std::vector<std::string> cpu_ops(llm::llm_context& ctx) {
     for (op o : r.ops) out.emplace_back(op_name(o));
   }
   return out;
-}
-
-std::string story() {
-  std::ifstream in(std::string(TROUPE_TEST_DATA_DIR) + "/story.txt");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-double ppl_of(const std::filesystem::path& path, const llm::model_params& mp) {
-  auto m = llm::model::load(path, mp);
-  llm::vocab v(m->meta());
-  llm::llm_context ctx(*m, {.n_ctx = 128, .n_batch = 128, .n_threads = 2});
-  return llm::perplexity(ctx, v, v.tokenize(story(), true), 128).ppl;
 }
 
 }  // namespace
@@ -83,14 +70,14 @@ TEST_CASE("SmolLM2 on Vulkan0, fully offloaded and split with the CPU: perplexit
   const auto path = test::smollm2_path();
   if (!path) return;
   register_builtin_backends();
-  const double cpu = ppl_of(*path, {});
-  const double full = ppl_of(*path, placed({.n_gpu_layers = 99}, *path));
+  const double cpu = test::story_ppl(*path, {});
+  const double full = test::story_ppl(*path, placed({.n_gpu_layers = 99}, *path));
   // --device Vulkan0,CPU: the first half of the layers on Vulkan0, the rest and the output on the CPU.
   const llm::model_params halves = placed({.devices = {std::string(d->name()), "CPU"}}, *path);
   REQUIRE(halves.devices.size() == 2);
   CHECK(halves.devices[0].second == 15);
   CHECK(halves.devices[1].second == 16);
-  const double split = ppl_of(*path, halves);
+  const double split = test::story_ppl(*path, halves);
   WARN("perplexity over story.txt: CPU " << cpu << ", Vulkan0 " << full << ", Vulkan0 + CPU " << split);
   CHECK(cpu > 4.0);
   CHECK(cpu < 20.0);
