@@ -4,8 +4,12 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "loader/gguf_writer.h"
 #include "runtime/llm/generator.h"
@@ -111,4 +115,31 @@ TEST_CASE("q8_0 KV cache: refused for heads that split blocks, usable otherwise"
   INFO("f16: " << f16 << " | q8_0: " << q8);
   CHECK(f16.find("Paris") != std::string::npos);
   CHECK(q8.find("Paris") != std::string::npos);
+}
+
+TEST_CASE("--trace FILE: troupe-chat and troupe bench write a Chrome trace with a track per device", "[programs][trace]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  const std::string file = std::filesystem::temp_directory_path() / ("troupe-trace-" + std::to_string(::getpid()) + ".json");
+  const auto read_file = [&] {
+    std::ifstream in(file);
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  auto r = run(chat + " -m " + path->string() + " --device CPU,CPU1 --no-chat -n 4 -p 'Once upon a time there was a girl' --trace " + file);
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  std::string json = read_file();
+  CHECK_THAT(json, Catch::StartsWith("{\"displayTimeUnit\":\"ms\",\"traceEvents\":["));
+  CHECK_THAT(json, Catch::Contains("\"name\":\"CPU1\"") && Catch::Contains("\"name\":\"split\"") && Catch::Contains("\"ubatch\":"));
+  r = run(troupe_bin + " bench -m " + path->string() + " --device CPU,CPU1 -t 1 -p 64 -n 4 -ub 16 -r 1 --trace " + file);
+  CHECK(r.exit_code == 0);
+  json = read_file();
+  CHECK_THAT(json, Catch::Contains("\"name\":\"CPU1\"") && Catch::Contains("\"name\":\"transfers\""));
+  std::filesystem::remove(file);
+  // A file that cannot be written is reported, and the program's own result stands.
+  r = run(chat + " -m " + path->string() + " --no-chat -n 2 -p 'Once' --trace /nonexistent-dir/t.json");
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("trace: cannot write /nonexistent-dir/t.json"));
 }
