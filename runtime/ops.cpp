@@ -178,6 +178,28 @@ void rope_yarn_corr_dims(const rope_params& p, float dims[2]) {
   dims[1] = std::min(static_cast<float>(p.n_dims - 1), end);
 }
 
+rope_constants rope_constants_of(const rope_params& p) {
+  rope_constants c;
+  c.theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_dims));
+  if (p.ext_factor != 0.0f) {
+    float corr[2];
+    rope_yarn_corr_dims(p, corr);
+    c.ext_factor = p.ext_factor;
+    c.corr0 = corr[0];
+    c.corr1 = corr[1];
+    c.yarn_mscale = 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
+  }
+  return c;
+}
+
+alibi_constants alibi_constants_of(float max_bias, uint32_t n_head) {
+  alibi_constants a;
+  a.n_head_log2 = 1u << static_cast<uint32_t>(std::floor(std::log2(static_cast<float>(n_head))));
+  a.m0 = std::pow(2.0f, -max_bias / static_cast<float>(a.n_head_log2));
+  a.m1 = std::pow(2.0f, -(max_bias / 2.0f) / static_cast<float>(a.n_head_log2));
+  return a;
+}
+
 rope_params rope_params_of(const tensor& t) {
   rope_params p;
   p.n_dims = t.param<int32_t>(0);

@@ -77,11 +77,25 @@ rope_params rope_params_of(const tensor& t);  // read back from a rope node
 // YaRN's correction range [dims[0], dims[1]] of rotated dimension pairs (ggml_rope_yarn_corr_dims, step for
 // step): every backend's rope interpolates between them.
 void rope_yarn_corr_dims(const rope_params& p, float dims[2]);
+// What a rope kernel takes from a node's parameters, as the CPU computes it: theta_scale = freq_base ^
+// (-2 / n_dims) (pair i's angle is pos * theta_scale^i); with YaRN (ext_factor != 0) the correction range
+// and the magnitude scale 1 + 0.1 ln(1 / freq_scale), else zeros.
+struct rope_constants {
+  float theta_scale = 0, ext_factor = 0, corr0 = 0, corr1 = 0, yarn_mscale = 0;
+};
+rope_constants rope_constants_of(const rope_params& p);
 
 // ---- attention helpers ----
 // a: [n_kv, n_q, ne2, ne3] f32; mask: optional [n_kv, >= n_q, ne2m, ne3m] f32 or f16, broadcast over
 // dims 2 and 3; dst = softmax(a * scale + mask) per row. max_bias > 0 adds ALiBi slopes per head (dim 2).
 tensor* soft_max(context& ctx, tensor* a, tensor* mask, float scale, float max_bias = 0.0f);
+// The ALiBi slopes' bases for n_head heads: head h < n_head_log2 has slope m0^(h + 1), the others
+// m1^(2 (h - n_head_log2) + 1) (as ggml).
+struct alibi_constants {
+  uint32_t n_head_log2 = 1;
+  float m0 = 1, m1 = 1;
+};
+alibi_constants alibi_constants_of(float max_bias, uint32_t n_head);
 
 // ---- matrix product ----
 // a: [k, m, ne2a, ne3a] any supported type (weights, rows contiguous); b: [k, n, ne2b, ne3b] f32, with

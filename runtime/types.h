@@ -75,6 +75,28 @@ struct type_traits {
   type vec_dot_type = type::f32;         // what activations are converted to for vec_dot
 };
 
+// The weight types troupe's GPU kernels read (Vulkan, CUDA): f32, f16, bf16, q4_0 .. q8_0 and q2_K .. q6_K.
+constexpr bool is_gpu_weight_type(type t) {
+  switch (t) {
+    case type::f32:
+    case type::f16:
+    case type::bf16:
+    case type::q4_0:
+    case type::q4_1:
+    case type::q5_0:
+    case type::q5_1:
+    case type::q8_0:
+    case type::q2_K:
+    case type::q3_K:
+    case type::q4_K:
+    case type::q5_K:
+    case type::q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Traits of a type; for an unknown id, a traits object with known == false and the name "unknown".
 const type_traits& traits(type t);
 

@@ -7,6 +7,7 @@
 
 #include "backends/cpu/kernels_internal.h"
 #include "backends/cpu/simd/simd.h"
+#include "runtime/ops.h"
 
 namespace troupe::cpu::detail {
 
@@ -86,10 +87,10 @@ void compute_soft_max(const compute_params& params, tensor& node) {
   const float scale = node.param<float>(0);
   const float max_bias = node.param<float>(1);
 
-  const uint32_t n_head = static_cast<uint32_t>(a.ne[2]);
-  const uint32_t n_head_log2 = 1u << static_cast<uint32_t>(std::floor(std::log2(static_cast<float>(n_head))));
-  const float m0 = std::pow(2.0f, -max_bias / static_cast<float>(n_head_log2));
-  const float m1 = std::pow(2.0f, -(max_bias / 2.0f) / static_cast<float>(n_head_log2));
+  const alibi_constants alibi = alibi_constants_of(max_bias, static_cast<uint32_t>(a.ne[2]));
+  const uint32_t n_head_log2 = alibi.n_head_log2;
+  const float m0 = alibi.m0;
+  const float m1 = alibi.m1;
 
   const int64_t ne0 = a.ne[0];
   const int64_t sa = static_cast<int64_t>(a.nb[0]);

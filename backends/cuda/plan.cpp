@@ -329,17 +329,14 @@ std::vector<step> plan(const tensor& t, scratch_i& scratch) {
       p.ff = t.src[2] != nullptr ? reinterpret_cast<const float*>(t.src[2]->data) : nullptr;
       p.n_dims = static_cast<int>(rp.n_dims);
       p.neox = rp.mode == rope_mode::neox ? 1 : 0;
-      p.theta_scale = std::pow(rp.freq_base, -2.0f / static_cast<float>(rp.n_dims));  // as the CPU computes it
+      const rope_constants rc = rope_constants_of(rp);
+      p.theta_scale = rc.theta_scale;
       p.freq_scale = rp.freq_scale;
       p.attn_factor = rp.attn_factor;
-      if (rp.ext_factor != 0.0f) {
-        float corr[2];
-        rope_yarn_corr_dims(rp, corr);
-        p.ext_factor = rp.ext_factor;
-        p.corr0 = corr[0];
-        p.corr1 = corr[1];
-        p.yarn_mscale = 1.0f + 0.1f * std::log(1.0f / rp.freq_scale);
-      }
+      p.ext_factor = rc.ext_factor;
+      p.corr0 = rc.corr0;
+      p.corr1 = rc.corr1;
+      p.yarn_mscale = rc.yarn_mscale;
       out.emplace_back(rope_step{p});
       break;
     }
@@ -422,11 +419,10 @@ std::vector<step> plan(const tensor& t, scratch_i& scratch) {
       }
       p.scale = t.param<float>(0);
       p.max_bias = t.param<float>(1);
-      // The ALiBi slopes' bases, as the CPU computes them.
-      const auto n_head = static_cast<uint32_t>(a->ne[2]);
-      p.n_head_log2 = 1 << static_cast<int>(std::floor(std::log2(static_cast<float>(n_head))));
-      p.m0 = std::pow(2.0f, -p.max_bias / static_cast<float>(p.n_head_log2));
-      p.m1 = std::pow(2.0f, -(p.max_bias / 2.0f) / static_cast<float>(p.n_head_log2));
+      const alibi_constants alibi = alibi_constants_of(p.max_bias, static_cast<uint32_t>(a->ne[2]));
+      p.n_head_log2 = static_cast<int>(alibi.n_head_log2);
+      p.m0 = alibi.m0;
+      p.m1 = alibi.m1;
       out.emplace_back(soft_max_step{p});
       break;
     }

@@ -46,30 +46,10 @@ f32_view view_of(const vulkan::device& dev, const tensor& t) {
 }
 
 // Weights as weights.glsl reads them (mul_mat, get_rows): every float type and the quantized blocks of
-// runtime/quants.h, rows contiguous (whole blocks), in bytes. Fields 16 bits wide need even offsets.
-bool weight_type(type t) {
-  switch (t) {
-    case type::f32:
-    case type::f16:
-    case type::bf16:
-    case type::q4_0:
-    case type::q4_1:
-    case type::q5_0:
-    case type::q5_1:
-    case type::q8_0:
-    case type::q2_K:
-    case type::q3_K:
-    case type::q4_K:
-    case type::q5_K:
-    case type::q6_K:
-      return true;
-    default:
-      return false;
-  }
-}
-
+// runtime/quants.h (is_gpu_weight_type), rows contiguous (whole blocks), in bytes. Fields 16 bits wide need
+// even offsets.
 bool readable_weights(const tensor& w) {
-  if (!weight_type(w.type) || w.ne[0] % block_size(w.type) != 0 || w.nb[0] != type_size(w.type)) return false;
+  if (!is_gpu_weight_type(w.type) || w.ne[0] % block_size(w.type) != 0 || w.nb[0] != type_size(w.type)) return false;
   const size_t align = w.type == type::f32 ? 4 : 2;
   return std::all_of(w.nb.begin(), w.nb.end(), [align](size_t nb) { return nb % align == 0; });
 }
@@ -438,17 +418,14 @@ void backend::record(tensor& node) {
       }
       p.n_dims = static_cast<uint32_t>(rp.n_dims);
       p.neox = rp.mode == rope_mode::neox ? 1 : 0;
-      p.theta_scale = std::pow(rp.freq_base, -2.0f / static_cast<float>(rp.n_dims));  // as the CPU computes it
+      const rope_constants rc = rope_constants_of(rp);
+      p.theta_scale = rc.theta_scale;
       p.freq_scale = rp.freq_scale;
       p.attn_factor = rp.attn_factor;
-      if (rp.ext_factor != 0.0f) {
-        float corr[2];
-        rope_yarn_corr_dims(rp, corr);
-        p.ext_factor = rp.ext_factor;
-        p.corr0 = corr[0];
-        p.corr1 = corr[1];
-        p.yarn_mscale = 1.0f + 0.1f * std::log(1.0f / rp.freq_scale);  // as the CPU computes it
-      }
+      p.ext_factor = rc.ext_factor;
+      p.corr0 = rc.corr0;
+      p.corr1 = rc.corr1;
+      p.yarn_mscale = rc.yarn_mscale;
       const uint64_t units = static_cast<uint64_t>(nrows(node)) * static_cast<uint64_t>(rp.n_dims / 2 + (node.ne[0] - rp.n_dims));
       dispatch("rope", {a.buffer, pv.buffer, ff_buffer, d.buffer}, &p, sizeof p, groups_for(units));
       return;
@@ -501,11 +478,10 @@ void backend::record(tensor& node) {
       p.d_nb3 = d.nb[3];
       p.scale = node.param<float>(0);
       p.max_bias = node.param<float>(1);
-      // The ALiBi slopes' bases, as the CPU computes them.
-      const auto n_head = static_cast<uint32_t>(node.src[0]->ne[2]);
-      p.n_head_log2 = 1u << static_cast<uint32_t>(std::floor(std::log2(static_cast<float>(n_head))));
-      p.m0 = std::pow(2.0f, -p.max_bias / static_cast<float>(p.n_head_log2));
-      p.m1 = std::pow(2.0f, -(p.max_bias / 2.0f) / static_cast<float>(p.n_head_log2));
+      const alibi_constants alibi = alibi_constants_of(p.max_bias, static_cast<uint32_t>(node.src[0]->ne[2]));
+      p.n_head_log2 = alibi.n_head_log2;
+      p.m0 = alibi.m0;
+      p.m1 = alibi.m1;
       dispatch("soft_max", {a.buffer, mask_buffer, d.buffer}, &p, sizeof p, static_cast<uint64_t>(nrows(node)));
       return;
     }

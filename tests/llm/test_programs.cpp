@@ -117,7 +117,7 @@ TEST_CASE("q8_0 KV cache: refused for heads that split blocks, usable otherwise"
   CHECK(q8.find("Paris") != std::string::npos);
 }
 
-TEST_CASE("--trace FILE: troupe-chat and troupe bench write a Chrome trace with a track per device", "[programs][trace]") {
+TEST_CASE("troupe-chat and troupe bench with --trace FILE write a Chrome trace with a track per device", "[programs][trace]") {
   const auto path = test::model_path("stories260K.gguf");
   if (!path) return;
   const std::string file = std::filesystem::temp_directory_path() / ("troupe-trace-" + std::to_string(::getpid()) + ".json");

@@ -45,27 +45,8 @@ static_assert(offsetof(block_q4_K, qs) == 16 && offsetof(block_q5_K, qh) == 16 &
                   offsetof(block_q3_K, scales) == 96 && offsetof(block_q3_K, d) == 108,
               "K-quant fields where GGUF puts them");
 
-// The weight types the kernels read (as the Vulkan backend's: every float type, the classic and K quants).
-constexpr bool is_weight_type(type t) {
-  switch (t) {
-    case type::f32:
-    case type::f16:
-    case type::bf16:
-    case type::q4_0:
-    case type::q4_1:
-    case type::q5_0:
-    case type::q5_1:
-    case type::q8_0:
-    case type::q2_K:
-    case type::q3_K:
-    case type::q4_K:
-    case type::q5_K:
-    case type::q6_K:
-      return true;
-    default:
-      return false;
-  }
-}
+// The weight types the kernels read (runtime/types.h: the Vulkan backend's too).
+constexpr bool is_weight_type(type t) { return is_gpu_weight_type(t); }
 
 constexpr bool is_float_type(type t) { return t == type::f32 || t == type::f16 || t == type::bf16; }
 
