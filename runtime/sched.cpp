@@ -292,13 +292,7 @@ void scheduler::graph_compute(graph& g) {
   if (current_ != &g) alloc_graph(g);
   try {
     if (runner_) {
-      for (size_t i = 0; i < splits_.size(); ++i) {
-        const split& sp = splits_[i];
-        runner_(static_cast<int>(i), sp, [this, &sp] {
-          run_split(sp);
-          backend(sp.backend).synchronize();
-        });
-      }
+      for (size_t i = 0; i < splits_.size(); ++i) run_through_runner(static_cast<int>(i));
     } else {
       for (const split& sp : splits_) run_split(sp);
     }
@@ -325,30 +319,33 @@ void scheduler::record_run() {
   }
 }
 
-void scheduler::compute_split(int i) {
-  if (current_ == nullptr) throw error("scheduler: compute_split without an allocated graph");
+const scheduler::split& scheduler::split_at(int i, const char* who) const {
+  if (current_ == nullptr) throw error(std::string("scheduler: ") + who + " without an allocated graph");
   if (i < 0 || i >= n_splits()) {
     throw error("scheduler: split " + std::to_string(i) + " of " + std::to_string(n_splits()));
   }
-  const split& sp = splits_[static_cast<size_t>(i)];
+  return splits_[static_cast<size_t>(i)];
+}
+
+void scheduler::run_and_synchronize(const split& sp) {
   run_split(sp);
   backend(sp.backend).synchronize();
 }
 
-void scheduler::dispatch_split(int i) {
-  if (!runner_) {
-    compute_split(i);
-    return;
-  }
-  if (current_ == nullptr) throw error("scheduler: dispatch_split without an allocated graph");
-  if (i < 0 || i >= n_splits()) {
-    throw error("scheduler: split " + std::to_string(i) + " of " + std::to_string(n_splits()));
-  }
+void scheduler::run_through_runner(int i) {
   const split& sp = splits_[static_cast<size_t>(i)];
-  runner_(i, sp, [this, &sp] {
-    run_split(sp);
-    backend(sp.backend).synchronize();
-  });
+  runner_(i, sp, [this, &sp] { run_and_synchronize(sp); });
+}
+
+void scheduler::compute_split(int i) { run_and_synchronize(split_at(i, "compute_split")); }
+
+void scheduler::dispatch_split(int i) {
+  const split& sp = split_at(i, "dispatch_split");
+  if (runner_) {
+    run_through_runner(i);
+  } else {
+    run_and_synchronize(sp);
+  }
 }
 
 int scheduler::n_copies() const {

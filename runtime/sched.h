@@ -112,6 +112,10 @@ class scheduler {
   // Drops the last graph's state (its nodes' sources restored, splits forgotten) after a failure.
   void forget_graph();
   void run_split(const split& sp);
+  void run_and_synchronize(const split& sp);  // run_split, then its backend's synchronize
+  void run_through_runner(int i);              // split i's run_and_synchronize handed to runner_
+  // Split i of the allocated graph; throws error naming `who` without one, or for i out of range.
+  const split& split_at(int i, const char* who) const;
   void assign(const graph& g);
   // Memory that exists outside this scheduler's compute buffers (weights, caches, caller-placed inputs).
   bool is_external(const tensor& t) const;

@@ -97,33 +97,29 @@ device::device(const device_info& info)
     : info_(info),
       name_("CUDA" + std::to_string(info.index)),
       description_(info.name + " (compute " + std::to_string(info.cc_major) + "." + std::to_string(info.cc_minor) + ")") {
-  make_current();
-  try {
-    check(cudaStreamCreateWithFlags(&transfer_, cudaStreamNonBlocking), name_, "cudaStreamCreateWithFlags");
-    for (int k = 0; k < 2; ++k) {
-      check(cudaMallocHost(&staging_[k], staging_bytes), name_, "cudaMallocHost of the staging buffers");
-      check(cudaEventCreateWithFlags(&staged_[k], cudaEventDisableTiming), name_, "cudaEventCreateWithFlags");
-    }
-  } catch (...) {
-    for (int k = 0; k < 2; ++k) {
-      if (staged_[k] != nullptr) cudaEventDestroy(staged_[k]);
-      if (staging_[k] != nullptr) cudaFreeHost(staging_[k]);
-    }
-    if (transfer_ != nullptr) cudaStreamDestroy(transfer_);
-    throw;
-  }
   device_buft_ = std::make_unique<cuda::buffer_type>(*this, false);
   host_buft_ = std::make_unique<cuda::buffer_type>(*this, true);
 }
 
 device::~device() {
-  if (cudaSetDevice(info_.index) != cudaSuccess) return;
+  if (transfer_ == nullptr || cudaSetDevice(info_.index) != cudaSuccess) return;
   cudaStreamSynchronize(transfer_);
   for (int k = 0; k < 2; ++k) {
-    cudaEventDestroy(staged_[k]);
-    cudaFreeHost(staging_[k]);
+    if (staged_[k] != nullptr) cudaEventDestroy(staged_[k]);
+    if (staging_[k] != nullptr) cudaFreeHost(staging_[k]);
   }
   cudaStreamDestroy(transfer_);
+}
+
+// The transfer stream and the staging buffers, made at the first transfer (a program that only lists the
+// devices pins no memory). Under transfer_mu_; a failure leaves what was made for the next try.
+void device::ensure_transfers() {
+  make_current();
+  if (transfer_ == nullptr) check(cudaStreamCreateWithFlags(&transfer_, cudaStreamNonBlocking), name_, "cudaStreamCreateWithFlags");
+  for (int k = 0; k < 2; ++k) {
+    if (staging_[k] == nullptr) check(cudaMallocHost(&staging_[k], staging_bytes), name_, "cudaMallocHost of the staging buffers");
+    if (staged_[k] == nullptr) check(cudaEventCreateWithFlags(&staged_[k], cudaEventDisableTiming), name_, "cudaEventCreateWithFlags");
+  }
 }
 
 void device::make_current() const { check(cudaSetDevice(info_.index), name_, "cudaSetDevice"); }
@@ -143,7 +139,7 @@ bool device::supports_buft(const buffer_type_i& b) const { return &b == device_b
 
 void device::upload(void* dst, const void* src, size_t size) {
   std::lock_guard lock(transfer_mu_);
-  make_current();
+  ensure_transfers();
   auto* d = static_cast<uint8_t*>(dst);
   const auto* s = static_cast<const uint8_t*>(src);
   // Staging buffer k is refilled once the copy out of it (two pieces ago) has completed; meanwhile the
@@ -162,7 +158,7 @@ void device::upload(void* dst, const void* src, size_t size) {
 
 void device::download(void* dst, const void* src, size_t size) {
   std::lock_guard lock(transfer_mu_);
-  make_current();
+  ensure_transfers();
   auto* d = static_cast<uint8_t*>(dst);
   const auto* s = static_cast<const uint8_t*>(src);
   // Piece i is copied into staging (i % 2) while the host copies piece i - 1 out of the other one.
@@ -188,14 +184,14 @@ void device::download(void* dst, const void* src, size_t size) {
 
 void device::fill(void* dst, uint8_t value, size_t size) {
   std::lock_guard lock(transfer_mu_);
-  make_current();
+  ensure_transfers();
   check(cudaMemsetAsync(dst, value, size, transfer_), name_, "cudaMemsetAsync of " + std::to_string(size) + " bytes");
   check(cudaStreamSynchronize(transfer_), name_, "cudaMemsetAsync");
 }
 
 void device::copy(void* dst, const void* src, size_t size) {
   std::lock_guard lock(transfer_mu_);
-  make_current();
+  ensure_transfers();
   check(cudaMemcpyAsync(dst, src, size, cudaMemcpyDefault, transfer_), name_, "cudaMemcpyAsync of " + std::to_string(size) + " bytes");
   check(cudaStreamSynchronize(transfer_), name_, "cudaMemcpyAsync");
 }
@@ -207,19 +203,16 @@ namespace {
 struct devices_state {
   std::vector<std::unique_ptr<device>> owned;
   std::vector<device*> list;
-  std::string why;  // why a probed device is missing
 };
 
+// A device per probed one: making it asks the driver nothing (streams and staging come with the first
+// transfer, cuda_backend.cpp's with the first backend).
 const devices_state& state() {
   static const devices_state s = [] {
     devices_state st;
     for (const device_info& info : probe()) {
-      try {
-        st.owned.push_back(std::make_unique<device>(info));
-        st.list.push_back(st.owned.back().get());
-      } catch (const backend_error& e) {
-        st.why += std::string(st.why.empty() ? "" : "; ") + e.what();
-      }
+      st.owned.push_back(std::make_unique<device>(info));
+      st.list.push_back(st.owned.back().get());
     }
     return st;
   }();
@@ -232,10 +225,8 @@ std::vector<device*> devices() { return state().list; }
 
 std::string status() {
   const devices_state& s = state();
-  if (s.list.empty()) return s.why.empty() ? cuda::probe_status() : s.why;
-  std::string out = std::to_string(s.list.size()) + (s.list.size() == 1 ? " device" : " devices");
-  if (!s.why.empty()) out += " (" + s.why + ")";
-  return out;
+  if (s.list.empty()) return cuda::probe_status();
+  return std::to_string(s.list.size()) + (s.list.size() == 1 ? " device" : " devices");
 }
 
 }  // namespace troupe::cuda

@@ -8,8 +8,8 @@
 //     backend_ptr be = d->init_backend();                 // a stream, a cuBLAS handle (cuda_backend.h)
 //   }
 //
-// Uploads go through two pinned staging buffers per device, alternately: while the DMA engine copies one
-// piece, the host fills the other, so a large upload streams at the link's rate. Every CUDA call is checked;
+// Uploads go through two pinned staging buffers per device (made at the first transfer), alternately: while
+// the DMA engine copies one piece, the host fills the other, so a large upload streams at the link's rate. Every CUDA call is checked;
 // a failure is a backend_error (out_of_memory_error for allocations) naming the device and the call.
 #pragma once
 
@@ -70,7 +70,7 @@ class buffer final : public buffer_i {
 
 class device final : public device_i {
  public:
-  explicit device(const device_info& info);  // throws backend_error when its streams cannot be made
+  explicit device(const device_info& info);
   ~device() override;
   device(const device&) = delete;
   device& operator=(const device&) = delete;
@@ -99,6 +99,8 @@ class device final : public device_i {
   static constexpr size_t staging_bytes = size_t{8} << 20;   // each of the two staging buffers
 
  private:
+  void ensure_transfers();
+
   device_info info_;
   std::string name_, description_;
   std::unique_ptr<cuda::buffer_type> device_buft_, host_buft_;
@@ -109,7 +111,7 @@ class device final : public device_i {
 };
 
 // This machine's CUDA devices, made at the first call (thread-safe); empty without a GPU or driver, and
-// status() says why (cudart's words) or what was found.
+// status() says why (cudart's words) or how many were found.
 std::vector<device*> devices();
 std::string status();
 

@@ -23,6 +23,13 @@ struct batch {
     logits.push_back(want_logits ? 1 : 0);
   }
   size_t size() const { return tokens.size(); }
+  // Tokens of [begin, end) that want logits.
+  size_t n_outputs(size_t begin, size_t end) const {
+    size_t n = 0;
+    for (size_t i = begin; i < end; ++i) n += logits[i] != 0;
+    return n;
+  }
+  size_t n_outputs() const { return n_outputs(0, size()); }
   void clear() {
     tokens.clear();
     pos.clear();

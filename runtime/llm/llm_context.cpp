@@ -156,9 +156,7 @@ void llm_context::decode(const batch& b) {
   validate(b);
   const size_t n = b.size();
   const uint32_t n_vocab = m_.hp().n_vocab;
-  size_t want = 0;
-  for (uint8_t l : b.logits) want += l != 0;
-  logits_.assign(want * n_vocab, 0.0f);
+  logits_.assign(b.n_outputs() * n_vocab, 0.0f);
   n_outputs_ = 0;
   if (n > params_.n_ubatch && pipelines()) {
     decode_pipelined(b);
@@ -258,7 +256,7 @@ void llm_context::decode_pipelined(const batch& b) {
   for (size_t begin = 0; begin < n; begin += params_.n_ubatch) {
     const size_t end = std::min(n, begin + params_.n_ubatch);
     items.push_back({&b, begin, end, 0, out});
-    for (size_t i = begin; i < end; ++i) out += b.logits[i] != 0;
+    out += b.n_outputs(begin, end);
   }
   run_pipeline(items, nullptr, items.size());
   n_outputs_ = out;
@@ -266,20 +264,10 @@ void llm_context::decode_pipelined(const batch& b) {
 
 void llm_context::decode_ring(std::vector<batch> first, const ring_step& next) {
   const auto t0 = std::chrono::steady_clock::now();
-  for (const batch& b : first) {
-    validate(b);
-    if (b.size() > params_.n_ubatch) throw error("llm context: a ring step of " + std::to_string(b.size()) + " tokens exceeds n_ubatch");
-  }
   std::vector<batch> cur = std::move(first);
   const size_t n_vocab = m_.hp().n_vocab;
-  std::vector<float> logits;
-  const auto wanted = [](const batch& b) {
-    size_t w = 0;
-    for (uint8_t l : b.logits) w += l != 0;
-    return w;
-  };
   n_outputs_ = 0;
-  if (!pipelines() || cur.size() < 2) {  // one after another
+  if (!pipelines() || cur.size() < 2) {  // one after another (decode checks each step)
     for (bool any = true; any;) {
       any = false;
       for (size_t g = 0; g < cur.size(); ++g) {
@@ -287,29 +275,32 @@ void llm_context::decode_ring(std::vector<batch> first, const ring_step& next) {
         decode(cur[g]);
         batch nb;
         const std::span<const float> l(logits_.data(), n_outputs_ * n_vocab);
-        if (next(g, l, nb)) {
-          validate(nb);
-          cur[g] = std::move(nb);
-          any = any || cur[g].size() > 0;
-        } else {
-          cur[g] = batch{};
-        }
+        cur[g] = next(g, l, nb) ? std::move(nb) : batch{};
+        any = any || cur[g].size() > 0;
       }
     }
     return;
   }
+  // A step placed in the pipeline is a micro-batch of its own.
+  const auto check_step = [&](const batch& b) {
+    validate(b);
+    if (b.size() > params_.n_ubatch) throw error("llm context: a ring step of " + std::to_string(b.size()) + " tokens exceeds n_ubatch");
+  };
+  for (const batch& b : cur) {
+    if (b.size() > 0) check_step(b);
+  }
+  std::vector<float> logits;
   std::deque<pipeline_item> items;
   for (size_t g = 0; g < cur.size(); ++g) {
     if (cur[g].size() > 0) items.push_back({&cur[g], 0, cur[g].size(), g, 0});
   }
   const auto on_done = [&](const pipeline_item& it, ubatch& u, scheduler& s, std::deque<pipeline_item>& queue) {
-    logits.assign(wanted(*it.b) * n_vocab, 0.0f);
+    logits.assign(it.b->n_outputs() * n_vocab, 0.0f);
     finish(u, s, logits.data());
     stats_.n_tokens += it.b->size();
     batch nb;
     if (next(it.group, logits, nb) && nb.size() > 0) {
-      validate(nb);
-      if (nb.size() > params_.n_ubatch) throw error("llm context: a ring step of " + std::to_string(nb.size()) + " tokens exceeds n_ubatch");
+      check_step(nb);
       cur[it.group] = std::move(nb);
       queue.push_back({&cur[it.group], 0, cur[it.group].size(), it.group, 0});
     }
@@ -327,13 +318,13 @@ void llm_context::run_pipeline(std::deque<pipeline_item>& queue, const item_done
   for (auto& slot : slots_) slot->set_split_runner(sched_->runner());  // the actor layer's device threads
   const auto sched_of = [&](size_t k) -> scheduler& { return k % n_slots == 0 ? *sched_ : *slots_[k % n_slots - 1]; };
 
-  // Shared with the backends' threads, under mu: per micro-batch (in the order they were placed, k), whether
-  // it is placed and how many of its splits have completed (they complete in order).
+  // Shared with the backends' threads, under mu: per placed micro-batch (k < n_placed, in the order they
+  // were placed), whether a split of it is running and how many of its splits have completed (in order).
   std::mutex mu;
   std::condition_variable cv;
   std::deque<ubatch> ubs;  // the main thread's (stable references)
   std::deque<pipeline_item> placed;
-  std::vector<char> ready, running;
+  std::vector<char> running;
   std::vector<int> done, n_splits;
   std::vector<std::vector<int>> split_backend;
   std::exception_ptr failure;
@@ -345,7 +336,7 @@ void llm_context::run_pipeline(std::deque<pipeline_item>& queue, const item_done
   // a micro-batch whose splits fall on other backends than the one before's (a different split structure)
   // waits for that one to complete.
   const auto runnable = [&](size_t k) {
-    if (!ready[k] || running[k] || done[k] >= n_splits[k]) return false;
+    if (running[k] || done[k] >= n_splits[k]) return false;
     if (k == 0) return true;
     if (split_backend[k - 1] != split_backend[k]) return done[k - 1] >= n_splits[k - 1];
     return done[k - 1] > done[k];
@@ -430,7 +421,6 @@ void llm_context::run_pipeline(std::deque<pipeline_item>& queue, const item_done
           ubs[k].out_at = it.out_at;
           queue.pop_front();
           lock.lock();
-          ready.push_back(1);
           running.push_back(0);
           done.push_back(0);
           n_splits.push_back(s.n_splits());
@@ -454,7 +444,7 @@ void llm_context::run_pipeline(std::deque<pipeline_item>& queue, const item_done
     // at a time), and nothing after it starts.
     cv.wait(lock, [&] {
       for (size_t j = 0; j < n_placed && j < failed; ++j) {
-        if (ready[j] && done[j] < n_splits[j]) return false;
+        if (done[j] < n_splits[j]) return false;
       }
       return true;
     });
@@ -465,10 +455,10 @@ void llm_context::run_pipeline(std::deque<pipeline_item>& queue, const item_done
   stats_.n_pipelined += 1;
   if (failure) {
     // The cache keeps the micro-batches that completed (a prefix); the others give their cells back, and
-    // every scheduler forgets its graph.
+    // every scheduler forgets its graph (the one whose placing failed included).
     size_t kept = finished;
-    while (kept < n_placed && ready[kept] && done[kept] >= n_splits[kept]) ++kept;
-    for (size_t k = finished; k < n_placed; ++k) {
+    while (kept < n_placed && done[kept] >= n_splits[kept]) ++kept;
+    for (size_t k = finished; k < ubs.size(); ++k) {
       if (k >= kept && !ubs[k].cells.empty()) kv_->release(ubs[k].cells);
       if (ubs[k].g) sched_of(k).reset();
     }

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "backends/cpu/cpu_backend.h"
 #include "runtime/graph.h"
 
 namespace troupe::testing {
@@ -141,6 +142,52 @@ bool check_case(const op_case& c, size_t ci, const std::vector<float>& ref, back
   INFO("nmse " << e << " (bound " << c.max_nmse << ")");
   CHECK(e <= c.max_nmse);
   return true;
+}
+
+std::map<std::string, int> compare_supported_cases(backend_i& be) {
+  auto reference = cpu::make_cpu_backend({.reference = true});
+  const auto cases = conformance_cases();
+  std::map<std::string, int> compared;
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const op_case& c = cases[ci];
+    INFO("case: " << c.name);
+    const auto got = run_case(c, ci, be, nullptr);
+    if (!got) continue;  // a node this device does not compute (supports_op said so)
+    const auto ref = run_case(c, ci, *reference, nullptr);
+    REQUIRE(ref.has_value());
+    REQUIRE(got->size() == ref->size());
+    REQUIRE(all_finite(*got));
+    const double e = nmse(*got, *ref);
+    INFO("nmse " << e << " (bound " << c.max_nmse << ")");
+    CHECK(e <= c.max_nmse);
+    ++compared[c.name.substr(0, c.name.find(' '))];
+  }
+  return compared;
+}
+
+void check_gpu_coverage(std::map<std::string, int>& compared) {
+  // Every case of every op it claims, with broadcasting and strided inputs among them.
+  for (const char* o : {"add", "sub", "mul", "div"}) {
+    INFO("op " << o);
+    CHECK(compared[o] >= 5);
+  }
+  CHECK(compared["soft_max"] >= 4);                    // plain, f32 and f16 causal masks, ALiBi
+  CHECK(compared["swiglu"] + compared["geglu"] >= 6);  // split, split swapped, with b: each kind
+  CHECK(compared["get_rows"] == 14);                   // f32, f16, bf16, q4_0, q8_0, q4_K, q6_K; i32 and i64
+  CHECK(compared["cpy"] >= 6);                         // f32 -> f32 / f16 / bf16, back, transposed
+  CHECK(compared["cont"] >= 2);
+  CHECK(compared["set_rows"] == 8);  // into f32, f16, bf16 and q8_0 rows; i32 and i64 indices
+  CHECK(compared["rope"] == 7);      // normal, neox, partial, linear scaling, YaRN, freq_factors
+  for (const char* o : {"scale", "silu", "gelu", "rms_norm", "norm", "concat", "pad", "sum_rows", "mean", "argmax"}) {
+    INFO("op " << o);
+    CHECK(compared[o] >= 1);
+  }
+  // mul_mat: every case of the table, so every weight type (f32, f16, bf16, the classic and K quants) at
+  // every shape (matrix-vector and tiled, broadcast, row lengths with tails, a permuted b, a KV cache view).
+  size_t mul_mat_cases = 0;
+  for (const auto& c : conformance_cases()) mul_mat_cases += c.name.rfind("mul_mat ", 0) == 0 ? 1 : 0;
+  CHECK(compared["mul_mat"] == static_cast<int>(mul_mat_cases));
+  CHECK(mul_mat_cases >= 13 * (3 + 1 + 8) + 3 * 4 + 2);
 }
 
 }  // namespace troupe::testing

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,5 +29,11 @@ bool all_finite(const std::vector<float>& v);
 // compared: false when be's device does not support it (a FAIL when must_support, else a WARN).
 bool check_case(const op_case& c, size_t ci, const std::vector<float>& ref, backend_i& be, const std::string& label,
                 bool must_support);
+// Runs every case of the table that be's device computes (supports_op) on be and on the CPU reference path,
+// CHECKing each within its bound; returns how many were compared per op (the first word of a case's name).
+std::map<std::string, int> compare_supported_cases(backend_i& be);
+// CHECKs that a GPU backend's run of the table (Vulkan, CUDA) covered every op the GPU backends compute:
+// every case of each with its broadcasts, masks, types and indices, and every matrix product case.
+void check_gpu_coverage(std::map<std::string, int>& compared);
 
 }  // namespace troupe::testing

@@ -4,8 +4,13 @@
 // slots' compute memory must be accounted.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <mutex>
+#include <string>
 
 #include "backends/cpu_instance.h"
 #include "runtime/llm/llm_context.h"
@@ -46,6 +51,39 @@ std::vector<int32_t> tokens_of(int n, uint32_t n_vocab) {
   for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % static_cast<int>(n_vocab));
   return t;
 }
+
+// Proof that two devices work at once, by the event rather than by timing: a split runner (the hook the
+// actor layer uses) under which the second micro-batch's first split (on CPU) does not start until a split
+// on CPU1 is in flight too. The pipeline makes the first micro-batch's CPU1 split runnable without waiting
+// for it, so the two meet whatever the machine's load; run one after another they never would (the wait
+// gives up after a minute, and `met` stays false).
+struct rendezvous {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::string, int> in_flight;
+  int first_splits_on_cpu = 0;
+  bool met = false;
+
+  void install(llm_context& ctx) {
+    std::vector<std::string> names;
+    for (int b = 0; b < ctx.sched().n_backends(); ++b) names.emplace_back(ctx.sched().backend(b).device().name());
+    ctx.sched().set_split_runner([this, names](int index, const scheduler::split& sp, const std::function<void()>& work) {
+      const std::string& dev = names[static_cast<size_t>(sp.backend)];
+      {
+        std::unique_lock lock(mu);
+        ++in_flight[dev];
+        if (in_flight["CPU"] > 0 && in_flight["CPU1"] > 0) met = true;
+        cv.notify_all();
+        if (dev == "CPU" && index == 0 && ++first_splits_on_cpu == 2) {
+          cv.wait_for(lock, std::chrono::minutes(1), [this] { return met; });
+        }
+      }
+      work();
+      std::lock_guard lock(mu);
+      --in_flight[dev];
+    });
+  }
+};
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -131,12 +169,14 @@ TEST_CASE("SmolLM2 over CPU and CPU1: a pipelined prompt's logits are bit-identi
   CHECK(same_bits(piped, serial));
 }
 
-TEST_CASE("a trace of a pipelined prompt: CPU and CPU1 splits overlap in time, each micro-batch's splits in order", "[llm][pipeline][trace]") {
+TEST_CASE("a trace of a pipelined prompt: CPU and CPU1 splits in flight at once, each track's micro-batches in order", "[llm][pipeline][trace]") {
   const auto path = test::model_path("stories260K.gguf");
   if (!path) return;
   device_i& cpu1 = add_cpu_instance({.index = 1, .n_threads = 1});
   auto m = model::load(*path, {.devices = {{&cpu1, 3}}});
   llm_context ctx(*m, {.n_ctx = 512, .n_ubatch = 8, .n_threads = 1, .n_pipeline = 4});
+  rendezvous meeting;
+  meeting.install(ctx);
   trace::clear();
   trace::enable(true);
   (void)prompt_logits(ctx, tokens_of(400, m->hp().n_vocab));  // 50 micro-batches
@@ -150,15 +190,8 @@ TEST_CASE("a trace of a pipelined prompt: CPU and CPU1 splits overlap in time, e
   REQUIRE(by_track.count("CPU") == 1);
   REQUIRE(by_track.count("CPU1") == 1);
   CHECK(by_track["CPU1"].size() == 50);  // a split per micro-batch on CPU1 (its layers and the output)
-  // Some span of CPU overlaps some span of CPU1: two devices at work at once.
-  int overlaps = 0;
-  for (const trace::event* a : by_track["CPU"]) {
-    for (const trace::event* b : by_track["CPU1"]) {
-      if (a->begin_us < b->begin_us + b->dur_us && b->begin_us < a->begin_us + a->dur_us) ++overlaps;
-    }
-  }
-  WARN("CPU / CPU1 split spans overlapping in time: " << overlaps);
-  CHECK(overlaps > 0);
+  // Two devices at work at once: a CPU split in flight while a CPU1 split was (the event, not the clock).
+  CHECK(meeting.met);
   // Per track, micro-batches in order (every layer's cache writes in micro-batch order).
   for (const auto& [track, spans] : by_track) {
     for (size_t i = 1; i < spans.size(); ++i) CHECK(spans[i]->begin_us >= spans[i - 1]->begin_us);
@@ -177,7 +210,8 @@ struct four_answers {
   std::vector<std::vector<float>> logits;
 };
 
-four_answers generate_four(llm_context& ctx, int n, size_t groups) {
+// before_steps runs after the prompts, before the first step.
+four_answers generate_four(llm_context& ctx, int n, size_t groups, const std::function<void()>& before_steps = {}) {
   four_answers out;
   out.tokens.resize(4);
   out.logits.resize(4);
@@ -189,6 +223,7 @@ four_answers generate_four(llm_context& ctx, int n, size_t groups) {
     last[static_cast<size_t>(s)] = test::argmax_of(ctx.logits(0));
     pos[static_cast<size_t>(s)] = 5 + 3 * s;
   }
+  if (before_steps) before_steps();
   const size_t per = 4 / groups;
   const auto step_of = [&](size_t g) {
     batch b;
@@ -227,19 +262,16 @@ four_answers generate_four(llm_context& ctx, int n, size_t groups) {
 
 }  // namespace
 
-// Runs the three ways on a model split over CPU and CPU1 and checks the ring against the others; returns
-// how many CPU / CPU1 split spans of the ring overlapped in time.
-int check_ring(const model& m, int n) {
+// Runs the three ways on a model split over CPU and CPU1 and checks the ring against the others.
+void check_ring(const model& m, int n) {
   const llm::context_params cp{.n_ctx = 512, .n_ubatch = 64, .n_seq_max = 4, .n_threads = 1, .n_pipeline = 4};
   llm_context one_batch(m, cp);
   llm_context ring(m, cp);
   llm::context_params serial_cp = cp;
   serial_cp.n_pipeline = 1;
   llm_context serial(m, serial_cp);
-  trace::clear();
-  trace::enable(true);
-  const auto r = generate_four(ring, n, 2);
-  trace::enable(false);
+  rendezvous meeting;  // from the first step on (each prompt alone is one micro-batch)
+  const auto r = generate_four(ring, n, 2, [&] { meeting.install(ring); });
   const auto a = generate_four(one_batch, n, 1);
   const auto s = generate_four(serial, n, 2);
   CHECK(ring.stats().n_pipelined == 1);
@@ -251,17 +283,9 @@ int check_ring(const model& m, int n) {
     CHECK(r.tokens[q] == s.tokens[q]);
     CHECK(same_bits(r.logits[q], s.logits[q]));  // ring or one group after the other: the same bits
   }
-  std::map<std::string, std::vector<trace::event>> by_track;
-  for (const trace::event& e : trace::events()) {
-    if (e.name == "split") by_track[e.track].push_back(e);
-  }
-  trace::clear();
-  int overlaps = 0;
-  for (const auto& x : by_track["CPU"]) {
-    for (const auto& y : by_track["CPU1"]) overlaps += x.begin_us < y.begin_us + y.dur_us && y.begin_us < x.begin_us + x.dur_us;
-  }
-  WARN("ring: CPU / CPU1 split spans overlapping in time: " << overlaps << " over " << by_track["CPU1"].size() << " splits on CPU1");
-  return overlaps;
+  // Not asserted: in a ring of one-token steps the first group's CPU1 split can finish before the second
+  // group's CPU split asks, so the meeting is not guaranteed the way the prompt pipeline's is.
+  WARN("ring: a CPU and a CPU1 split in flight at once: " << (meeting.met ? "yes" : "no"));
 }
 
 TEST_CASE("stories260K over CPU and CPU1: 4 sequences in 2 groups as a ring give the tokens of one batch per step, the logits of the groups one after another", "[llm][pipeline][ring]") {
@@ -272,10 +296,10 @@ TEST_CASE("stories260K over CPU and CPU1: 4 sequences in 2 groups as a ring give
   check_ring(*m, 24);
 }
 
-TEST_CASE("SmolLM2 over CPU and CPU1: a ring of 2 groups keeps both devices at work, with the same tokens and bits", "[llm][pipeline][ring][smollm2]") {
+TEST_CASE("SmolLM2 over CPU and CPU1: a ring of 2 groups gives the same tokens and bits", "[llm][pipeline][ring][smollm2]") {
   const auto path = test::smollm2_path();
   if (!path) return;
   device_i& cpu1 = add_cpu_instance({.index = 1, .n_threads = 1});
   auto m = model::load(*path, {.devices = {{&cpu1, 16}}});
-  CHECK(check_ring(*m, 12) > 0);  // splits of tens of milliseconds: the two groups' steps run at once
+  check_ring(*m, 12);
 }

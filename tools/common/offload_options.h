@@ -39,14 +39,17 @@ inline std::vector<std::string> llama_spellings(int argc, char** argv) {
   return args;
 }
 
-// The highest N of the CPU instances (CPUN, N >= 1) that --device names; 0: none.
+// N of a CPU instance's name "CPUN" (N >= 1), else 0.
+inline int cpu_instance_index(const std::string& name) {
+  if (name.size() < 4 || name.rfind("CPU", 0) != 0) return 0;
+  if (!std::all_of(name.begin() + 3, name.end(), [](char c) { return c >= '0' && c <= '9'; })) return 0;
+  return std::atoi(name.c_str() + 3);
+}
+
+// The highest N of the CPU instances (CPUN) that --device names; 0: none.
 inline int max_cpu_instance(const llm::offload_request& r) {
   int top = 0;
-  for (const std::string& name : r.devices) {
-    if (name.size() < 4 || name.rfind("CPU", 0) != 0) continue;
-    if (!std::all_of(name.begin() + 3, name.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
-    top = std::max(top, std::atoi(name.c_str() + 3));
-  }
+  for (const std::string& name : r.devices) top = std::max(top, cpu_instance_index(name));
   return top;
 }
 
@@ -54,10 +57,8 @@ inline int max_cpu_instance(const llm::offload_request& r) {
 // so that a model can be split over CPU instances on any machine.
 inline void add_cpu_instances(const llm::offload_request& r, int n_threads) {
   for (const std::string& name : r.devices) {
-    if (name.size() < 4 || name.rfind("CPU", 0) != 0 || registry::instance().find(name) != nullptr) continue;
-    if (!std::all_of(name.begin() + 3, name.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
-    const int index = std::atoi(name.c_str() + 3);
-    if (index >= 1) add_cpu_instance({.index = index, .n_threads = n_threads});
+    const int index = cpu_instance_index(name);
+    if (index >= 1 && registry::instance().find(name) == nullptr) add_cpu_instance({.index = index, .n_threads = n_threads});
   }
 }
 

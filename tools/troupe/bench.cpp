@@ -26,6 +26,7 @@
 #include "runtime/llm/llm_context.h"
 #include "runtime/trace.h"
 #include "tools/common/offload_options.h"
+#include "tools/common/trace_option.h"
 #include "tools/troupe/commands.h"
 
 namespace troupe::cli {
@@ -264,7 +265,7 @@ command_fn add_bench(CLI::App& app) {
                  "on: a prompt's micro-batches in flight over the devices at once (several devices only); off: one at a time")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--n-parallel", o->n_parallel, "(-np) sequences generating at once in the tg test (tg counts all their tokens)");
-  app.add_option("--trace", o->trace, "write a Chrome trace (Perfetto, chrome://tracing) of the runs: a track per device");
+  add_trace_option(app, o->trace);
   app.add_option("-o,--output", o->output, "table or json")->check(CLI::IsMember({"table", "json"}));
   app.add_option("--rpc", o->rpc, "remote peers (troupe peer) holding every layer, split evenly: HOST:PORT,...")
       ->delimiter(',');

@@ -5,21 +5,17 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
-#include <fstream>
-#include <map>
 #include <random>
-#include <sstream>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_device.h"
 #include "backends/registry.h"
 #include "runtime/llm/llm_context.h"
-#include "runtime/llm/perplexity.h"
-#include "runtime/llm/vocab.h"
 #include "runtime/ops.h"
 #include "tests/backends/conformance_cases.h"
 #include "tests/backends/conformance_runner.h"
+#include "tests/support/buffer_bytes.h"
 #include "tests/support/greedy.h"
 #include "tests/support/story.h"
 #include "tests/test_models.h"
@@ -37,12 +33,6 @@ cuda::device* first_device() {
   return nullptr;
 }
 
-std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint8_t> v(n);
-  for (uint8_t& b : v) b = static_cast<uint8_t>(rng());
-  return v;
-}
 
 
 }  // namespace
@@ -65,37 +55,7 @@ TEST_CASE("CUDA devices are registered as CUDA0.. with what cudart reports", "[c
 TEST_CASE("a CUDA buffer holds the bytes written at any offset and length, through both staging buffers", "[cuda][gpu]") {
   cuda::device* d = first_device();
   if (d == nullptr) return;
-  constexpr size_t n = 3 * cuda::device::staging_bytes + 13;  // several pieces of staging, odd length
-  context ctx({.max_tensors = 4, .no_alloc = true});
-  tensor* t = ctx.new_tensor_1d(type::i8, static_cast<int64_t>(n));
-  tensor* u = ctx.new_tensor_1d(type::i8, static_cast<int64_t>(n));
-  buffer_ptr buf = alloc_ctx_tensors(ctx, d->buffer_type());
-  REQUIRE(buf);
-  const auto data = random_bytes(n, 7);
-  tensor_set(*t, data.data(), 0, n);
-  std::vector<uint8_t> back(n);
-  tensor_get(*t, back.data(), 0, n);
-  CHECK(back == data);
-  const uint8_t three[3] = {0xAA, 0xBB, 0xCC};
-  tensor_set(*t, three, 5, 3);
-  buf->memset_tensor(*t, 0x5A, 1021, 7);
-  std::vector<uint8_t> head(1100);
-  tensor_get(*t, head.data(), 0, head.size());
-  for (size_t i = 0; i < head.size(); ++i) {
-    uint8_t want = data[i];
-    if (i >= 5 && i < 8) want = three[i - 5];
-    if (i >= 1021 && i < 1028) want = 0x5A;
-    INFO("byte " << i);
-    REQUIRE(head[i] == want);
-  }
-  tensor_copy(*t, *u);  // device to device
-  std::vector<uint8_t> copied(n);
-  tensor_get(*u, copied.data(), 0, n);
-  tensor_get(*t, back.data(), 0, n);
-  CHECK(copied == back);
-  buf->clear(0x11);
-  tensor_get(*t, back.data(), 0, n);
-  CHECK(std::all_of(back.begin(), back.end(), [](uint8_t b) { return b == 0x11; }));
+  test::check_buffer_bytes(d->buffer_type(), 3 * cuda::device::staging_bytes + 13);  // several staging pieces, odd length
 }
 
 TEST_CASE("an allocation the CUDA device cannot hold is an out-of-memory error naming it, and it keeps serving", "[cuda][gpu]") {
@@ -116,33 +76,8 @@ TEST_CASE("every conformance case the CUDA device claims matches the CPU referen
   cuda::device* d = first_device();
   if (d == nullptr) return;
   backend_ptr be = d->init_backend();
-  auto reference = cpu::make_cpu_backend({.reference = true});
-  const auto cases = testing::conformance_cases();
-  std::map<std::string, int> compared;
-  size_t mul_mat_cases = 0;
-  for (size_t ci = 0; ci < cases.size(); ++ci) {
-    const testing::op_case& c = cases[ci];
-    INFO("case: " << c.name);
-    mul_mat_cases += c.name.rfind("mul_mat ", 0) == 0 ? 1 : 0;
-    const auto got = testing::run_case(c, ci, *be, nullptr);
-    if (!got) continue;
-    const auto ref = testing::run_case(c, ci, *reference, nullptr);
-    REQUIRE(ref.has_value());
-    REQUIRE(testing::all_finite(*got));
-    const double e = testing::nmse(*got, *ref);
-    INFO("nmse " << e << " (bound " << c.max_nmse << ")");
-    CHECK(e <= c.max_nmse);
-    ++compared[c.name.substr(0, c.name.find(' '))];
-  }
-  CHECK(compared["mul_mat"] == static_cast<int>(mul_mat_cases));
-  CHECK(compared["get_rows"] == 14);
-  CHECK(compared["set_rows"] == 8);
-  CHECK(compared["rope"] == 7);
-  CHECK(compared["soft_max"] >= 4);
-  for (const char* o : {"add", "mul", "scale", "silu", "gelu", "rms_norm", "norm", "cpy", "cont", "concat", "pad", "sum_rows", "mean", "argmax"}) {
-    INFO("op " << o);
-    CHECK(compared[o] >= 1);
-  }
+  auto compared = testing::compare_supported_cases(*be);
+  testing::check_gpu_coverage(compared);
 }
 
 TEST_CASE("CUDA0 takes the dp4a kernel for one activation column and cuBLAS for 64, both matching the CPU", "[cuda][gpu]") {

@@ -5,9 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <map>
 #include <random>
-#include <set>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/kernels/bodies.h"
@@ -263,46 +261,10 @@ TEST_CASE("the CUDA device says which ops it does not compute, and plan refuses 
 TEST_CASE("every conformance case the CUDA backend claims matches the CPU reference through its plan and kernel bodies", "[cuda][conformance]") {
   auto dev = test::make_emulated_cuda_device();
   backend_ptr be = dev->init_backend();
-  auto reference = cpu::make_cpu_backend({.reference = true});
-  const auto cases = testing::conformance_cases();
-  std::map<std::string, int> compared;
-  std::set<std::string> paths;
-  size_t mul_mat_cases = 0;
-  for (size_t ci = 0; ci < cases.size(); ++ci) {
-    const testing::op_case& c = cases[ci];
-    INFO("case: " << c.name);
-    mul_mat_cases += c.name.rfind("mul_mat ", 0) == 0 ? 1 : 0;
-    std::string why;
-    const auto got = testing::run_case(c, ci, *be, &why);
-    if (!got) continue;
-    const auto ref = testing::run_case(c, ci, *reference, nullptr);
-    REQUIRE(ref.has_value());
-    REQUIRE(got->size() == ref->size());
-    REQUIRE(testing::all_finite(*got));
-    const double e = testing::nmse(*got, *ref);
-    INFO("nmse " << e << " (bound " << c.max_nmse << ")");
-    CHECK(e <= c.max_nmse);
-    ++compared[c.name.substr(0, c.name.find(' '))];
-  }
-  for (const char* o : {"add", "sub", "mul", "div"}) {
-    INFO("op " << o);
-    CHECK(compared[o] >= 5);
-  }
-  CHECK(compared["soft_max"] >= 4);
-  CHECK(compared["swiglu"] + compared["geglu"] >= 6);
-  CHECK(compared["get_rows"] == 14);
-  CHECK(compared["cpy"] >= 6);
-  CHECK(compared["cont"] >= 2);
-  CHECK(compared["set_rows"] == 8);
-  CHECK(compared["rope"] == 7);
-  for (const char* o : {"scale", "silu", "gelu", "rms_norm", "norm", "concat", "pad", "sum_rows", "mean", "argmax"}) {
-    INFO("op " << o);
-    CHECK(compared[o] >= 1);
-  }
-  // Every matrix product of the table: every weight type at every shape (so both own kernels and both
-  // cuBLAS paths).
-  CHECK(compared["mul_mat"] == static_cast<int>(mul_mat_cases));
-  CHECK(mul_mat_cases >= 13 * (3 + 1 + 8) + 3 * 4 + 2);
+  auto compared = testing::compare_supported_cases(*be);
+  // Every op and case the GPU backends claim, every matrix product (so both own kernels and both cuBLAS
+  // paths).
+  testing::check_gpu_coverage(compared);
   for (const char* s : {"quantize", "mat_vec", "dequant", "gemm"}) {
     INFO("step " << s);
     CHECK(test::host_steps_run()[s] > 0);

@@ -4,8 +4,6 @@
 // memory over a real driver's max_size; the backend's ops against the CPU reference (the conformance cases).
 #include <catch2/catch.hpp>
 
-#include <map>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -17,19 +15,13 @@
 #include "runtime/ops.h"
 #include "tests/backends/conformance_runner.h"
 #include "tests/backends/vulkan/vulkan_test_device.h"
+#include "tests/support/buffer_bytes.h"
 
 using namespace troupe;
 
 namespace {
 
 vulkan::device* first_device() { return test::first_vulkan_device(); }
-
-std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint8_t> v(n);
-  for (auto& b : v) b = static_cast<uint8_t>(rng());
-  return v;
-}
 
 bool is_lavapipe(const vulkan::device& d) { return d.description().find("llvmpipe") != std::string::npos; }
 
@@ -63,36 +55,8 @@ TEST_CASE("Vulkan devices are named Vulkan0.. and report what the driver says", 
 TEST_CASE("a Vulkan buffer holds the bytes written at any offset and length", "[vulkan]") {
   vulkan::device* d = first_device();
   if (d == nullptr) return;
-  constexpr size_t n = (size_t{20} << 20) + 13;  // larger than one staging piece (16 MiB), odd length
-  context ctx({.max_tensors = 4, .no_alloc = true});
-  tensor* t = ctx.new_tensor_1d(type::i8, static_cast<int64_t>(n));
-  buffer_ptr buf = alloc_ctx_tensors(ctx, d->buffer_type());
-  REQUIRE(buf);
-  CHECK_FALSE(buf->is_host());
-  const auto data = random_bytes(n, 7);
-  tensor_set(*t, data.data(), 0, n);
-  std::vector<uint8_t> back(n);
-  tensor_get(*t, back.data(), 0, n);
-  CHECK(back == data);
-
-  // Unaligned pieces: 3 bytes at offset 5, a fill of 7 bytes at offset 1021 (ends the device cannot fill).
-  const uint8_t three[3] = {0xAA, 0xBB, 0xCC};
-  tensor_set(*t, three, 5, 3);
-  buf->memset_tensor(*t, 0x5A, 1021, 7);
-  std::vector<uint8_t> head(1100);
-  tensor_get(*t, head.data(), 0, head.size());
-  for (size_t i = 0; i < head.size(); ++i) {
-    uint8_t want = data[i];
-    if (i >= 5 && i < 8) want = three[i - 5];
-    if (i >= 1021 && i < 1028) want = 0x5A;
-    INFO("byte " << i);
-    REQUIRE(head[i] == want);
-  }
-  buf->clear(0x11);
-  tensor_get(*t, back.data(), 0, n);
-  CHECK(std::all_of(back.begin(), back.end(), [](uint8_t b) { return b == 0x11; }));
-  // Outside the tensor: an error naming it, nothing written.
-  CHECK_THROWS_AS(tensor_set(*t, three, n - 1, 3), troupe::error);
+  // Larger than one staging piece (16 MiB), odd length.
+  test::check_buffer_bytes(d->buffer_type(), (size_t{20} << 20) + 13);
 }
 
 TEST_CASE("an allocation the Vulkan driver refuses is an out-of-memory error naming the device", "[vulkan]") {
@@ -170,46 +134,8 @@ TEST_CASE("every conformance case of the ops Vulkan computes matches the CPU ref
   vulkan::device* d = first_device();
   if (d == nullptr) return;
   backend_ptr be = d->init_backend();
-  auto reference = cpu::make_cpu_backend({.reference = true});
-  const auto cases = testing::conformance_cases();
-  std::map<std::string, int> compared;  // by the case's op (the first word of its name)
-  for (size_t ci = 0; ci < cases.size(); ++ci) {
-    const testing::op_case& c = cases[ci];
-    INFO("case: " << c.name);
-    std::string why;
-    const auto got = testing::run_case(c, ci, *be, &why);
-    if (!got) continue;  // a node this device does not compute yet (supports_op said so)
-    const auto ref = testing::run_case(c, ci, *reference, nullptr);
-    REQUIRE(ref.has_value());
-    REQUIRE(got->size() == ref->size());
-    REQUIRE(testing::all_finite(*got));
-    const double e = testing::nmse(*got, *ref);
-    INFO("nmse " << e << " (bound " << c.max_nmse << ")");
-    CHECK(e <= c.max_nmse);
-    ++compared[c.name.substr(0, c.name.find(' '))];
-  }
-  // Every case of every op it claims, with broadcasting and strided inputs among them.
-  for (const char* o : {"add", "sub", "mul", "div"}) {
-    INFO("op " << o);
-    CHECK(compared[o] >= 5);
-  }
-  CHECK(compared["soft_max"] >= 4);  // plain, f32 and f16 causal masks, ALiBi
-  CHECK(compared["swiglu"] + compared["geglu"] >= 6);  // split, split swapped, with b: each kind
-  CHECK(compared["get_rows"] == 14);                    // f32, f16, bf16, q4_0, q8_0, q4_K, q6_K; i32 and i64
-  CHECK(compared["cpy"] >= 6);                          // f32 -> f32 / f16 / bf16, back, transposed
-  CHECK(compared["cont"] >= 2);
-  CHECK(compared["set_rows"] == 8);  // into f32, f16, bf16 and q8_0 rows; i32 and i64 indices
-  CHECK(compared["rope"] == 7);      // normal, neox, partial, linear scaling, YaRN, freq_factors
-  for (const char* o : {"scale", "silu", "gelu", "rms_norm", "norm", "concat", "pad", "sum_rows", "mean", "argmax"}) {
-    INFO("op " << o);
-    CHECK(compared[o] >= 1);
-  }
-  // mul_mat: every case of the table, so every weight type (f32, f16, bf16, the classic and K quants) at
-  // every shape (matrix-vector and tiled, broadcast, row lengths with tails, a permuted b, a KV cache view).
-  size_t mul_mat_cases = 0;
-  for (const auto& c : cases) mul_mat_cases += c.name.rfind("mul_mat ", 0) == 0 ? 1 : 0;
-  CHECK(compared["mul_mat"] == static_cast<int>(mul_mat_cases));
-  CHECK(mul_mat_cases >= 13 * (3 + 1 + 8) + 3 * 4 + 2);
+  auto compared = testing::compare_supported_cases(*be);
+  testing::check_gpu_coverage(compared);
 }
 
 TEST_CASE("every matrix product case matches the CPU reference with each of the matrix shaders forced", "[vulkan][conformance]") {
