@@ -204,15 +204,19 @@ device_actor::behavior_type device(device_ptr self, runtime_env_ptr env, device_
         }
       },
       [self](compute_atom, const decode_split& r) -> caf::result<split_result> {
-        // A split of a model context's decode (the model's scheduler actor waits for it).
+        // A split of a model context's decode (handed on by the model's scheduler actor; its pipeline thread
+        // waits for the task to be settled).
         auto& st = self->state;
         const std::shared_ptr<split_task> task = st.env->objects.get<split_task>(r.task);
         if (!task) return not_found(st, "no decode split task " + std::to_string(r.task) + " in this process");
         if (task->device != st.dev->name()) {
           return make_error(errc::bad_request, "split " + std::to_string(r.split) + " runs on " + task->device);
         }
-        // The scheduler rethrows the exception itself, with its type (a full cache stays a capacity error).
-        return compute_timed(st, 0, r.split, *task->work, &task->failure);
+        // The pipeline thread rethrows the exception itself, with its type (a full cache stays a capacity error).
+        if (!task->begin()) return make_error(errc::cancelled, "decode split task " + std::to_string(r.task) + " was settled already");
+        caf::result<split_result> res = compute_timed(st, 0, r.split, *task->work, &task->failure);
+        task->finish();
+        return res;
       },
       [self](compute_atom, const split_ref& r) -> caf::result<split_result> {
         auto& st = self->state;

@@ -150,7 +150,11 @@ using scheduler_actor = caf::typed_actor<
     // Frees the context (KV cache, compute memory) and reports the release; attached sessions are dropped.
     caf::replies_to<release_atom>::with<bool>,
     // The device actor serving a device (for pipeline jobs and decode splits).
-    caf::reacts_to<device_atom, std::string, device_actor>>;
+    caf::reacts_to<device_atom, std::string, device_actor>,
+    // Internal: a split of the context's decode, from its pipeline thread, to hand on to its device's actor.
+    caf::reacts_to<compute_atom, decode_split>,
+    // Internal: a decode submitted to the context's pipeline is done (its outcome is in the state).
+    caf::reacts_to<decoded_atom, uint64_t>>;
 
 using peer_actor = caf::typed_actor<
     // The peer's state, epoch, last error, devices and the models that use it.

@@ -267,6 +267,8 @@ struct sched_stats {
   uint32_t n_sessions = 0;  // attached now
   uint64_t kv_bytes = 0;
   uint64_t compute_bytes = 0;
+  uint32_t n_in_flight = 0;    // decodes in the context's pipeline now (the scheduler answers meanwhile)
+  uint32_t max_in_flight = 0;  // most at once: 2 when sequence groups overlapped on a model over devices
   friend bool operator==(const sched_stats&, const sched_stats&) = default;
 };
 
@@ -422,7 +424,7 @@ typename Inspector::result_type inspect(Inspector& f, tensor_override& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_settings& x) {
   return f(caf::meta::type_name("model_settings"), x.name, x.path, x.devices, x.use_mmap, x.parallel, x.n_ctx, x.n_batch,
-           x.n_ubatch, x.n_seq_max, x.n_threads, x.n_ctx_seq, x.kv_type, x.chat_template, x.overrides);
+           x.n_ubatch, x.n_pipeline, x.n_seq_max, x.n_threads, x.n_ctx_seq, x.kv_type, x.chat_template, x.overrides);
 }
 
 template <class Inspector>
@@ -470,7 +472,7 @@ typename Inspector::result_type inspect(Inspector& f, step_logits& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sched_stats& x) {
   return f(caf::meta::type_name("sched_stats"), x.model, x.n_batches, x.n_steps, x.n_tokens, x.max_steps, x.n_sessions,
-           x.kv_bytes, x.compute_bytes);
+           x.kv_bytes, x.compute_bytes, x.n_in_flight, x.max_in_flight);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, pipeline_ref& x) {

@@ -12,6 +12,9 @@ void model_settings::validate() const {
   if (n_ctx == 0 || n_seq_max == 0 || n_batch == 0 || n_ubatch == 0) {
     throw settings_error("", "n_ctx, n_batch, n_ubatch and n_seq_max must be positive");
   }
+  if (n_pipeline == 0 || n_pipeline > 64) {
+    throw settings_error("n_pipeline", "n_pipeline " + std::to_string(n_pipeline) + " is outside 1..64");
+  }
   if (n_ctx_seq > n_ctx) {
     throw settings_error("n_ctx_seq", "n_ctx_seq (" + std::to_string(n_ctx_seq) + ") is larger than n_ctx (" +
                                           std::to_string(n_ctx) + ")");

@@ -51,6 +51,7 @@ struct model_settings {
   uint32_t n_ctx = 2048;               // KV cells shared by the model's sessions
   uint32_t n_batch = 512;              // tokens per decode call
   uint32_t n_ubatch = 512;             // tokens per graph (micro-batch)
+  uint32_t n_pipeline = 4;             // micro-batches in flight at once when the layers span several devices
   uint32_t n_seq_max = 4;              // sessions that may be open at once
   int32_t n_threads = 0;               // CPU threads for decoding; 0: all
   uint32_t n_ctx_seq = 0;              // most cells one session may use (prompt + answer); 0: n_ctx / n_seq_max,

@@ -74,7 +74,7 @@ void parse_peers(const toml::table& root, runtime_config& c, const std::string& 
 // A [[model]] table: the model_settings fields (n_threads is `threads`), validated by model_settings with
 // the error placed at the key at fault.
 model_settings parse_model(const toml::table& t, const std::string& source) {
-  check_keys(t, {"name", "path", "devices", "use_mmap", "parallel", "n_ctx", "n_batch", "n_ubatch", "n_seq_max", "threads",
+  check_keys(t, {"name", "path", "devices", "use_mmap", "parallel", "n_ctx", "n_batch", "n_ubatch", "n_pipeline", "n_seq_max", "threads",
                  "n_ctx_seq", "kv_type", "chat_template", "overrides"},
              "[[model]]", source);
   model_settings m;
@@ -85,6 +85,7 @@ model_settings parse_model(const toml::table& t, const std::string& source) {
   m.n_ctx = get<uint32_t>(t, "n_ctx", m.n_ctx, "model", source);
   m.n_batch = get<uint32_t>(t, "n_batch", m.n_batch, "model", source);
   m.n_ubatch = get<uint32_t>(t, "n_ubatch", m.n_ubatch, "model", source);
+  m.n_pipeline = get<uint32_t>(t, "n_pipeline", m.n_pipeline, "model", source);
   m.n_seq_max = get<uint32_t>(t, "n_seq_max", m.n_seq_max, "model", source);
   m.n_threads = get<int32_t>(t, "threads", m.n_threads, "model", source);
   m.n_ctx_seq = get<uint32_t>(t, "n_ctx_seq", m.n_ctx_seq, "model", source);

@@ -5,12 +5,14 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <exception>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/local_registry.h"
@@ -56,15 +58,54 @@ struct pipeline_job {
   std::vector<pipeline_microbatch> microbatches;
 };
 
-// One split of a model context's decode graph, handed by the model's scheduler actor to the device actor
-// that owns the split's device (decode_split{id, index}): the device actor runs `work` (copy the split's
-// inputs in, compute, synchronize) on its own thread and keeps an exception for the scheduler to rethrow
-// with its type (a full cache stays a capacity error). The scheduler waits for the answer, so `work` is
-// valid while the task is registered.
+// One split of a model context's decode graph, run on the thread of the device actor that owns the split's
+// device: the context's pipeline thread registers it, hands it to the model's scheduler actor
+// (decode_split{id, index}), which hands it on to the device actor, and waits here. The device actor runs
+// `work` (copy the split's inputs in, compute, synchronize), keeps an exception for the pipeline thread to
+// rethrow with its type (a full cache stays a capacity error) and settles the task itself; a handover that
+// fails (no device actor, one that is gone, a scheduler that terminated) settles it without running it.
+// `work` is valid until the task is settled.
 struct split_task {
   const std::function<void()>* work = nullptr;
   std::string device;
   std::exception_ptr failure;
+
+  // The device actor, before running work: false when the task was settled already (do not run it).
+  bool begin() {
+    std::lock_guard lock(mu_);
+    if (settled_) return false;
+    started_ = true;
+    return true;
+  }
+  // The device actor, after running work.
+  void finish() { settle({}, false); }
+  // The handover failed (ignored once the device actor has begun); run_here: no device actor, the
+  // waiting thread runs work itself.
+  void fail(std::string why) { settle(std::move(why), false, true); }
+  void run_here() { settle({}, true, true); }
+  // The pipeline thread: waits until settled; returns the handover's failure ("" when none) and whether
+  // to run work itself.
+  std::pair<std::string, bool> wait() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [this] { return settled_; });
+    return {handover_error_, run_here_};
+  }
+
+ private:
+  void settle(std::string why, bool here, bool only_unstarted = false) {
+    {
+      std::lock_guard lock(mu_);
+      if (settled_ || (only_unstarted && started_)) return;
+      settled_ = true;
+      handover_error_ = std::move(why);
+      run_here_ = here;
+    }
+    cv_.notify_all();
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool started_ = false, settled_ = false, run_here_ = false;
+  std::string handover_error_;
 };
 
 class runtime_env {

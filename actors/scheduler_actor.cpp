@@ -2,6 +2,10 @@
 
 #include <caf/all.hpp>
 
+#include <algorithm>
+#include <exception>
+#include <iterator>
+
 #include "actors/detail/scheduler_state.h"
 
 namespace troupe::actors {
@@ -9,47 +13,121 @@ namespace detail {
 
 namespace {
 
-void run_batch(scheduler_ptr self) {
-  auto& st = self->state;
-  std::vector<waiting_step> batch = std::move(st.waiting);
-  st.waiting.clear();
-  if (batch.empty()) return;
-  if (!st.dec) {
-    for (waiting_step& w : batch) w.promise.deliver(make_error(errc::down, "the model has no context"));
-    return;
-  }
-  std::vector<llm::seq_step> steps;
-  steps.reserve(batch.size());
-  for (const waiting_step& w : batch) steps.push_back({w.step.seq, w.step.keep, w.step.tokens});
-  std::vector<std::vector<float>> logits;
+caf::error error_of(const std::exception_ptr& p) {
   try {
-    logits = st.dec->decode(steps);
+    std::rethrow_exception(p);
   } catch (const std::exception& e) {
-    const caf::error err = error_from(e);
-    for (waiting_step& w : batch) w.promise.deliver(err);
-    return;
+    return error_from(e);
+  } catch (...) {
+    return make_error(errc::failed, "decode failed with an exception of unknown type");
   }
-  const auto n = static_cast<uint32_t>(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    batch[i].promise.deliver(step_logits{batch[i].step.seq, std::move(logits[i]), n});
-  }
-  report_compute(self);  // the compute buffers grow when a graph needs more than reserved
 }
 
-// Decodes now when every generating sequence has its step waiting; otherwise waits at most flush_delay.
+// Decodes in the context's pipeline at most this many at once: on a model over several devices, two
+// sequence groups (each device works on one group's step while another device works on the other's); on
+// one device, one (a step waits and joins the next batch rather than splitting it).
+size_t max_jobs(const scheduler_state& st) {
+  if (!st.ctx || !st.ctx->pipelines()) return 1;
+  return std::min<size_t>(2, static_cast<size_t>(st.ctx->sched().n_backends()));
+}
+
+// Submits steps as one decode to the context's pipeline; its completion comes back as (decoded_atom, id).
+void submit_job(scheduler_ptr self, std::vector<waiting_step> steps) {
+  auto& st = self->state;
+  const uint64_t id = st.next_job++;
+  decode_job& job = st.jobs[id];
+  job.steps = std::move(steps);
+  job.outcome = std::make_shared<decode_outcome>();
+  for (int64_t g = 0;; ++g) {  // the lowest group id no other job in flight has (a trace's ring rows)
+    bool taken = false;
+    for (const auto& [other, j] : st.jobs) taken = taken || (other != id && j.group == g);
+    if (!taken) {
+      job.group = g;
+      break;
+    }
+  }
+  st.max_in_flight = std::max(st.max_in_flight, static_cast<uint32_t>(st.jobs.size()));
+  std::vector<llm::seq_step> seq_steps;
+  seq_steps.reserve(job.steps.size());
+  for (const waiting_step& w : job.steps) {
+    seq_steps.push_back({w.step.seq, w.step.keep, w.step.tokens});
+    st.in_flight.insert(w.step.seq);
+  }
+  st.dec->submit(
+      std::move(seq_steps),
+      [me = self->address(), id, outcome = job.outcome](std::vector<std::vector<float>> logits, std::exception_ptr e) {
+        outcome->logits = std::move(logits);
+        outcome->error = e;
+        if (auto h = caf::actor_cast<scheduler_actor>(me)) caf::anon_send(h, decoded_atom_v, id);
+      },
+      job.group);
+}
+
+void run_batch(scheduler_ptr self) {
+  auto& st = self->state;
+  if (st.waiting.empty()) return;
+  if (!st.dec) {
+    for (waiting_step& w : st.waiting) w.promise.deliver(make_error(errc::down, "the model has no context"));
+    st.waiting.clear();
+    return;
+  }
+  const size_t most = max_jobs(st);
+  if (st.jobs.size() >= most) return;  // the next completion tries again
+  std::vector<waiting_step> batch = std::move(st.waiting);
+  st.waiting.clear();
+  // Nothing in flight on a model over several devices: two groups, so that both devices work at once.
+  const size_t n_groups = st.jobs.empty() && most >= 2 && batch.size() >= 2 ? 2 : 1;
+  const size_t per = (batch.size() + n_groups - 1) / n_groups;
+  for (size_t begin = 0; begin < batch.size(); begin += per) {
+    const size_t end = std::min(batch.size(), begin + per);
+    submit_job(self, {std::make_move_iterator(batch.begin() + static_cast<std::ptrdiff_t>(begin)),
+                      std::make_move_iterator(batch.begin() + static_cast<std::ptrdiff_t>(end))});
+  }
+}
+
+// Decodes now when every generating sequence without a step in flight has its step waiting; otherwise
+// waits at most flush_delay.
 void try_batch(scheduler_ptr self) {
   auto& st = self->state;
   if (st.waiting.empty()) return;
   std::set<int32_t> have;
   for (const waiting_step& w : st.waiting) have.insert(w.step.seq);
   bool all = true;
-  for (int32_t s : st.generating) all = all && have.count(s) > 0;
+  for (int32_t s : st.generating) all = all && (have.count(s) > 0 || st.in_flight.count(s) > 0);
   if (all) {
     run_batch(self);
   } else if (!st.flush_scheduled) {
     st.flush_scheduled = true;
     self->delayed_send(self, st.params.flush_delay, flush_atom_v);
   }
+}
+
+// A decode in the pipeline completed: its steps get their logits (or its error), and the next batch may go.
+void job_done(scheduler_ptr self, uint64_t id) {
+  auto& st = self->state;
+  const auto it = st.jobs.find(id);
+  if (it == st.jobs.end()) return;
+  decode_job job = std::move(it->second);
+  st.jobs.erase(it);
+  for (const waiting_step& w : job.steps) st.in_flight.erase(w.step.seq);
+  if (job.outcome->error) {
+    const caf::error err = error_of(job.outcome->error);
+    for (waiting_step& w : job.steps) w.promise.deliver(err);
+  } else {
+    const auto n = static_cast<uint32_t>(job.steps.size());
+    for (size_t i = 0; i < job.steps.size(); ++i) {
+      job.steps[i].promise.deliver(step_logits{job.steps[i].step.seq, std::move(job.outcome->logits[i]), n});
+    }
+  }
+  report_compute(self);  // the compute buffers grow when a graph needs more than reserved
+  if (st.jobs.empty() && !st.release_waiters.empty()) {
+    std::vector<caf::typed_response_promise<bool>> waiters = std::move(st.release_waiters);
+    st.release_waiters.clear();
+    release_context(self, waiters.front());
+    for (size_t i = 1; i < waiters.size(); ++i) waiters[i].deliver(true);
+    return;
+  }
+  try_batch(self);
 }
 
 void drop_sequence(scheduler_ptr self, int32_t seq) {
@@ -64,7 +142,7 @@ void drop_sequence(scheduler_ptr self, int32_t seq) {
     }
   }
   st.waiting = std::move(keep);
-  if (st.dec) st.dec->forget(seq);
+  if (st.dec) st.dec->submit_forget(seq);  // after the decodes before it (a step of seq in flight completes)
   if (seq >= 0 && static_cast<size_t>(seq) < st.seqs.size()) st.seqs[static_cast<size_t>(seq)] = caf::actor_addr{};
   try_batch(self);
 }
@@ -97,15 +175,15 @@ scheduler_actor::behavior_type scheduler_fn(scheduler_ptr self, runtime_env_ptr 
           }
           created = true;
         }
-        int32_t seq = -1;
+        int32_t seq = -1;  // a free one whose last session's step is not in flight any more
         for (size_t i = 0; i < st.seqs.size() && seq < 0; ++i) {
-          if (!st.seqs[i]) seq = static_cast<int32_t>(i);
+          if (!st.seqs[i] && st.in_flight.count(static_cast<int32_t>(i)) == 0) seq = static_cast<int32_t>(i);
         }
         if (seq < 0) {
           return make_error(errc::busy, "model " + st.params.model + ": all " + std::to_string(st.seqs.size()) +
                                             " sequences are in use (raise n_seq_max)");
         }
-        st.dec->forget(seq);
+        st.dec->submit_forget(seq);
         st.seqs[static_cast<size_t>(seq)] = session.address();
         if (session) self->monitor(session);
         if (!created) return seq;
@@ -132,6 +210,10 @@ scheduler_actor::behavior_type scheduler_fn(scheduler_ptr self, runtime_env_ptr 
         for (const waiting_step& w : st.waiting) {
           if (w.step.seq == s.seq) return make_error(errc::busy, "sequence " + std::to_string(s.seq) + " has a step waiting");
         }
+        if (st.in_flight.count(s.seq) > 0) {
+          return make_error(errc::busy, "sequence " + std::to_string(s.seq) + " has a step being decoded");
+        }
+        if (!st.release_waiters.empty()) return make_error(errc::down, "model " + st.params.model + ": the context is being released");
         auto rp = self->make_response_promise<step_logits>();
         st.generating.insert(s.seq);
         st.waiting.push_back({std::move(s), rp});
@@ -166,6 +248,8 @@ scheduler_actor::behavior_type scheduler_fn(scheduler_ptr self, runtime_env_ptr 
           s.compute_bytes = st.ctx->compute_bytes();
         }
         for (const caf::actor_addr& a : st.seqs) s.n_sessions += a ? 1 : 0;
+        s.n_in_flight = static_cast<uint32_t>(st.jobs.size());
+        s.max_in_flight = st.max_in_flight;
         return s;
       },
       [self](release_atom) -> caf::result<bool> {
@@ -174,6 +258,8 @@ scheduler_actor::behavior_type scheduler_fn(scheduler_ptr self, runtime_env_ptr 
         return rp;
       },
       [self](device_atom, const std::string& name, const device_actor& dev) { self->state.devices[name] = dev; },
+      [self](compute_atom, const decode_split& d) { relay_split(self, d); },
+      [self](decoded_atom, uint64_t id) { job_done(self, id); },
   };
 }
 

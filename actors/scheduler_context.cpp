@@ -2,6 +2,7 @@
 
 #include "actors/detail/scheduler_state.h"
 #include "actors/fan_in.h"
+#include "runtime/error.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
 
@@ -52,30 +53,38 @@ type kv_type(const std::string& name) {
   return type::f16;
 }
 
-// Runs one split of the context's decode graph on the thread of the device actor that owns its device, and
-// waits for it (the scheduler actor is detached: blocking here holds no shared worker). A device without an
-// actor (none in this runtime) computes here. A failure comes back with the exception's own type.
-void run_split_on_device(scheduler_ptr self, int index, const scheduler::split& sp, const std::function<void()>& work) {
-  auto& st = self->state;
-  const std::string device(st.ctx->sched().backend(sp.backend).device().name());
-  const auto dev = st.devices.find(device);
-  if (dev == st.devices.end()) {
-    work();
-    return;
-  }
+// The context's split runner, on its pipeline's threads: hands split `index` to the scheduler actor, which
+// hands it on to the device actor owning its device, and waits until that actor has run it (the scheduler
+// actor itself never waits). Without a device actor for the device, the split runs here. A failure comes back
+// with the exception's own type.
+void run_split_on_device(const caf::actor_addr& sched, const runtime_env_ptr& env, const std::shared_ptr<split_relay>& relay,
+                         const std::string& device, int index, const std::function<void()>& work) {
   auto task = std::make_shared<split_task>();
   task->work = &work;
   task->device = device;
-  const uint64_t id = st.env->objects.put(task);
-  caf::error err;
   {
-    caf::scoped_actor blocking{self->system()};
-    blocking->request(dev->second, caf::infinite, compute_atom_v, decode_split{id, static_cast<uint32_t>(index)})
-        .receive([](const split_result&) {}, [&](caf::error& e) { err = std::move(e); });
+    std::lock_guard lock(relay->mu);
+    if (relay->closed) throw backend_error("split " + std::to_string(index) + " on " + device + ": the model's scheduler terminated");
+    relay->pending.insert(task);
   }
-  st.env->objects.erase(id);
+  const uint64_t id = env->objects.put(task);
+  if (auto h = caf::actor_cast<scheduler_actor>(sched)) {
+    caf::anon_send(h, compute_atom_v, decode_split{id, static_cast<uint32_t>(index)});
+  } else {
+    task->fail("the model's scheduler terminated");
+  }
+  const auto [handover, here] = task->wait();
+  {
+    std::lock_guard lock(relay->mu);
+    relay->pending.erase(task);
+  }
+  env->objects.erase(id);
+  if (here) {
+    work();
+    return;
+  }
   if (task->failure) std::rethrow_exception(task->failure);
-  if (err) throw backend_error("device actor " + device + ": " + describe(err));
+  if (!handover.empty()) throw backend_error("split " + std::to_string(index) + " on " + device + ": " + handover);
 }
 
 }  // namespace
@@ -86,10 +95,14 @@ void create_context(scheduler_ptr self) {
   st.ctx = std::make_unique<llm::llm_context>(
       *st.model->model, llm::context_params{.n_ctx = r.n_ctx, .n_batch = r.n_batch, .n_ubatch = r.n_ubatch,
                                             .n_seq_max = r.n_seq_max, .type_k = kv_type(r.kv_type),
-                                            .type_v = kv_type(r.kv_type), .n_threads = r.n_threads});
+                                            .type_v = kv_type(r.kv_type), .n_threads = r.n_threads,
+                                            .n_pipeline = r.n_pipeline});
   if (st.params.dispatch_splits) {
-    st.ctx->sched().set_split_runner([self](int index, const scheduler::split& sp, const std::function<void()>& work) {
-      run_split_on_device(self, index, sp, work);
+    std::vector<std::string> names;
+    for (int b = 0; b < st.ctx->sched().n_backends(); ++b) names.emplace_back(st.ctx->sched().backend(b).device().name());
+    st.ctx->sched().set_split_runner([me = self->address(), env = st.env, relay = st.relay, names](
+                                         int index, const scheduler::split& sp, const std::function<void()>& work) {
+      run_split_on_device(me, env, relay, names[static_cast<size_t>(sp.backend)], index, work);
     });
   }
   st.dec = std::make_unique<llm::batch_decoder>(*st.ctx);
@@ -99,11 +112,30 @@ void create_context(scheduler_ptr self) {
   }
 }
 
+void relay_split(scheduler_ptr self, const decode_split& d) {
+  auto& st = self->state;
+  const std::shared_ptr<split_task> task = st.env->objects.get<split_task>(d.task);
+  if (!task) return;
+  const auto dev = st.devices.find(task->device);
+  if (dev == st.devices.end()) {
+    task->run_here();
+    return;
+  }
+  // The device actor settles the task when it has run it; this only hears of a handover that failed.
+  self->request(dev->second, caf::infinite, compute_atom_v, d)
+      .then([](const split_result&) {},
+            [task, device = task->device](const caf::error& e) { task->fail("device actor " + device + ": " + describe(e)); });
+}
+
 void release_context(scheduler_ptr self, caf::typed_response_promise<bool> rp) {
   auto& st = self->state;
   for (waiting_step& w : st.waiting) w.promise.deliver(make_error(errc::down, "the model's context was released"));
   st.waiting.clear();
   st.generating.clear();
+  if (!st.jobs.empty()) {  // the last one to complete releases
+    st.release_waiters.push_back(std::move(rp));
+    return;
+  }
   if (!st.ctx) {
     rp.deliver(true);
     return;
@@ -129,9 +161,10 @@ void release_context(scheduler_ptr self, caf::typed_response_promise<bool> rp) {
     }
     reported = 0;
   }
+  st.ctx.reset();  // its pipeline (forgets still queued) before the decoder they call
   st.dec.reset();
-  st.ctx.reset();
   st.seqs.clear();
+  st.in_flight.clear();
   fan_in join(asked.size(), [rp]() mutable { rp.deliver(true); });
   for (const allocator_actor& a : asked) {
     self->request(a, caf::infinite, release_atom_v, st.owner())

@@ -284,7 +284,7 @@ void scheduler::run_split(const split& sp) {
   }
   graph sg(sp.nodes.size() + 1);
   for (tensor* node : sp.nodes) sg.append(node);
-  trace::span t(be.device().name(), "split", {{"ubatch", trace_id_}, {"split", index}});
+  trace::span t(be.device().name(), "split", {{"ubatch", trace_id_}, {"split", index}, {"group", trace_group_}});
   be.graph_compute(sg);
 }
 

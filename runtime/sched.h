@@ -89,8 +89,12 @@ class scheduler {
   // Runs split i as graph_compute would: through the split runner when one is set, else compute_split(i).
   // For callers that run the splits of several graphs at once (llm_context's pipeline).
   void dispatch_split(int i);
-  // The micro-batch id the trace's split spans carry (runtime/trace.h; llm_context sets it per graph).
-  void set_trace_id(int64_t id) { trace_id_ = id; }
+  // The micro-batch id (and sequence group, -1: none) the trace's split spans carry (runtime/trace.h;
+  // llm_context sets them per graph).
+  void set_trace_id(int64_t id, int64_t group = -1) {
+    trace_id_ = id;
+    trace_group_ = group;
+  }
 
   const std::vector<split>& splits() const { return splits_; }
   // What the last graph computed ran where, kept after reset() (which forgets the splits): per split, its
@@ -136,6 +140,7 @@ class scheduler {
   const graph* current_ = nullptr;
   split_runner runner_;
   int64_t trace_id_ = 0;
+  int64_t trace_group_ = -1;
 };
 
 }  // namespace troupe

@@ -7,14 +7,17 @@
 #include <caf/all.hpp>
 
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "actors/errors.h"
+#include "actors/runtime_env.h"
 #include "actors/scheduler_actor.h"
 #include "runtime/llm/batch_decoder.h"
 #include "runtime/llm/llm_context.h"
@@ -39,6 +42,32 @@ struct pipeline_run {
   clock_type::time_point t0;
 };
 
+// A decode submitted to the context's pipeline: its steps' promises, and the outcome the pipeline's thread
+// leaves before it sends (decoded_atom, id).
+struct decode_outcome {
+  std::vector<std::vector<float>> logits;
+  std::exception_ptr error;
+};
+struct decode_job {
+  std::vector<waiting_step> steps;
+  std::shared_ptr<decode_outcome> outcome;
+  int64_t group = 0;
+};
+
+// The decode splits the context's pipeline threads have handed over and wait for; closed when the
+// scheduler terminates (the ones no device actor has begun fail, so those threads stop waiting).
+struct split_relay {
+  std::mutex mu;
+  bool closed = false;
+  std::set<std::shared_ptr<split_task>> pending;
+
+  void close() {
+    std::lock_guard lock(mu);
+    closed = true;
+    for (const auto& t : pending) t->fail("the model's scheduler terminated");
+  }
+};
+
 struct scheduler_state {
   runtime_env_ptr env;
   memory_accountant_actor accountant;
@@ -49,6 +78,12 @@ struct scheduler_state {
   std::vector<caf::actor_addr> seqs;  // the session attached to each sequence (empty: free)
   std::set<int32_t> generating;       // sequences whose next step the next batch waits for
   std::vector<waiting_step> waiting;
+  std::map<uint64_t, decode_job> jobs;  // in the context's pipeline
+  std::set<int32_t> in_flight;          // sequences with a step in jobs
+  uint64_t next_job = 1;
+  uint32_t max_in_flight = 0;
+  std::vector<caf::typed_response_promise<bool>> release_waiters;  // a release waits for the jobs
+  std::shared_ptr<split_relay> relay = std::make_shared<split_relay>();
   bool flush_scheduled = false;
   std::map<std::string, device_actor> devices;
   std::map<std::string, uint64_t> compute_reported;  // by buffer type name
@@ -59,7 +94,16 @@ struct scheduler_state {
   std::string owner() const { return "context:" + params.model; }
 
   ~scheduler_state() {
-    for (waiting_step& w : waiting) w.promise.deliver(make_error(errc::down, "scheduler of " + params.model + " terminated"));
+    // The pipeline's threads stop waiting for device actors, the context (and its pipeline) goes before
+    // the decoder its jobs call back into, and every promise gets an answer.
+    relay->close();
+    ctx.reset();
+    const caf::error down = make_error(errc::down, "scheduler of " + params.model + " terminated");
+    for (waiting_step& w : waiting) w.promise.deliver(down);
+    for (auto& [id, j] : jobs) {
+      for (waiting_step& w : j.steps) w.promise.deliver(down);
+    }
+    for (auto& rp : release_waiters) rp.deliver(true);
     for (auto& [id, r] : runs) r.promise.deliver(make_error(errc::down, "scheduler terminated during a pipeline job"));
   }
 };
@@ -74,8 +118,11 @@ void create_context(scheduler_ptr self);
 // Tells the allocator actors (or the accountant, for a buffer type without one) the context's compute
 // memory per buffer type; `done` runs once every allocator asked has answered (at once when none was).
 void report_compute(scheduler_ptr self, std::function<void()> done = {});
-// Releases the context's memory; replies through rp once every allocator has answered.
+// Releases the context's memory; replies through rp once every allocator has answered. Waits for the decodes
+// in the pipeline first.
 void release_context(scheduler_ptr self, caf::typed_response_promise<bool> rp);
+// Hands a decode split from the context's pipeline thread on to its device's actor (scheduler_context.cpp).
+void relay_split(scheduler_ptr self, const decode_split& d);
 
 // ---- pipeline jobs (scheduler_pipeline.cpp) ----
 

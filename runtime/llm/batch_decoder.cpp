@@ -1,6 +1,7 @@
 #include "runtime/llm/batch_decoder.h"
 
 #include <algorithm>
+#include <memory>
 #include <string>
 
 #include "runtime/error.h"
@@ -11,7 +12,20 @@ batch_decoder::batch_decoder(llm_context& ctx) : ctx_(ctx) {}
 
 void batch_decoder::forget(int32_t seq) { ctx_.kv().seq_rm(seq, -1, -1); }
 
-std::vector<std::vector<float>> batch_decoder::decode(std::span<const seq_step> steps) {
+batch_decoder_stats batch_decoder::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void batch_decoder::count(std::span<const seq_step> steps, uint64_t n_decodes) {
+  std::lock_guard lock(mu_);
+  stats_.n_decodes += n_decodes;
+  for (const seq_step& s : steps) stats_.n_tokens += s.tokens.size();
+  stats_.n_steps += steps.size();
+  stats_.max_steps = std::max(stats_.max_steps, static_cast<uint32_t>(steps.size()));
+}
+
+void batch_decoder::check(std::span<const seq_step> steps) const {
   const uint32_t n_seq_max = ctx_.params().n_seq_max;
   std::vector<bool> seen(n_seq_max, false);
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -29,6 +43,10 @@ std::vector<std::vector<float>> batch_decoder::decode(std::span<const seq_step> 
                   ", which holds " + std::to_string(held));
     }
   }
+}
+
+std::vector<std::vector<float>> batch_decoder::decode(std::span<const seq_step> steps) {
+  check(steps);
   for (const seq_step& s : steps) ctx_.kv().seq_rm(s.seq, s.keep, -1);
 
   const size_t n_vocab = ctx_.mdl().hp().n_vocab;
@@ -36,10 +54,11 @@ std::vector<std::vector<float>> batch_decoder::decode(std::span<const seq_step> 
   std::vector<std::vector<float>> out(steps.size());
   batch b;
   std::vector<size_t> owners;  // step index of each logits row in b
+  uint64_t n_decodes = 0;
   auto flush = [&] {
     if (b.size() == 0) return;
     ctx_.decode(b);
-    ++stats_.n_decodes;
+    ++n_decodes;
     for (size_t r = 0; r < owners.size(); ++r) {
       const std::span<const float> l = ctx_.logits(r);
       out[owners[r]].assign(l.begin(), l.begin() + static_cast<std::ptrdiff_t>(n_vocab));
@@ -47,20 +66,57 @@ std::vector<std::vector<float>> batch_decoder::decode(std::span<const seq_step> 
     b.clear();
     owners.clear();
   };
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const seq_step& s = steps[i];
-    for (size_t k = 0; k < s.tokens.size(); ++k) {
-      const bool last = k + 1 == s.tokens.size();
-      b.add(s.tokens[k], s.keep + static_cast<int32_t>(k), s.seq, last);
-      if (last) owners.push_back(i);
-      if (b.size() == n_batch) flush();
+  try {
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const seq_step& s = steps[i];
+      for (size_t k = 0; k < s.tokens.size(); ++k) {
+        const bool last = k + 1 == s.tokens.size();
+        b.add(s.tokens[k], s.keep + static_cast<int32_t>(k), s.seq, last);
+        if (last) owners.push_back(i);
+        if (b.size() == n_batch) flush();
+      }
     }
-    stats_.n_tokens += s.tokens.size();
+    flush();
+  } catch (...) {
+    count({}, n_decodes);
+    throw;
   }
-  flush();
-  stats_.n_steps += steps.size();
-  stats_.max_steps = std::max(stats_.max_steps, static_cast<uint32_t>(steps.size()));
+  count(steps, n_decodes);
   return out;
+}
+
+void batch_decoder::submit(std::vector<seq_step> steps, decode_done done, int64_t group) {
+  auto held = std::make_shared<std::vector<seq_step>>(std::move(steps));
+  batch b;
+  for (const seq_step& s : *held) {
+    for (size_t k = 0; k < s.tokens.size(); ++k) b.add(s.tokens[k], s.keep + static_cast<int32_t>(k), s.seq, k + 1 == s.tokens.size());
+  }
+  const size_t n_vocab = ctx_.mdl().hp().n_vocab;
+  ctx_.submit(
+      [this, held] {
+        check(*held);
+        for (const seq_step& s : *held) ctx_.kv().seq_rm(s.seq, s.keep, -1);
+      },
+      std::move(b),
+      [this, held, n_vocab, done = std::move(done)](std::vector<float> l, std::exception_ptr e) {
+        if (e) {
+          done({}, e);
+          return;
+        }
+        // One row per step, in step order (each step's last token asked).
+        std::vector<std::vector<float>> out(held->size());
+        for (size_t i = 0; i < out.size(); ++i) {
+          const auto from = l.begin() + static_cast<std::ptrdiff_t>(i * n_vocab);
+          out[i].assign(from, from + static_cast<std::ptrdiff_t>(n_vocab));
+        }
+        count(*held, 1);
+        done(std::move(out), nullptr);
+      },
+      group);
+}
+
+void batch_decoder::submit_forget(int32_t seq) {
+  ctx_.submit([this, seq] { forget(seq); }, {}, {});
 }
 
 std::vector<generate_result> generate_together(llm_context& ctx, const vocab& v,

@@ -13,6 +13,9 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -47,11 +50,24 @@ class batch_decoder {
   // Removes a sequence's every cache cell.
   void forget(int32_t seq);
 
+  // The same through the context's pipeline (llm_context::submit), returning at once: the steps are checked
+  // and their cache edits made once the decodes submitted before are placed, all of them go into one job,
+  // and done gets the logits per step (in step order), or the error, on the pipeline's thread. Decodes
+  // submitted one after another overlap in the pipeline when the model spans several backends: the actor
+  // layer's sequence groups. submit_forget: forget(seq) in the same order. Do not mix with decode().
+  using decode_done = std::function<void(std::vector<std::vector<float>> logits, std::exception_ptr error)>;
+  void submit(std::vector<seq_step> steps, decode_done done, int64_t group = -1);
+  void submit_forget(int32_t seq);
+
   llm_context& ctx() { return ctx_; }
-  const batch_decoder_stats& stats() const { return stats_; }
+  batch_decoder_stats stats() const;
 
  private:
+  void check(std::span<const seq_step> steps) const;  // throws for a bad step
+  void count(std::span<const seq_step> steps, uint64_t n_decodes);
+
   llm_context& ctx_;
+  mutable std::mutex mu_;  // stats_ (submit's are counted on the pipeline's thread)
   batch_decoder_stats stats_;
 };
 

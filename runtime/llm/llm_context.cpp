@@ -73,6 +73,7 @@ llm_context::~llm_context() = default;
 void llm_context::set_n_threads(int n) { cpu_->set_n_threads(n); }
 
 std::map<buffer_type_i*, size_t> llm_context::compute_bytes_by_buft() const {
+  std::lock_guard lock(mem_mu_);
   std::map<buffer_type_i*, size_t> out;
   for (int b = 0; b < sched_->n_backends(); ++b) out[&sched_->buffer_type(b)] += sched_->compute_buffer_size(b);
   for (const auto& s : slots_) {
@@ -82,6 +83,7 @@ std::map<buffer_type_i*, size_t> llm_context::compute_bytes_by_buft() const {
 }
 
 size_t llm_context::compute_bytes() const {
+  std::lock_guard lock(mem_mu_);
   size_t n = 0;
   for (int b = 0; b < sched_->n_backends(); ++b) n += sched_->compute_buffer_size(b);
   for (const auto& s : slots_) {
@@ -95,6 +97,7 @@ void llm_context::account(memory_ledger& ledger, int sign) const {
     return buffer_type_key{std::string(bt.name()), std::string(bt.device().name()), bt.is_host()};
   };
   for (const auto& [bt, bytes] : kv_->bytes_by_buft()) ledger.add(key(*bt), memory_kind::context, sign * static_cast<int64_t>(bytes));
+  std::lock_guard lock(mem_mu_);
   for (int b = 0; b < sched_->n_backends(); ++b) {
     ledger.add(key(sched_->buffer_type(b)), memory_kind::compute, sign * static_cast<int64_t>(sched_->compute_buffer_size(b)));
   }
@@ -124,13 +127,13 @@ std::span<const float> llm_context::logits(size_t i) const {
   return {logits_.data() + i * n_vocab, n_vocab};
 }
 
-void llm_context::validate(const batch& b) const {
+void llm_context::validate(const batch& b, bool limit) const {
   const size_t n = b.size();
   if (n == 0) throw error("llm context: empty batch");
   if (b.pos.size() != n || b.seq.size() != n || b.logits.size() != n) {
     throw error("llm context: batch fields disagree in length");
   }
-  if (n > params_.n_batch) {
+  if (limit && n > params_.n_batch) {
     throw error("llm context: batch of " + std::to_string(n) + " tokens exceeds n_batch " + std::to_string(params_.n_batch));
   }
   const uint32_t n_vocab = m_.hp().n_vocab;
@@ -183,7 +186,7 @@ void llm_context::decode(const batch& b) {
 
 // Builds and places micro-batch [begin, end) in scheduler s and sets its inputs; its cells are committed
 // to the cache (the next micro-batch's mask sees them). Nothing is computed.
-void llm_context::prepare(ubatch& u, scheduler& s, const batch& b, size_t begin, size_t end) {
+void llm_context::prepare(ubatch& u, scheduler& s, const batch& b, size_t begin, size_t end, int64_t group) {
   const hparams& hp = m_.hp();
   const auto n_tokens = static_cast<uint32_t>(end - begin);
   u.pos.assign(b.pos.begin() + static_cast<std::ptrdiff_t>(begin), b.pos.begin() + static_cast<std::ptrdiff_t>(end));
@@ -207,8 +210,11 @@ void llm_context::prepare(ubatch& u, scheduler& s, const batch& b, size_t begin,
   u.logits = build_graph(gb);
   u.g = std::make_unique<graph>(graph_tensors(hp) * 2);
   u.g->build_forward_expand(u.logits);
-  s.alloc_graph(*u.g);
-  s.set_trace_id(static_cast<int64_t>(next_ubatch_id_++));
+  {
+    std::lock_guard lock(mem_mu_);  // may grow the compute memory
+    s.alloc_graph(*u.g);
+  }
+  s.set_trace_id(static_cast<int64_t>(next_ubatch_id_++), group);
 
   // Inputs.
   tensor_set(*gb.in.tokens, b.tokens.data() + begin, 0, n_tokens * sizeof(int32_t));
@@ -249,17 +255,349 @@ void llm_context::finish(ubatch& u, scheduler& s, float* dst) {
 
 bool llm_context::pipelines() const { return params_.n_pipeline > 1 && sched_->n_backends() > 1; }
 
-void llm_context::decode_pipelined(const batch& b) {
-  const size_t n = b.size();
-  std::deque<pipeline_item> items;
-  size_t out = 0;
-  for (size_t begin = 0; begin < n; begin += params_.n_ubatch) {
-    const size_t end = std::min(n, begin + params_.n_ubatch);
-    items.push_back({&b, begin, end, 0, out});
-    out += b.n_outputs(begin, end);
+// The pipeline. Item k (the k-th micro-batch placed, counting from the context's first job) uses pipeline
+// slot k % n_slots (slot 0 is sched_): it is placed only once item k - n_slots has been finished. Split j of
+// item k runs once split j - 1 of k and split j of item k - 1 have completed (so every device runs its splits
+// in placement order and each layer's cache writes happen in that order); an item whose splits fall on other
+// backends than the one before's waits for that one to complete. Under mu: everything but the ubatches,
+// which only the coordinator touches (a worker reads an item's split counts, never its graph).
+struct llm_context::pipeline {
+  struct job_state {
+    std::function<void()> start;
+    batch b;
+    job_done done;
+    int64_t group = -1;
+    std::vector<float> logits;
+    size_t items_left = 0;  // micro-batches not finished
+  };
+  struct flight {
+    std::shared_ptr<job_state> job;
+    size_t out_at = 0;  // its first logits row in the job's
+    ubatch u;
+    bool running = false;
+    int done = 0;  // splits completed
+    int n_splits = 0;
+    std::vector<int> split_backend;
+  };
+
+  llm_context& c;
+  size_t n_slots = 1;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<job_state>> jobs;  // submitted, not started
+  std::deque<flight> fl;                        // placed and not finished: item k is fl[k - finished]
+  uint64_t finished = 0;
+  uint64_t failed = UINT64_MAX;  // the first item that failed; the ones before it still complete
+  std::exception_ptr failure;
+  bool stop = false, workers_stop = false;
+  // The coordinator's: the started job whose micro-batches are being placed, and where it is.
+  std::shared_ptr<job_state> cur;
+  size_t cur_begin = 0, cur_out = 0;
+  std::thread coordinator;
+  std::vector<std::thread> workers;
+
+  explicit pipeline(llm_context& ctx) : c(ctx) {
+    n_slots = c.pipelines() ? c.params_.n_pipeline : 1;
+    {
+      std::lock_guard lock(c.mem_mu_);
+      while (c.slots_.size() + 1 < n_slots) {
+        c.slots_.push_back(std::make_unique<scheduler>(c.backend_list_, graph_tensors(c.m_.hp()) * 2));
+        c.reserve(*c.slots_.back());
+      }
+    }
+    for (auto& s : c.slots_) s->set_split_runner(c.sched_->runner());  // the actor layer's device threads
+    for (int be = 0; be < c.sched_->n_backends(); ++be) workers.emplace_back([this, be] { work(be); });
+    coordinator = std::thread([this] { coordinate(); });
   }
-  run_pipeline(items, nullptr, items.size());
-  n_outputs_ = out;
+
+  ~pipeline() {
+    {
+      std::lock_guard lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    coordinator.join();
+    {
+      std::lock_guard lock(mu);
+      workers_stop = true;
+    }
+    cv.notify_all();
+    for (std::thread& t : workers) t.join();
+  }
+
+  uint64_t n_placed() const { return finished + fl.size(); }
+  scheduler& sched_of(uint64_t k) { return c.slot(static_cast<size_t>(k % n_slots)); }
+  flight& at(uint64_t k) { return fl[static_cast<size_t>(k - finished)]; }
+
+  void submit(std::shared_ptr<job_state> j) {
+    {
+      std::lock_guard lock(mu);
+      jobs.push_back(std::move(j));
+    }
+    cv.notify_all();
+  }
+
+  bool runnable(uint64_t k) {
+    flight& f = at(k);
+    if (f.running || f.done >= f.n_splits) return false;
+    if (k == finished) return true;
+    const flight& p = at(k - 1);
+    if (p.split_backend != f.split_backend) return p.done >= p.n_splits;
+    return p.done > f.done;
+  }
+
+  void work(int be) {
+    std::unique_lock lock(mu);
+    for (;;) {
+      uint64_t pick = UINT64_MAX;
+      for (uint64_t k = finished; k < n_placed() && k < failed && pick == UINT64_MAX; ++k) {
+        if (runnable(k) && at(k).split_backend[static_cast<size_t>(at(k).done)] == be) pick = k;
+      }
+      if (pick == UINT64_MAX) {
+        if (workers_stop) return;
+        cv.wait(lock);
+        continue;
+      }
+      at(pick).running = true;
+      const int split = at(pick).done;
+      scheduler& s = sched_of(pick);
+      lock.unlock();
+      std::exception_ptr err;
+      try {
+        s.dispatch_split(split);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      lock.lock();
+      at(pick).running = false;
+      if (err) {
+        if (pick < failed) {
+          failed = pick;
+          failure = err;
+        }
+      } else {
+        ++at(pick).done;
+      }
+      cv.notify_all();
+    }
+  }
+
+  static void call(const std::shared_ptr<job_state>& j, std::vector<float> logits, std::exception_ptr err) {
+    if (!j->done) return;
+    try {
+      j->done(std::move(logits), err);
+    } catch (...) {  // a callback's own failure is its caller's business; the pipeline carries on
+    }
+  }
+
+  void coordinate() {
+    std::unique_lock lock(mu);
+    for (;;) {
+      if (failure) {
+        bool settled = finished >= failed;  // the items before the failed one are finished
+        for (const flight& f : fl) settled = settled && !f.running;
+        if (settled) {
+          fail_rest(lock);
+          continue;
+        }
+      }
+      if (!fl.empty() && finished < failed && fl.front().done >= fl.front().n_splits) {
+        finish_front(lock);
+        continue;
+      }
+      if (!failure && fl.size() < n_slots) {
+        if (cur) {
+          place_next(lock);
+          continue;
+        }
+        if (!jobs.empty()) {
+          std::shared_ptr<job_state> j = std::move(jobs.front());
+          jobs.pop_front();
+          if (stop) {  // the context is going: jobs that have not started fail
+            lock.unlock();
+            call(j, {}, std::make_exception_ptr(error("llm context: destroyed before the job started")));
+            lock.lock();
+          } else {
+            start_job(lock, std::move(j));
+          }
+          continue;
+        }
+      }
+      if (stop && jobs.empty() && fl.empty() && !cur) return;
+      cv.wait(lock);
+    }
+  }
+
+  void start_job(std::unique_lock<std::mutex>& lock, std::shared_ptr<job_state> j) {
+    lock.unlock();
+    std::exception_ptr err;
+    try {
+      if (j->start) j->start();
+      if (j->b.size() > 0) c.validate(j->b, false);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    if (err || j->b.size() == 0) {
+      call(j, {}, err);
+      lock.lock();
+      return;
+    }
+    j->logits.assign(j->b.n_outputs() * c.m_.hp().n_vocab, 0.0f);
+    j->items_left = (j->b.size() + c.params_.n_ubatch - 1) / c.params_.n_ubatch;
+    lock.lock();
+    cur = std::move(j);
+    cur_begin = 0;
+    cur_out = 0;
+  }
+
+  void place_next(std::unique_lock<std::mutex>& lock) {
+    const uint64_t k = n_placed();
+    scheduler& s = sched_of(k);
+    const size_t end = std::min(cur->b.size(), cur_begin + c.params_.n_ubatch);
+    lock.unlock();
+    ubatch u;
+    std::exception_ptr err;
+    try {
+      c.prepare(u, s, cur->b, cur_begin, end, cur->group);
+    } catch (...) {
+      err = std::current_exception();
+      if (!u.cells.empty()) c.kv_->release(u.cells);
+      s.reset();  // nothing may point into u's graph once it is gone
+    }
+    lock.lock();
+    if (err) {  // nothing from this one on starts
+      if (k < failed) {
+        failed = k;
+        failure = err;
+      }
+      return;
+    }
+    flight f;
+    f.job = cur;
+    f.out_at = cur_out;
+    f.u = std::move(u);
+    f.n_splits = s.n_splits();
+    for (const scheduler::split& sp : s.splits()) f.split_backend.push_back(sp.backend);
+    fl.push_back(std::move(f));
+    cur_out += cur->b.n_outputs(cur_begin, end);
+    cur_begin = end;
+    if (cur_begin >= cur->b.size()) cur.reset();
+    cv.notify_all();
+  }
+
+  void finish_front(std::unique_lock<std::mutex>& lock) {
+    flight& f = fl.front();
+    const uint64_t k = finished;
+    std::shared_ptr<job_state> j = f.job;
+    lock.unlock();
+    std::exception_ptr err;
+    try {
+      c.finish(f.u, sched_of(k), j->logits.data() + f.out_at * c.m_.hp().n_vocab);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lock.lock();
+    if (err) {
+      f.done = -1;  // not kept: failed with the rest
+      if (k < failed) {
+        failed = k;
+        failure = err;
+      }
+      return;
+    }
+    fl.pop_front();
+    ++finished;
+    if (--j->items_left == 0 && j != cur) {
+      lock.unlock();
+      call(j, std::move(j->logits), nullptr);
+      lock.lock();
+    }
+  }
+
+  // After a failure, once the items before the failed one are finished and none is running: the others
+  // give their cells back (the cache keeps what completed), every slot they used forgets its graph, and
+  // their jobs (and the one being placed) fail with the error. The pipeline is empty again after.
+  void fail_rest(std::unique_lock<std::mutex>& lock) {
+    std::vector<std::shared_ptr<job_state>> failed_jobs;
+    auto add = [&](const std::shared_ptr<job_state>& j) {
+      if (j && std::find(failed_jobs.begin(), failed_jobs.end(), j) == failed_jobs.end()) failed_jobs.push_back(j);
+    };
+    for (uint64_t k = finished; k < n_placed(); ++k) {
+      flight& f = at(k);
+      if (!f.u.cells.empty()) c.kv_->release(f.u.cells);
+      sched_of(k).reset();
+      f.u = ubatch{};
+      add(f.job);
+    }
+    add(cur);
+    cur.reset();
+    finished = n_placed();
+    fl.clear();
+    const std::exception_ptr err = failure;
+    failure = nullptr;
+    failed = UINT64_MAX;
+    lock.unlock();
+    for (const auto& j : failed_jobs) call(j, {}, err);
+    lock.lock();
+  }
+};
+
+llm_context::pipeline& llm_context::pipe() {
+  if (!pipe_) pipe_ = std::make_unique<pipeline>(*this);
+  return *pipe_;
+}
+
+scheduler& llm_context::slot(size_t i) { return i == 0 ? *sched_ : *slots_[i - 1]; }
+
+size_t llm_context::n_pipeline_slots() const {
+  std::lock_guard lock(mem_mu_);
+  return slots_.size();
+}
+
+void llm_context::submit(std::function<void()> start, batch b, job_done done, int64_t group) {
+  auto j = std::make_shared<pipeline::job_state>();
+  j->start = std::move(start);
+  j->b = std::move(b);
+  j->done = std::move(done);
+  j->group = group;
+  pipe().submit(std::move(j));
+}
+
+namespace {
+
+// One job's outcome, waited for on the calling thread.
+struct job_wait {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::vector<float> logits;
+  std::exception_ptr error;
+
+  llm_context::job_done callback() {
+    return [this](std::vector<float> l, std::exception_ptr e) {
+      std::lock_guard lock(mu);
+      logits = std::move(l);
+      error = e;
+      done = true;
+      cv.notify_all();
+    };
+  }
+  void wait() {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [this] { return done; });
+    if (error) std::rethrow_exception(error);
+  }
+};
+
+}  // namespace
+
+void llm_context::decode_pipelined(const batch& b) {
+  job_wait w;
+  submit({}, b, w.callback());
+  stats_.n_pipelined += 1;
+  w.wait();
+  logits_ = std::move(w.logits);
+  n_outputs_ = b.n_outputs();
 }
 
 void llm_context::decode_ring(std::vector<batch> first, const ring_step& next) {
@@ -281,190 +619,50 @@ void llm_context::decode_ring(std::vector<batch> first, const ring_step& next) {
     }
     return;
   }
-  // A step placed in the pipeline is a micro-batch of its own.
-  const auto check_step = [&](const batch& b) {
-    validate(b);
-    if (b.size() > params_.n_ubatch) throw error("llm context: a ring step of " + std::to_string(b.size()) + " tokens exceeds n_ubatch");
-  };
-  for (const batch& b : cur) {
-    if (b.size() > 0) check_step(b);
-  }
-  std::vector<float> logits;
-  std::deque<pipeline_item> items;
-  for (size_t g = 0; g < cur.size(); ++g) {
-    if (cur[g].size() > 0) items.push_back({&cur[g], 0, cur[g].size(), g, 0});
-  }
-  const auto on_done = [&](const pipeline_item& it, ubatch& u, scheduler& s, std::deque<pipeline_item>& queue) {
-    logits.assign(it.b->n_outputs() * n_vocab, 0.0f);
-    finish(u, s, logits.data());
-    stats_.n_tokens += it.b->size();
-    batch nb;
-    if (next(it.group, logits, nb) && nb.size() > 0) {
-      check_step(nb);
-      cur[it.group] = std::move(nb);
-      queue.push_back({&cur[it.group], 0, cur[it.group].size(), it.group, 0});
-    }
-  };
-  run_pipeline(items, on_done, items.size());
-  stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-void llm_context::run_pipeline(std::deque<pipeline_item>& queue, const item_done& on_done, size_t max_slots) {
-  const size_t n_slots = std::max<size_t>(1, std::min<size_t>(params_.n_pipeline, max_slots));
-  while (slots_.size() + 1 < n_slots) {  // slot 0 is sched_
-    slots_.push_back(std::make_unique<scheduler>(backend_list_, graph_tensors(m_.hp()) * 2));
-    reserve(*slots_.back());
-  }
-  for (auto& slot : slots_) slot->set_split_runner(sched_->runner());  // the actor layer's device threads
-  const auto sched_of = [&](size_t k) -> scheduler& { return k % n_slots == 0 ? *sched_ : *slots_[k % n_slots - 1]; };
-
-  // Shared with the backends' threads, under mu: per placed micro-batch (k < n_placed, in the order they
-  // were placed), whether a split of it is running and how many of its splits have completed (in order).
+  // Each group's step is a job; its completion (on the pipeline's coordinator) asks for the next.
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<ubatch> ubs;  // the main thread's (stable references)
-  std::deque<pipeline_item> placed;
-  std::vector<char> running;
-  std::vector<int> done, n_splits;
-  std::vector<std::vector<int>> split_backend;
+  size_t active = 0;
   std::exception_ptr failure;
-  size_t failed = SIZE_MAX;  // the first micro-batch that failed: the ones before it still complete
-  bool stop = false;
-  size_t n_placed = 0;
-
-  // A split may run once the split before it and the same split of the micro-batch before have completed;
-  // a micro-batch whose splits fall on other backends than the one before's (a different split structure)
-  // waits for that one to complete.
-  const auto runnable = [&](size_t k) {
-    if (running[k] || done[k] >= n_splits[k]) return false;
-    if (k == 0) return true;
-    if (split_backend[k - 1] != split_backend[k]) return done[k - 1] >= n_splits[k - 1];
-    return done[k - 1] > done[k];
-  };
-  const auto worker = [&](int be) {
-    std::unique_lock lock(mu);
-    for (;;) {
-      size_t pick = SIZE_MAX;
-      for (size_t k = 0; k < n_placed && k < failed && pick == SIZE_MAX; ++k) {
-        if (runnable(k) && split_backend[k][static_cast<size_t>(done[k])] == be) pick = k;
-      }
-      if (pick == SIZE_MAX) {
-        if (stop) return;
-        cv.wait(lock);
-        continue;
-      }
-      running[pick] = 1;
-      const int split = done[pick];
-      scheduler& s = sched_of(pick);
-      lock.unlock();
-      std::exception_ptr err;
-      try {
-        s.dispatch_split(split);
-      } catch (...) {
-        err = std::current_exception();
-      }
-      lock.lock();
-      running[pick] = 0;
-      if (err) {
-        if (pick < failed) {
-          failed = pick;
-          failure = err;
-        }
-      } else {
-        ++done[pick];
-      }
-      cv.notify_all();
+  std::function<void(size_t)> launch = [&](size_t g) {
+    {
+      std::lock_guard lock(mu);
+      ++active;
     }
+    submit({}, cur[g], [&, g](std::vector<float> l, std::exception_ptr e) {
+      bool again = false;
+      if (!e) {
+        try {
+          stats_.n_tokens += cur[g].size();
+          batch nb;
+          {
+            std::lock_guard lock(mu);
+            again = !failure;
+          }
+          again = again && next(g, l, nb) && nb.size() > 0;
+          if (again) cur[g] = std::move(nb);
+        } catch (...) {
+          e = std::current_exception();
+          again = false;
+        }
+      }
+      if (again) launch(g);
+      std::lock_guard lock(mu);
+      if (e && !failure) failure = e;
+      --active;
+      cv.notify_all();
+    }, static_cast<int64_t>(g));
   };
-  std::vector<std::thread> threads;
-  for (int be = 0; be < sched_->n_backends(); ++be) threads.emplace_back(worker, be);
-
-  size_t finished = 0;  // micro-batches whose results are out
+  stats_.n_pipelined += 1;
+  for (size_t g = 0; g < cur.size(); ++g) {
+    if (cur[g].size() > 0) launch(g);
+  }
   {
     std::unique_lock lock(mu);
-    try {
-      for (;;) {
-        if (failure) break;
-        if (finished < n_placed && done[finished] >= n_splits[finished]) {  // the oldest one completed
-          const size_t k = finished;
-          lock.unlock();
-          if (on_done) {
-            on_done(placed[k], ubs[k], sched_of(k), queue);
-          } else {
-            finish(ubs[k], sched_of(k), nullptr);
-          }
-          lock.lock();
-          ++finished;
-          continue;
-        }
-        if (!queue.empty() && n_placed - finished < n_slots) {  // a free slot: place the next one
-          const size_t k = n_placed;
-          const pipeline_item it = queue.front();
-          lock.unlock();
-          ubs.emplace_back();
-          placed.push_back(it);
-          scheduler& s = sched_of(k);
-          std::exception_ptr err;
-          try {
-            prepare(ubs[k], s, *it.b, it.begin, it.end);
-          } catch (...) {
-            err = std::current_exception();
-          }
-          if (err) {  // nothing from this one on starts
-            lock.lock();
-            if (k < failed) {
-              failed = k;
-              failure = err;
-            }
-            break;
-          }
-          ubs[k].out_at = it.out_at;
-          queue.pop_front();
-          lock.lock();
-          running.push_back(0);
-          done.push_back(0);
-          n_splits.push_back(s.n_splits());
-          split_backend.emplace_back();
-          for (const scheduler::split& sp : s.splits()) split_backend.back().push_back(sp.backend);
-          ++n_placed;
-          cv.notify_all();
-          continue;
-        }
-        if (queue.empty() && finished == n_placed) break;
-        cv.wait(lock);
-      }
-    } catch (...) {  // a finished micro-batch's callback failed: nothing more is placed
-      if (!lock.owns_lock()) lock.lock();
-      if (n_placed < failed) {
-        failed = n_placed;
-        failure = std::current_exception();
-      }
-    }
-    // After a failure, the micro-batches before the failed one run to completion (as they would have one
-    // at a time), and nothing after it starts.
-    cv.wait(lock, [&] {
-      for (size_t j = 0; j < n_placed && j < failed; ++j) {
-        if (done[j] < n_splits[j]) return false;
-      }
-      return true;
-    });
-    stop = true;
-    cv.notify_all();
+    cv.wait(lock, [&] { return active == 0; });
   }
-  for (std::thread& t : threads) t.join();
-  stats_.n_pipelined += 1;
-  if (failure) {
-    // The cache keeps the micro-batches that completed (a prefix); the others give their cells back, and
-    // every scheduler forgets its graph (the one whose placing failed included).
-    size_t kept = finished;
-    while (kept < n_placed && done[kept] >= n_splits[kept]) ++kept;
-    for (size_t k = finished; k < ubs.size(); ++k) {
-      if (k >= kept && !ubs[k].cells.empty()) kv_->release(ubs[k].cells);
-      if (ubs[k].g) sched_of(k).reset();
-    }
-    n_outputs_ = 0;
-    std::rethrow_exception(failure);
-  }
+  stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (failure) std::rethrow_exception(failure);
 }
 
 }  // namespace troupe::llm

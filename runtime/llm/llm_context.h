@@ -17,13 +17,21 @@
 // order) and after the split before it. Logits are bit-identical to running them one after another
 // (n_pipeline = 1). With a split runner (set_split_runner on sched(): the actor layer hands each split to
 // its device actor's thread) the threads hand their splits to it, several at once.
+//
+// The pipeline is the context's own: a coordinator thread places micro-batches (builds, allocates and sets
+// up their graphs, commits their cells) and takes their results, a thread per backend runs their splits.
+// submit() hands it a job and returns at once; jobs start in the order they were submitted, and the
+// micro-batches of a job overlap those of the jobs before it (the scheduler actor's sequence groups). The
+// synchronous decode() of several micro-batches and decode_ring() run on it too.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -70,6 +78,17 @@ class llm_context {
   // n_pipeline 1): the groups' steps one after another. Each group's logits are bit-identical either way.
   using ring_step = std::function<bool(size_t group, std::span<const float> logits, batch& next)>;
   void decode_ring(std::vector<batch> first, const ring_step& next);
+  // Asynchronous decoding. A job: start (may be empty) runs on the pipeline's coordinator thread once every
+  // job submitted before has all its micro-batches placed (its cache edits: seq_rm...; a throw fails the
+  // job), then b is checked as decode() checks a batch (its size aside: any number of micro-batches) and
+  // goes through the pipeline. done gets its logits (a row per token that asked, in batch order) or the
+  // error, on the coordinator thread; it may submit more. An empty b: done right after start. group tags
+  // the job's spans in the trace. A failure fails every job with a micro-batch in flight at or after the
+  // one that failed (the ones before complete and stay in the cache); later jobs run as usual. Do not call
+  // decode() or decode_ring() while submitted jobs are not done; the destructor fails jobs that have not
+  // started and waits for the others.
+  using job_done = std::function<void(std::vector<float> logits, std::exception_ptr error)>;
+  void submit(std::function<void()> start, batch b, job_done done, int64_t group = -1);
   // Logits of the i-th token (in batch order) that asked for them in the last decode: [n_vocab].
   std::span<const float> logits(size_t i) const;
   size_t n_outputs() const { return n_outputs_; }
@@ -83,7 +102,7 @@ class llm_context {
   size_t compute_bytes() const;
   std::map<buffer_type_i*, size_t> compute_bytes_by_buft() const;
   // Pipeline slots with compute memory of their own besides sched()'s (0 until a batch was pipelined).
-  size_t n_pipeline_slots() const { return slots_.size(); }
+  size_t n_pipeline_slots() const;
   // Whether a batch of several micro-batches would run as a pipeline.
   bool pipelines() const;
   // Adds (sign > 0) or removes this context's KV cache ("context") and compute buffers ("compute").
@@ -93,25 +112,15 @@ class llm_context {
   void set_n_threads(int n);
 
  private:
-  struct ubatch;  // one micro-batch's graph, inputs and outputs (llm_context.cpp)
-  // A micro-batch for the pipeline: [begin, end) of *b, its logits at row out_at of logits_ (decode) or
-  // handed to a group's callback (decode_ring).
-  struct pipeline_item {
-    const batch* b;
-    size_t begin, end;
-    size_t group;
-    size_t out_at;
-  };
-  // Called on the calling thread when an item's micro-batch has completed: takes its results (finish) and
-  // may queue more items.
-  using item_done = std::function<void(const pipeline_item&, ubatch&, scheduler&, std::deque<pipeline_item>&)>;
-  void validate(const batch& b) const;
-  void prepare(ubatch& u, scheduler& s, const batch& b, size_t begin, size_t end);
+  struct ubatch;    // one micro-batch's graph, inputs and outputs (llm_context.cpp)
+  struct pipeline;  // the coordinator and backend threads (llm_context.cpp)
+  // Checks a batch before anything of it runs (any size when !limit: the pipeline's jobs).
+  void validate(const batch& b, bool limit = true) const;
+  void prepare(ubatch& u, scheduler& s, const batch& b, size_t begin, size_t end, int64_t group = -1);
   void finish(ubatch& u, scheduler& s, float* dst = nullptr);
   void decode_pipelined(const batch& b);
-  // Runs the queued items (and those on_done queues) through the pipeline, at most max_slots (and
-  // n_pipeline) in flight; null on_done: finish into logits_.
-  void run_pipeline(std::deque<pipeline_item>& queue, const item_done& on_done, size_t max_slots);
+  pipeline& pipe();  // started at the first use
+  scheduler& slot(size_t i);
   void reserve(scheduler& s);
 
   const model& m_;
@@ -126,6 +135,8 @@ class llm_context {
   size_t n_outputs_ = 0;
   uint64_t next_ubatch_id_ = 0;  // the trace's micro-batch ids
   decode_stats stats_;
+  mutable std::mutex mem_mu_;       // slots_ and the compute memory sizes (read from other threads)
+  std::unique_ptr<pipeline> pipe_;  // last: stopped before anything it uses goes
 };
 
 }  // namespace troupe::llm
