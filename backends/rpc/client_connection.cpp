@@ -53,7 +53,7 @@ void client::impl::close_locked() {
   last_graph.clear();
   recompute_latency.clear();
   held.clear();
-  outputs.clear();
+  drop_outputs();
   io.close();
 }
 
@@ -251,7 +251,10 @@ version client::server_version() const {
 
 client_stats client::stats() const {
   std::lock_guard lock(impl_->mu);
-  return impl_->st;
+  client_stats s = impl_->st;
+  std::lock_guard out_lock(impl_->outputs_mu);
+  s.outputs_served = impl_->outputs_served;
+  return s;
 }
 
 void client::reset_stats() {
@@ -259,6 +262,8 @@ void client::reset_stats() {
   const uint64_t connects = impl_->st.connects;
   impl_->st = {};
   impl_->st.connects = connects;
+  std::lock_guard out_lock(impl_->outputs_mu);
+  impl_->outputs_served = 0;
 }
 
 }  // namespace troupe::rpc

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstring>
 
 #include "backends/rpc/detail/client_impl.h"
@@ -29,7 +30,11 @@ void client::impl::send_frame(command c, std::span<const uint8_t> a, std::span<c
   uint8_t hdr[frame_header_size];
   const uint64_t size = a.size() + b.size() + d.size();
   encode_header(hdr, static_cast<uint8_t>(c), size);
-  if (c != command::get_tensor) outputs.clear();  // anything else may change what they hold
+  // The writes and graphs drop what they change themselves (rpc_client.cpp); anything else may change all.
+  if (c != command::get_tensor && c != command::set_tensor && c != command::set_tensor_hash && c != command::copy_tensor &&
+      c != command::buffer_clear && c != command::free_buffer && c != command::graph_compute && c != command::graph_recompute) {
+    drop_outputs();
+  }
   // Frames held back (small set_tensor) go first, in the same write.
   const std::array<asio::const_buffer, 5> bufs{asio::buffer(held), asio::buffer(hdr), asio::buffer(a.data(), a.size()),
                                                asio::buffer(b.data(), b.size()), asio::buffer(d.data(), d.size())};
@@ -48,7 +53,7 @@ void client::impl::hold_frame(command c, std::span<const uint8_t> a, std::span<c
     send_frame(c, a, b);
     return;
   }
-  outputs.clear();
+  if (c != command::set_tensor) drop_outputs();
   uint8_t hdr[frame_header_size];
   encode_header(hdr, static_cast<uint8_t>(c), a.size() + b.size());
   held.insert(held.end(), hdr, hdr + frame_header_size);
@@ -59,25 +64,56 @@ void client::impl::hold_frame(command c, std::span<const uint8_t> a, std::span<c
 
 void client::impl::receive_outputs(uint64_t n, uint64_t expected) {
   if (n != expected) fail("graph reply of " + std::to_string(n) + " bytes, expected " + std::to_string(expected));
-  outputs.resize(pending_outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    outputs[i].range = pending_outputs[i];
-    outputs[i].bytes.resize(pending_outputs[i].size);
-    read_exact(outputs[i].bytes.data(), outputs[i].bytes.size());
+  std::vector<output_copy> got(pending_outputs.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    got[i].range = pending_outputs[i];
+    got[i].bytes.resize(pending_outputs[i].size);
+    read_exact(got[i].bytes.data(), got[i].bytes.size());
+  }
+  std::lock_guard lock(outputs_mu);
+  for (output_copy& o : got) outputs.push_back(std::move(o));
+  uint64_t bytes = 0;
+  for (const output_copy& o : outputs) bytes += o.bytes.size();
+  while (!outputs.empty() && (outputs.size() > max_output_copies || bytes > max_output_copy_bytes)) {
+    bytes -= outputs.front().bytes.size();
+    outputs.erase(outputs.begin());
   }
 }
 
 bool client::impl::from_outputs(remote_buffer b, uint64_t offset, void* out, uint64_t size) {
-  for (const auto& o : outputs) {
-    const output_request& r = o.range;
+  std::lock_guard lock(outputs_mu);
+  for (auto it = outputs.rbegin(); it != outputs.rend(); ++it) {  // the newest copy of a range wins
+    const output_request& r = it->range;
     if (r.buffer.handle == b.handle && r.buffer.epoch == b.epoch && offset >= r.offset &&
         size <= r.size && offset - r.offset <= r.size - size) {
-      std::memcpy(out, o.bytes.data() + (offset - r.offset), size);
-      st.outputs_served += 1;
+      std::memcpy(out, it->bytes.data() + (offset - r.offset), size);
+      outputs_served += 1;
       return true;
     }
   }
   return false;
+}
+
+void client::impl::drop_outputs() {
+  std::lock_guard lock(outputs_mu);
+  outputs.clear();
+}
+
+void client::impl::drop_outputs(uint64_t handle, uint64_t offset, uint64_t size) {
+  std::lock_guard lock(outputs_mu);
+  std::erase_if(outputs, [&](const output_copy& o) {
+    const output_request& r = o.range;
+    if (r.buffer.handle != handle) return false;
+    if (size == UINT64_MAX) return true;
+    return offset < r.offset + r.size && r.offset < offset + size;  // the ranges overlap
+  });
+}
+
+void client::impl::drop_outputs_in(const std::vector<uint64_t>& handles) {
+  std::lock_guard lock(outputs_mu);
+  std::erase_if(outputs, [&](const output_copy& o) {
+    return std::find(handles.begin(), handles.end(), o.range.buffer.handle) != handles.end();
+  });
 }
 
 uint64_t client::impl::read_ok(command c, bool throw_on_error, status* out_status, std::optional<poll_window> window) {

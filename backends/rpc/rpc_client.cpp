@@ -111,6 +111,7 @@ void client::free_buffer(remote_buffer b) {
   std::vector<uint8_t> p;
   writer(p).u64(b.handle);
   impl_->last_graph.clear();  // the peer forgets its graphs when a buffer goes
+  impl_->drop_outputs(b.handle, 0, UINT64_MAX);
   impl_->call(command::free_buffer, p, 0);
 }
 
@@ -121,12 +122,14 @@ void client::buffer_clear(remote_buffer b, uint8_t value) {
   writer w(p);
   w.u64(b.handle);
   w.u8(value);
+  impl_->drop_outputs(b.handle, 0, UINT64_MAX);
   impl_->call(command::buffer_clear, p, 0);
 }
 
 void client::set_tensor(remote_buffer b, uint64_t offset, const void* data, uint64_t size, bool cacheable) {
   auto lock = impl_->enter();
   impl_->check(b);
+  impl_->drop_outputs(b.handle, offset, size);
   if (cacheable && size >= impl_->opts.hash_threshold) {
     std::vector<uint8_t> p;
     writer w(p);
@@ -161,6 +164,10 @@ void client::set_tensor(remote_buffer b, uint64_t offset, const void* data, uint
 }
 
 void client::get_tensor(remote_buffer b, uint64_t offset, void* out, uint64_t size) {
+  // A graph reply's output needs no lock on the connection: it is answered while another thread's request
+  // (the next micro-batch's graph) is in flight.
+  impl_->throw_if_down();
+  if (b.epoch == epoch() && impl_->from_outputs(b, offset, out, size)) return;
   auto lock = impl_->enter();
   impl_->check(b);
   if (impl_->from_outputs(b, offset, out, size)) return;
@@ -186,12 +193,19 @@ void client::copy_tensor(remote_buffer src, uint64_t src_offset, remote_buffer d
   w.u64(dst.handle);
   w.u64(dst_offset);
   w.u64(size);
+  impl_->drop_outputs(dst.handle, dst_offset, size);
   impl_->call(command::copy_tensor, p, 0);
 }
 
-void client::compute(uint32_t device, std::vector<uint8_t> graph, const std::vector<output_request>& outputs) {
+void client::compute(uint32_t device, std::vector<uint8_t> graph, const std::vector<output_request>& outputs,
+                     const std::optional<std::vector<uint64_t>>& written) {
   auto lock = impl_->enter();
   impl_->ensure_up(false);
+  if (written) {
+    impl_->drop_outputs_in(*written);
+  } else {
+    impl_->drop_outputs();
+  }
   const std::vector<uint8_t> dev = u32_payload(device);
   // The outputs to read back with the reply (dropped when they would be too large).
   std::vector<uint8_t> outs;

@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -137,8 +138,11 @@ class client {
   // Runs a graph message (u32 entry count, entries) on a device; when it is byte-identical to the last one
   // sent to that device on this connection, asks the peer to run its copy again instead (graph_recompute).
   // The reply carries the bytes of `outputs` (up to 64 ranges, 64 MiB): get_tensor within them is answered
-  // here, without a round trip, until anything else is sent.
-  void compute(uint32_t device, std::vector<uint8_t> graph, const std::vector<output_request>& outputs = {});
+  // here, without a round trip and without waiting for another thread's request in flight, until a write
+  // overlaps them, a graph writes their buffer (`written`: the handles of the buffers the graph writes;
+  // none given: every buffer) or another command is sent. The copies of the last few replies are kept.
+  void compute(uint32_t device, std::vector<uint8_t> graph, const std::vector<output_request>& outputs = {},
+               const std::optional<std::vector<uint64_t>>& written = std::nullopt);
   void init_tensor(const wire_tensor& t);
   uint64_t alloc_size(uint32_t device, const wire_tensor& t);
 

@@ -27,14 +27,18 @@ class rpc_backend final : public backend_i {
   void graph_compute(graph& g) override {
     if (g.n_nodes() == 0) return;
     // The graph's outputs (logits...) come back with the reply: reading them costs no round trip.
+    // Copies of earlier replies' outputs stay valid unless this graph writes their buffers.
     std::vector<client::output_request> outputs;
+    std::vector<uint64_t> written;
     for (const tensor* t : g.nodes()) {
-      if (!(t->flags & flag_output) || t->buffer == nullptr) continue;
+      if (t->buffer == nullptr) continue;
       const auto* b = dynamic_cast<const rpc_buffer*>(t->buffer);
       if (b == nullptr) continue;
-      outputs.push_back({b->remote(), b->offset_of(*t), nbytes(*t)});
+      const uint64_t h = b->remote().handle;
+      if (std::find(written.begin(), written.end(), h) == written.end()) written.push_back(h);
+      if (t->flags & flag_output) outputs.push_back({b->remote(), b->offset_of(*t), nbytes(*t)});
     }
-    dev_.conn().compute(dev_.index(), serialize_graph(g, dev_), outputs);
+    dev_.conn().compute(dev_.index(), serialize_graph(g, dev_), outputs, written);
   }
 
  private:

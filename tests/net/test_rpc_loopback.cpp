@@ -193,6 +193,47 @@ TEST_CASE("every command over loopback matches the local device", "[rpc][loopbac
     tensor_get(*y, out.data(), 0, nbytes(*y));
     CHECK(out == zeros);
     CHECK(cl->stats().round_trips == 4);
+
+    // A pipeline's slots: graph 1 (its own buffers) goes out and computes after graph 0's reply and before
+    // graph 0's output is read; that read is still answered from graph 0's reply. A write into the output
+    // makes the next read go to the peer.
+    context ctx2({.max_tensors = 8, .no_alloc = true});
+    tensor* a2 = ctx2.new_tensor_1d(type::f32, 256);
+    tensor* y2 = scale(ctx2, a2, 3.0f);
+    y2->flags |= flag_output;
+    graph g2;
+    g2.build_forward_expand(y2);
+    buffer_ptr buf2 = alloc_ctx_tensors(ctx2, remote.buffer_type());
+    const auto in0 = random_floats(256, 300);
+    const auto in1 = random_floats(256, 301);
+    tensor_set(*a, in0.data(), 0, nbytes(*a));
+    rbe->graph_compute(g);
+    tensor_set(*a2, in1.data(), 0, nbytes(*a2));
+    rbe->graph_compute(g2);
+    cl->reset_stats();
+    std::vector<float> out0(256), out1(256);
+    tensor_get(*y, out0.data(), 0, nbytes(*y));
+    tensor_get(*y2, out1.data(), 0, nbytes(*y2));
+    for (size_t i = 0; i < 256; ++i) {
+      REQUIRE(out0[i] == 2.0f * in0[i]);
+      REQUIRE(out1[i] == 3.0f * in1[i]);
+    }
+    s = cl->stats();
+    CHECK(s.round_trips == 0);
+    CHECK(s.outputs_served == 2);
+    tensor_set(*y, zeros.data(), 64, 16);  // overlaps y's copy only
+    tensor_get(*y2, out1.data(), 0, nbytes(*y2));
+    tensor_get(*y, out0.data(), 0, nbytes(*y));
+    CHECK(out0[16] == 0.0f);
+    CHECK(out0[15] == 2.0f * in0[15]);
+    s = cl->stats();
+    CHECK(s.round_trips == 1);  // y's read went to the peer, y2's did not
+    CHECK(s.outputs_served == 3);
+    // Running graph 1 again drops its own copy (it rewrites its buffer), not graph 0's: a fresh reply.
+    rbe->graph_compute(g2);
+    tensor_get(*y2, out1.data(), 0, nbytes(*y2));
+    for (size_t i = 0; i < 256; ++i) REQUIRE(out1[i] == 3.0f * in1[i]);
+    CHECK(cl->stats().outputs_served == 4);
   }
 }
 

@@ -74,16 +74,27 @@ struct client::impl {
                    std::optional<poll_window> window = std::nullopt);
   // A request and its whole reply (at most max_reply bytes).
   std::vector<uint8_t> call(command c, std::span<const uint8_t> payload, uint64_t max_reply);
-  // A graph reply carries its outputs' bytes: they answer get_tensor until anything else is sent.
+  // A graph reply carries its outputs' bytes: they answer get_tensor until something may have changed
+  // them. Kept for the last few replies (a pipeline's slots each read theirs after the next slot's graph
+  // went out); a write drops the copies it overlaps, a graph those in the buffers it writes, anything
+  // else all of them. Under outputs_mu, not mu: get_tensor is answered from them while another thread's
+  // request is in flight.
   void receive_outputs(uint64_t n, uint64_t expected);
   bool from_outputs(remote_buffer b, uint64_t offset, void* out, uint64_t size);
+  void drop_outputs();
+  void drop_outputs(uint64_t handle, uint64_t offset, uint64_t size);  // size UINT64_MAX: the whole buffer
+  void drop_outputs_in(const std::vector<uint64_t>& handles);
 
   struct output_copy {
     output_request range;
     std::vector<uint8_t> bytes;
   };
   std::vector<output_request> pending_outputs;  // asked with the graph in flight
-  std::vector<output_copy> outputs;             // of the last graph reply
+  std::mutex outputs_mu;
+  std::vector<output_copy> outputs;  // of the last graph replies, oldest first
+  uint64_t outputs_served = 0;       // under outputs_mu
+  static constexpr size_t max_output_copies = 256;
+  static constexpr uint64_t max_output_copy_bytes = uint64_t{64} << 20;
 
   static constexpr size_t max_held = 256u << 10;
   std::vector<uint8_t> held;  // frames not sent yet (see hold_frame)
