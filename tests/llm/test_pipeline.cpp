@@ -17,6 +17,7 @@
 #include "runtime/memory.h"
 #include "runtime/trace.h"
 #include "tests/support/greedy.h"
+#include "tests/support/ring.h"
 #include "tests/test_models.h"
 
 using namespace troupe;
@@ -83,9 +84,6 @@ struct rendezvous {
   }
 };
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 }  // namespace
 
@@ -106,7 +104,7 @@ TEST_CASE("stories260K over CPU and CPU1: a pipelined prompt's logits are bit-id
   CHECK(on.stats().n_pipelined == 1);
   CHECK(on.stats().n_graphs == 7);  // 100 tokens in micro-batches of 16
   REQUIRE(serial.size() == 100 * m->hp().n_vocab);
-  CHECK(same_bits(piped, serial));
+  CHECK(test::same_bits(piped, serial));
   // Three more slots, each with compute memory of its own, in the ledger too.
   CHECK(on.n_pipeline_slots() == 3);
   CHECK(on.compute_bytes() == 4 * compute_before);
@@ -118,7 +116,7 @@ TEST_CASE("stories260K over CPU and CPU1: a pipelined prompt's logits are bit-id
   CHECK(ledger.total().compute == 0);
   // The caches hold the same: the next token's logits agree bit for bit; and from the reference's prompt,
   // the reference's tokens.
-  CHECK(same_bits(prompt_logits_at(on, 42, 100), prompt_logits_at(off, 42, 100)));
+  CHECK(test::same_bits(prompt_logits_at(on, 42, 100), prompt_logits_at(off, 42, 100)));
   on.kv().clear();
   off.kv().clear();
   llm_context short_ub(*m, {.n_ctx = 256, .n_ubatch = 2, .n_threads = 1, .n_pipeline = 4});
@@ -164,7 +162,7 @@ TEST_CASE("SmolLM2 over CPU and CPU1: a pipelined prompt's logits are bit-identi
     CHECK(on.stats().n_pipelined == 1);
   }
   REQUIRE(serial.size() == 160 * m->hp().n_vocab);
-  CHECK(same_bits(piped, serial));
+  CHECK(test::same_bits(piped, serial));
 }
 
 TEST_CASE("a trace of a pipelined prompt: CPU and CPU1 splits in flight at once, each track's micro-batches in order", "[llm][pipeline][trace]") {
@@ -198,68 +196,6 @@ TEST_CASE("a trace of a pipelined prompt: CPU and CPU1 splits in flight at once,
   CHECK_THAT(json, Catch::Contains("\"traceEvents\"") && Catch::Contains("\"thread_name\"") && Catch::Contains("\"ubatch\":49"));
 }
 
-namespace {
-
-// Greedy generation of n tokens for 4 sequences (prompts of different lengths already decoded): in one
-// batch per step (groups = 1), or as `groups` groups of sequences through decode_ring. Returns each
-// sequence's tokens, and the logits of every step in order of (sequence, step) for the bit comparison.
-struct four_answers {
-  std::vector<std::vector<int32_t>> tokens;
-  std::vector<std::vector<float>> logits;
-};
-
-// before_steps runs after the prompts, before the first step.
-four_answers generate_four(llm_context& ctx, int n, size_t groups, const std::function<void()>& before_steps = {}) {
-  four_answers out;
-  out.tokens.resize(4);
-  out.logits.resize(4);
-  std::vector<int32_t> pos(4), last(4);
-  for (int32_t s = 0; s < 4; ++s) {
-    batch b;
-    for (int32_t i = 0; i < 5 + 3 * s; ++i) b.add(test::stories_prompt[static_cast<size_t>(i % 5)], i, s, i == 4 + 3 * s);
-    ctx.decode(b);
-    last[static_cast<size_t>(s)] = test::argmax_of(ctx.logits(0));
-    pos[static_cast<size_t>(s)] = 5 + 3 * s;
-  }
-  if (before_steps) before_steps();
-  const size_t per = 4 / groups;
-  const auto step_of = [&](size_t g) {
-    batch b;
-    for (size_t s = g * per; s < (g + 1) * per; ++s) b.add(last[s], pos[s]++, static_cast<int32_t>(s), true);
-    return b;
-  };
-  std::vector<int> steps(groups, 0);
-  const auto take = [&](size_t g, std::span<const float> l, batch& next) {
-    const size_t n_vocab = l.size() / per;
-    for (size_t i = 0; i < per; ++i) {
-      const size_t s = g * per + i;
-      const std::span<const float> row = l.subspan(i * n_vocab, n_vocab);
-      last[s] = test::argmax_of(row);
-      out.tokens[s].push_back(last[s]);
-      out.logits[s].insert(out.logits[s].end(), row.begin(), row.end());
-    }
-    if (++steps[g] == n) return false;
-    next = step_of(g);
-    return true;
-  };
-  if (groups == 1) {
-    batch b = step_of(0);
-    for (bool more = true; more;) {
-      ctx.decode(b);
-      std::vector<float> l;
-      for (size_t r = 0; r < 4; ++r) l.insert(l.end(), ctx.logits(r).begin(), ctx.logits(r).end());
-      more = take(0, l, b);
-    }
-    return out;
-  }
-  std::vector<batch> first;
-  for (size_t g = 0; g < groups; ++g) first.push_back(step_of(g));
-  ctx.decode_ring(std::move(first), take);
-  return out;
-}
-
-}  // namespace
-
 // Runs the three ways on a model split over CPU and CPU1 and checks the ring against the others.
 void check_ring(const model& m, int n) {
   const llm::context_params cp{.n_ctx = 512, .n_ubatch = 64, .n_seq_max = 4, .n_threads = 1, .n_pipeline = 4};
@@ -269,9 +205,9 @@ void check_ring(const model& m, int n) {
   serial_cp.n_pipeline = 1;
   llm_context serial(m, serial_cp);
   rendezvous meeting;  // from the first step on (each prompt alone is one micro-batch)
-  const auto r = generate_four(ring, n, 2, [&] { meeting.install(ring); });
-  const auto a = generate_four(one_batch, n, 1);
-  const auto s = generate_four(serial, n, 2);
+  const auto r = test::generate_four(ring, n, 2, [&] { meeting.install(ring); });
+  const auto a = test::generate_four(one_batch, n, 1);
+  const auto s = test::generate_four(serial, n, 2);
   CHECK(ring.stats().n_pipelined == 1);
   CHECK(serial.stats().n_pipelined == 0);
   for (size_t q = 0; q < 4; ++q) {
@@ -279,7 +215,7 @@ void check_ring(const model& m, int n) {
     CHECK(r.tokens[q].size() == static_cast<size_t>(n));
     CHECK(r.tokens[q] == a.tokens[q]);  // grouped or not: the same tokens
     CHECK(r.tokens[q] == s.tokens[q]);
-    CHECK(same_bits(r.logits[q], s.logits[q]));  // ring or one group after the other: the same bits
+    CHECK(test::same_bits(r.logits[q], s.logits[q]));  // ring or one group after the other: the same bits
   }
   CHECK(meeting.met);  // the two groups' steps were on CPU and CPU1 at once
 }

@@ -18,6 +18,7 @@
 #include "runtime/llm/llm_context.h"
 #include "tests/net/test_server.h"
 #include "tests/support/greedy.h"
+#include "tests/support/ring.h"
 #include "tests/test_models.h"
 
 extern char** environ;
@@ -212,6 +213,46 @@ TEST_CASE("a prompt pipelined over the CPU and a real `troupe peer`: logits bit-
   REQUIRE(serial.size() == 101 * m->hp().n_vocab);
   CHECK(piped.size() == serial.size());
   CHECK(std::equal(piped.begin(), piped.end(), serial.begin(), [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }));
+}
+
+namespace {
+
+// Sequence groups as a ring over the CPU and a real `troupe peer` (its last `layers` layers and the output on
+// the peer): the tokens of one batch per step, the bits of the groups one after another.
+void check_ring_over_peer(const std::filesystem::path& path, int32_t layers, int n) {
+  peer_process peer;
+  const auto devs = rpc::add_peer("127.0.0.1:" + std::to_string(peer.port()));
+  REQUIRE(devs.size() == 1);
+  auto m = model::load(path, {.devices = {{devs[0], layers}}});
+  const llm::context_params cp{.n_ctx = 512, .n_ubatch = 64, .n_seq_max = 4, .n_threads = 1, .n_pipeline = 4};
+  llm::context_params serial_cp = cp;
+  serial_cp.n_pipeline = 1;
+  llm_context ring(*m, cp), one_batch(*m, cp), serial(*m, serial_cp);
+  const auto r = test::generate_four(ring, n, 2);
+  const auto a = test::generate_four(one_batch, n, 1);
+  const auto s = test::generate_four(serial, n, 2);
+  CHECK(ring.stats().n_pipelined == 1);
+  for (size_t q = 0; q < 4; ++q) {
+    INFO("sequence " << q);
+    CHECK(r.tokens[q].size() == static_cast<size_t>(n));
+    CHECK(r.tokens[q] == a.tokens[q]);
+    CHECK(r.tokens[q] == s.tokens[q]);
+    CHECK(test::same_bits(r.logits[q], s.logits[q]));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("stories260K: sequence groups as a ring over the CPU and a real `troupe peer` give the same tokens and bits", "[rpc][llm][process][pipeline][ring]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  check_ring_over_peer(*path, 3, 16);
+}
+
+TEST_CASE("SmolLM2: sequence groups as a ring over the CPU and a real `troupe peer` give the same tokens and bits", "[rpc][llm][process][pipeline][ring][smollm2]") {
+  const auto path = test::smollm2_path();
+  if (!path) return;
+  check_ring_over_peer(*path, 15, 8);
 }
 
 namespace {
