@@ -10,7 +10,11 @@
 #include <thread>
 
 #include "actors/runtime.h"
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cpu_instance.h"
+#include "backends/registry.h"
+#include "runtime/error.h"
+#include "tests/net/test_server.h"
 #include "runtime/trace.h"
 #include "tests/test_models.h"
 
@@ -186,4 +190,65 @@ TEST_CASE("the scheduler actor answers while a decode is in the pipeline", "[act
   gen.join();
   CHECK(seen_in_flight);
   CHECK(tokens.size() == 16);
+}
+
+namespace {
+
+// A peer's CPU backend whose n-th graph fails, as a device fails mid-way.
+class failing_backend final : public backend_i {
+ public:
+  failing_backend(std::atomic<int>& count, std::atomic<int>& fail_at)
+      : inner_(cpu::make_cpu_backend({.n_threads = 1})), count_(count), fail_at_(fail_at) {}
+  std::string_view name() const override { return inner_->name(); }
+  device_i& device() const override { return inner_->device(); }
+  void graph_compute(graph& g) override {
+    if (const int n = ++count_; n == fail_at_) throw backend_error("injected failure of graph " + std::to_string(n));
+    inner_->graph_compute(g);
+  }
+
+ private:
+  std::unique_ptr<cpu::cpu_backend> inner_;
+  std::atomic<int>& count_;
+  std::atomic<int>& fail_at_;
+};
+
+}  // namespace
+
+TEST_CASE("a device failing mid-pipeline fails the decode through its device actor, and the next decode works", "[actors][pipeline][failure]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  register_builtin_backends();
+  std::atomic<int> graphs{0}, fail_at{-1};
+  rpc::server_options so;
+  so.make_backend = [&](device_i&) -> backend_ptr { return std::make_unique<failing_backend>(graphs, fail_at); };
+  auto srv = rpc::testing::start_server(std::move(so));
+  const std::string device = "RPC[127.0.0.1:" + std::to_string(srv->port()) + "]#0";
+  actors::runtime_config cfg;
+  cfg.n_threads = 1;
+  cfg.peers = {{.name = "box", .host = "127.0.0.1", .port = srv->port()}};
+  engine eng(cfg);
+  actors::model_settings ms{.name = "m", .path = path->string(), .n_ctx = 256, .n_ubatch = 8, .n_seq_max = 1, .n_threads = 1};
+  ms.devices = {{device, 3}};  // the last 3 layers and the output on the peer
+  eng.load_model(ms);
+  bool device_actor = false;  // the peer's device has an actor, which runs the model's splits there
+  for (const actors::actor_status& a : eng.status().actors) device_actor = device_actor || a.name == "device:" + device;
+  REQUIRE(device_actor);
+  const auto ref = answer(eng, "m");  // the long prompt in micro-batches of 8, then 12 tokens
+  REQUIRE(ref.size() == 12);
+  // The peer's graph in the middle of the next prompt fails: the answer fails with its error (named by the
+  // device actor's split), the scheduler forgets the decode, and the next answer is the reference again.
+  fail_at = graphs + 10;
+  session s = eng.open_session("m");
+  actors::generation_params gp;
+  gp.max_tokens = 12;
+  gp.temperature = 0;
+  try {
+    s.generate(prompt, gp);
+    FAIL("an answer whose decode failed on the peer succeeded");
+  } catch (const actors::request_error& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("injected failure of graph"));
+  }
+  s.close();
+  CHECK(stats_of(eng, "m").n_in_flight == 0);
+  CHECK(answer(eng, "m") == ref);
 }
