@@ -12,6 +12,7 @@ namespace troupe::llm {
 std::vector<std::pair<std::string, int>> offload_layers(const offload_request& r, int n_layer) {
   std::vector<std::pair<std::string, int>> out;
   if (!r.given()) return out;
+  if (!r.tensor_split.empty() && r.devices.empty()) throw error("--tensor-split: needs --device (the devices it splits over)");
   std::vector<std::string> names = r.devices;
   if (names.empty()) {
     for (device_i* d : registry::instance().devices()) {
@@ -31,12 +32,33 @@ std::vector<std::pair<std::string, int>> offload_layers(const offload_request& r
     for (device_i* d : registry::instance().devices()) known += (known.empty() ? "" : ", ") + std::string(d->name());
     throw error("--device: no device named '" + n + "' (devices: " + known + ")");
   }
-  // The layers to place: every one and the output, or the last N.
+  // Each device's weight: evenly, or the --tensor-split proportions.
+  std::vector<double> weight(names.size(), 1.0);
+  if (!r.tensor_split.empty()) {
+    if (r.tensor_split.size() != names.size()) {
+      throw error("--tensor-split: " + std::to_string(r.tensor_split.size()) + " proportions for " +
+                  std::to_string(names.size()) + " devices");
+    }
+    double sum = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const float p = r.tensor_split[i];
+      if (!(p >= 0.0f) || p > 1e6f) throw error("--tensor-split: proportion " + std::to_string(p) + " of " + names[i] + " is not a number >= 0");
+      weight[i] = p;
+      sum += p;
+    }
+    if (sum <= 0) throw error("--tensor-split: the proportions add up to 0");
+  }
+  // The layers to place: every one and the output, or the last N; device i takes the layers between the
+  // rounded running sums of the weights before it and up to it.
   const int total = r.n_gpu_layers >= 0 ? std::min(r.n_gpu_layers, n_layer + 1) : n_layer + 1;
-  const int k = static_cast<int>(names.size());
-  for (int i = 0; i < k; ++i) {
-    const int share = total * (i + 1) / k - total * i / k;
-    if (share > 0) out.emplace_back(names[static_cast<size_t>(i)], share);
+  double sum = 0;
+  for (double w : weight) sum += w;
+  double before = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const auto from = static_cast<int>(total * before / sum + 1e-9);
+    before += weight[i];
+    const int to = i + 1 == names.size() ? total : static_cast<int>(total * before / sum + 1e-9);
+    if (to > from) out.emplace_back(names[i], to - from);
   }
   return out;
 }

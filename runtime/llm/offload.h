@@ -6,6 +6,8 @@
 //   --device A,B,...            the listed devices share the layers evenly, in order (device A the first
 //                               ones); "CPU" keeps its share in host memory. With -ngl N they share the last
 //                               N layers, the rest stays on the CPU.
+//   -ts / --tensor-split P,Q,...  with --device: the devices' shares in these proportions instead of evenly
+//                               (the output layer counts as one layer), e.g. 3,1: three quarters on the first
 //
 //   auto layers = llm::offload_layers({.n_gpu_layers = 99}, 30);   // {{"Vulkan0", 31}}: every layer and the output
 //   auto layers = llm::offload_layers({.devices = {"Vulkan0", "CPU"}}, 30);  // {{"Vulkan0", 15}, {"CPU", 16}}
@@ -28,7 +30,8 @@ namespace troupe::llm {
 struct offload_request {
   int n_gpu_layers = -1;             // -1: not given
   std::vector<std::string> devices;  // empty: not given
-  bool given() const { return n_gpu_layers >= 0 || !devices.empty(); }
+  std::vector<float> tensor_split;   // proportions per device of `devices`; empty: evenly
+  bool given() const { return n_gpu_layers >= 0 || !devices.empty() || !tensor_split.empty(); }
 };
 
 // (device name, layers) in placement order; empty when nothing is offloaded (no flag, -ngl 0, or -ngl on a

@@ -4,7 +4,7 @@
 //   add_offload_options(app, off);   // -ngl / --n-gpu-layers N, --device A,B,..., --list-devices
 //   app.parse(llama_spellings(argc, argv));
 //
-// CLI11 takes one-letter short options only, so llama.cpp's multi-letter ones (-ngl, -dev, -sys, -ub, -np) are
+// CLI11 takes one-letter short options only, so llama.cpp's multi-letter ones (-ngl, -dev, -sys, -ub, -np, -ts) are
 // rewritten to their long forms before parsing.
 // --list-devices prints the devices (backends/registry.h's format_devices) and exits. runtime/llm/offload.h
 // turns the request into layers per device.
@@ -34,6 +34,7 @@ inline std::vector<std::string> llama_spellings(int argc, char** argv) {
     else if (a == "-sys") a = "--sys";
     else if (a == "-ub") a = "--ubatch-size";
     else if (a == "-np") a = "--n-parallel";
+    else if (a == "-ts") a = "--tensor-split";
   }
   std::reverse(args.begin(), args.end());
   return args;
@@ -67,6 +68,8 @@ inline void add_offload_options(CLI::App& app, llm::offload_request& r) {
                  "(-ngl) layers on the first non-CPU device, the last ones (99: all)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--device", r.devices, "(-dev) devices sharing the layers evenly, e.g. Vulkan0,CPU")->delimiter(',');
+  app.add_option("--tensor-split", r.tensor_split, "(-ts) the --device list's shares in these proportions, e.g. 3,1")
+      ->delimiter(',');
   app.add_flag_callback(
       "--list-devices",
       [] {
