@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -19,6 +20,7 @@
 #include "tests/net/test_server.h"
 #include "tests/support/greedy.h"
 #include "tests/support/ring.h"
+#include "tests/support/tcp_proxy.h"
 #include "tests/test_models.h"
 
 extern char** environ;
@@ -309,4 +311,39 @@ TEST_CASE("a peer failing mid-pipeline fails the decode with its error, keeps th
   std::vector<float> again(ctx.logits(99).begin(), ctx.logits(99).end());
   CHECK(std::equal(again.begin(), again.end(), fresh.logits(99).begin()));
   CHECK(ctx.kv().used_cells() == 100);
+}
+
+TEST_CASE("a peer behind a slow link (2 ms each way): pipelined and grouped decoding give the same bits; a cut link fails the decode naming the peer", "[rpc][llm][pipeline][proxy]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  auto srv = rpc::testing::start_server();
+  test::tcp_proxy proxy({.target_port = srv->port(), .latency = std::chrono::milliseconds(2)});
+  const std::string addr = "127.0.0.1:" + std::to_string(proxy.port());
+  const auto devs = rpc::add_peer(addr);
+  REQUIRE(devs.size() == 1);
+  auto m = model::load(*path, {.devices = {{devs[0], 3}}});
+  const llm::context_params cp{.n_ctx = 512, .n_ubatch = 16, .n_seq_max = 4, .n_threads = 1, .n_pipeline = 4};
+  llm::context_params serial_cp = cp;
+  serial_cp.n_pipeline = 1;
+  llm_context ring(*m, cp), serial(*m, serial_cp);
+  const auto r = test::generate_four(ring, 6, 2);
+  const auto s = test::generate_four(serial, 6, 2);
+  for (size_t q = 0; q < 4; ++q) {
+    INFO("sequence " << q);
+    CHECK(r.tokens[q] == s.tokens[q]);
+    CHECK(test::same_bits(r.logits[q], s.logits[q]));
+  }
+  // A prompt of 4 micro-batches, pipelined through the slow link, then the link is cut: the decode fails
+  // with an error naming the peer (the connection's end, not a timeout), and nothing stays in flight.
+  ring.kv().clear();
+  batch b;
+  for (int32_t i = 0; i < 64; ++i) b.add(test::stories_prompt[static_cast<size_t>(i % 5)], i, 0, i == 63);
+  ring.decode(b);
+  CHECK(ring.stats().n_pipelined == 2);
+  ring.kv().clear();
+  proxy.cut();
+  proxy.refuse(true);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(ring.decode(b), Catch::Contains(addr));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60));  // generous: the I/O timeout is 300 s
 }
