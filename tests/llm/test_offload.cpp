@@ -10,7 +10,7 @@
 using namespace troupe;
 using layers = std::vector<std::pair<std::string, int>>;
 
-TEST_CASE("--device shares the layers and the output evenly, --tensor-split in proportion", "[llm][offload]") {
+TEST_CASE("offload: --device shares the layers and the output evenly, --tensor-split in proportion", "[llm][offload]") {
   register_builtin_backends();
   if (registry::instance().find("CPU1") == nullptr) add_cpu_instance({.index = 1, .n_threads = 1});
   // 30 layers and the output: 31 to place.

@@ -313,7 +313,7 @@ TEST_CASE("a peer failing mid-pipeline fails the decode with its error, keeps th
   CHECK(ctx.kv().used_cells() == 100);
 }
 
-TEST_CASE("a peer behind a slow link (2 ms each way): pipelined and grouped decoding give the same bits; a cut link fails the decode naming the peer", "[rpc][llm][pipeline][proxy]") {
+TEST_CASE("a peer behind a slow link (2 ms each way): pipelined and grouped decoding give the same bits, and a cut link fails the decode naming the peer", "[rpc][llm][pipeline][proxy]") {
   const auto path = test::model_path("stories260K.gguf");
   if (!path) return;
   auto srv = rpc::testing::start_server();
