@@ -1,5 +1,6 @@
 // A Chrome trace of what ran where (Trace Event Format JSON, which Perfetto and chrome://tracing open): spans
-// on tracks (a device's backend, "scheduler", "transfers"), each with a name and arguments, recorded by any
+// on tracks (a device's backend, "scheduler": micro-batches placed and finished, "transfers": split inputs),
+// each with a name and arguments, recorded by any
 // thread while tracing is on (troupe bench / troupe-chat / troupe serve --trace FILE).
 //
 //   trace::enable(true);

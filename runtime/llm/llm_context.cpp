@@ -13,6 +13,7 @@
 #include "runtime/error.h"
 #include "runtime/graph.h"
 #include "runtime/llm/graph.h"
+#include "runtime/trace.h"
 
 namespace troupe::llm {
 
@@ -37,6 +38,8 @@ struct llm_context::ubatch {
   size_t n_out = 0;      // rows of logits wanted
   size_t out_at = 0;     // where they go in logits_ (in rows)
   bool discard = false;  // no logits wanted: the graph's one row is dropped
+  int64_t id = -1;       // the trace's micro-batch id
+  int64_t group = -1;
 };
 
 llm_context::llm_context(const model& m, const context_params& p) : m_(m), params_(p) {
@@ -189,6 +192,10 @@ void llm_context::decode(const batch& b) {
 void llm_context::prepare(ubatch& u, scheduler& s, const batch& b, size_t begin, size_t end, int64_t group) {
   const hparams& hp = m_.hp();
   const auto n_tokens = static_cast<uint32_t>(end - begin);
+  u.id = static_cast<int64_t>(next_ubatch_id_++);
+  u.group = group;
+  // The scheduler's track of the trace: building, placing and setting up each micro-batch's graph.
+  trace::span placing("scheduler", "place", {{"ubatch", u.id}, {"group", group}, {"tokens", static_cast<int64_t>(n_tokens)}});
   u.pos.assign(b.pos.begin() + static_cast<std::ptrdiff_t>(begin), b.pos.begin() + static_cast<std::ptrdiff_t>(end));
   u.seq.assign(b.seq.begin() + static_cast<std::ptrdiff_t>(begin), b.seq.begin() + static_cast<std::ptrdiff_t>(end));
   std::vector<int32_t> out_ids;
@@ -214,7 +221,7 @@ void llm_context::prepare(ubatch& u, scheduler& s, const batch& b, size_t begin,
     std::lock_guard lock(mem_mu_);  // may grow the compute memory
     s.alloc_graph(*u.g);
   }
-  s.set_trace_id(static_cast<int64_t>(next_ubatch_id_++), group);
+  s.set_trace_id(u.id, group);
 
   // Inputs.
   tensor_set(*gb.in.tokens, b.tokens.data() + begin, 0, n_tokens * sizeof(int32_t));
@@ -243,6 +250,7 @@ void llm_context::prepare(ubatch& u, scheduler& s, const batch& b, size_t begin,
 // After micro-batch u computed in s: its logits into dst (rows of n_vocab; null: logits_ at u.out_at), s
 // ready for the next graph.
 void llm_context::finish(ubatch& u, scheduler& s, float* dst) {
+  trace::span finishing("scheduler", "finish", {{"ubatch", u.id}, {"group", u.group}});
   if (!u.discard) {
     const size_t n_vocab = m_.hp().n_vocab;
     if (dst == nullptr) dst = logits_.data() + u.out_at * n_vocab;

@@ -180,9 +180,14 @@ TEST_CASE("a trace of a pipelined prompt: CPU and CPU1 splits in flight at once,
   const auto ev = trace::events();
   trace::clear();
   std::map<std::string, std::vector<const trace::event*>> by_track;
+  std::map<std::string, int> scheduler_spans;
   for (const trace::event& e : ev) {
     if (e.name == "split") by_track[e.track].push_back(&e);
+    if (e.track == "scheduler") ++scheduler_spans[e.name];
   }
+  // The scheduler's track: every micro-batch placed and finished by the pipeline's coordinator.
+  CHECK(scheduler_spans["place"] == 50);
+  CHECK(scheduler_spans["finish"] == 50);
   REQUIRE(by_track.count("CPU") == 1);
   REQUIRE(by_track.count("CPU1") == 1);
   CHECK(by_track["CPU1"].size() == 50);  // a split per micro-batch on CPU1 (its layers and the output)
