@@ -15,6 +15,7 @@
 #include "backends/registry.h"
 #include "runtime/error.h"
 #include "tests/net/test_server.h"
+#include "tests/support/failing_backend.h"
 #include "runtime/trace.h"
 #include "tests/test_models.h"
 
@@ -192,35 +193,13 @@ TEST_CASE("the scheduler actor answers while a decode is in the pipeline", "[act
   CHECK(tokens.size() == 16);
 }
 
-namespace {
-
-// A peer's CPU backend whose n-th graph fails, as a device fails mid-way.
-class failing_backend final : public backend_i {
- public:
-  failing_backend(std::atomic<int>& count, std::atomic<int>& fail_at)
-      : inner_(cpu::make_cpu_backend({.n_threads = 1})), count_(count), fail_at_(fail_at) {}
-  std::string_view name() const override { return inner_->name(); }
-  device_i& device() const override { return inner_->device(); }
-  void graph_compute(graph& g) override {
-    if (const int n = ++count_; n == fail_at_) throw backend_error("injected failure of graph " + std::to_string(n));
-    inner_->graph_compute(g);
-  }
-
- private:
-  std::unique_ptr<cpu::cpu_backend> inner_;
-  std::atomic<int>& count_;
-  std::atomic<int>& fail_at_;
-};
-
-}  // namespace
-
 TEST_CASE("a device failing mid-pipeline fails the decode through its device actor, and the next decode works", "[actors][pipeline][failure]") {
   const auto path = test::model_path("stories260K.gguf");
   if (!path) return;
   register_builtin_backends();
   std::atomic<int> graphs{0}, fail_at{-1};
   rpc::server_options so;
-  so.make_backend = [&](device_i&) -> backend_ptr { return std::make_unique<failing_backend>(graphs, fail_at); };
+  so.make_backend = [&](device_i&) -> backend_ptr { return std::make_unique<test::failing_backend>(graphs, fail_at); };
   auto srv = rpc::testing::start_server(std::move(so));
   const std::string device = "RPC[127.0.0.1:" + std::to_string(srv->port()) + "]#0";
   actors::runtime_config cfg;

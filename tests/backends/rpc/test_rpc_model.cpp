@@ -20,6 +20,7 @@
 #include "tests/net/test_server.h"
 #include "tests/support/greedy.h"
 #include "tests/support/ring.h"
+#include "tests/support/failing_backend.h"
 #include "tests/support/tcp_proxy.h"
 #include "tests/test_models.h"
 
@@ -257,34 +258,12 @@ TEST_CASE("SmolLM2: sequence groups as a ring over the CPU and a real `troupe pe
   check_ring_over_peer(*path, 15, 8);
 }
 
-namespace {
-
-// A peer's CPU backend whose n-th graph (counted over all its backends) fails, as a device fails mid-way.
-class failing_backend final : public backend_i {
- public:
-  failing_backend(std::atomic<int>& count, std::atomic<int>& fail_at)
-      : inner_(cpu::make_cpu_backend({.n_threads = 1})), count_(count), fail_at_(fail_at) {}
-  std::string_view name() const override { return inner_->name(); }
-  device_i& device() const override { return inner_->device(); }
-  void graph_compute(graph& g) override {
-    if (const int n = ++count_; n == fail_at_) throw backend_error("injected failure of graph " + std::to_string(n));
-    inner_->graph_compute(g);
-  }
-
- private:
-  std::unique_ptr<cpu::cpu_backend> inner_;
-  std::atomic<int>& count_;
-  std::atomic<int>& fail_at_;
-};
-
-}  // namespace
-
 TEST_CASE("a peer failing mid-pipeline fails the decode with its error, keeps the completed micro-batches, and the next decode works", "[rpc][llm][pipeline]") {
   const auto path = test::model_path("stories260K.gguf");
   if (!path) return;
   std::atomic<int> graphs{0}, fail_at{-1};
   rpc::server_options so;
-  so.make_backend = [&](device_i&) -> backend_ptr { return std::make_unique<failing_backend>(graphs, fail_at); };
+  so.make_backend = [&](device_i&) -> backend_ptr { return std::make_unique<test::failing_backend>(graphs, fail_at); };
   auto srv = rpc::testing::start_server(std::move(so));
   const auto devs = rpc::add_peer("127.0.0.1:" + std::to_string(srv->port()));
   REQUIRE(devs.size() == 1);
