@@ -26,10 +26,7 @@ caf::error error_of(const std::exception_ptr& p) {
 // Decodes in the context's pipeline at most this many at once: on a model over several devices, two
 // sequence groups (each device works on one group's step while another device works on the other's); on
 // one device, one (a step waits and joins the next batch rather than splitting it).
-size_t max_jobs(const scheduler_state& st) {
-  if (!st.ctx || !st.ctx->pipelines()) return 1;
-  return std::min<size_t>(2, static_cast<size_t>(st.ctx->sched().n_backends()));
-}
+size_t max_jobs(const scheduler_state& st) { return st.ctx && st.ctx->pipelines() ? 2 : 1; }
 
 // Submits steps as one decode to the context's pipeline; its completion comes back as (decoded_atom, id).
 void submit_job(scheduler_ptr self, std::vector<waiting_step> steps) {
@@ -51,7 +48,6 @@ void submit_job(scheduler_ptr self, std::vector<waiting_step> steps) {
   seq_steps.reserve(job.steps.size());
   for (const waiting_step& w : job.steps) {
     seq_steps.push_back({w.step.seq, w.step.keep, w.step.tokens});
-    st.in_flight.insert(w.step.seq);
   }
   st.dec->submit(
       std::move(seq_steps),
@@ -93,7 +89,7 @@ void try_batch(scheduler_ptr self) {
   std::set<int32_t> have;
   for (const waiting_step& w : st.waiting) have.insert(w.step.seq);
   bool all = true;
-  for (int32_t s : st.generating) all = all && (have.count(s) > 0 || st.in_flight.count(s) > 0);
+  for (int32_t s : st.generating) all = all && (have.count(s) > 0 || st.in_flight(s));
   if (all) {
     run_batch(self);
   } else if (!st.flush_scheduled) {
@@ -109,7 +105,6 @@ void job_done(scheduler_ptr self, uint64_t id) {
   if (it == st.jobs.end()) return;
   decode_job job = std::move(it->second);
   st.jobs.erase(it);
-  for (const waiting_step& w : job.steps) st.in_flight.erase(w.step.seq);
   if (job.outcome->error) {
     const caf::error err = error_of(job.outcome->error);
     for (waiting_step& w : job.steps) w.promise.deliver(err);
@@ -177,7 +172,7 @@ scheduler_actor::behavior_type scheduler_fn(scheduler_ptr self, runtime_env_ptr 
         }
         int32_t seq = -1;  // a free one whose last session's step is not in flight any more
         for (size_t i = 0; i < st.seqs.size() && seq < 0; ++i) {
-          if (!st.seqs[i] && st.in_flight.count(static_cast<int32_t>(i)) == 0) seq = static_cast<int32_t>(i);
+          if (!st.seqs[i] && !st.in_flight(static_cast<int32_t>(i))) seq = static_cast<int32_t>(i);
         }
         if (seq < 0) {
           return make_error(errc::busy, "model " + st.params.model + ": all " + std::to_string(st.seqs.size()) +
@@ -210,7 +205,7 @@ scheduler_actor::behavior_type scheduler_fn(scheduler_ptr self, runtime_env_ptr 
         for (const waiting_step& w : st.waiting) {
           if (w.step.seq == s.seq) return make_error(errc::busy, "sequence " + std::to_string(s.seq) + " has a step waiting");
         }
-        if (st.in_flight.count(s.seq) > 0) {
+        if (st.in_flight(s.seq)) {
           return make_error(errc::busy, "sequence " + std::to_string(s.seq) + " has a step being decoded");
         }
         if (!st.release_waiters.empty()) return make_error(errc::down, "model " + st.params.model + ": the context is being released");

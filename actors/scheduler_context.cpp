@@ -164,7 +164,6 @@ void release_context(scheduler_ptr self, caf::typed_response_promise<bool> rp) {
   st.ctx.reset();  // its pipeline (forgets still queued) before the decoder they call
   st.dec.reset();
   st.seqs.clear();
-  st.in_flight.clear();
   fan_in join(asked.size(), [rp]() mutable { rp.deliver(true); });
   for (const allocator_actor& a : asked) {
     self->request(a, caf::infinite, release_atom_v, st.owner())

@@ -79,7 +79,6 @@ struct scheduler_state {
   std::set<int32_t> generating;       // sequences whose next step the next batch waits for
   std::vector<waiting_step> waiting;
   std::map<uint64_t, decode_job> jobs;  // in the context's pipeline
-  std::set<int32_t> in_flight;          // sequences with a step in jobs
   uint64_t next_job = 1;
   uint32_t max_in_flight = 0;
   std::vector<caf::typed_response_promise<bool>> release_waiters;  // a release waits for the jobs
@@ -92,6 +91,15 @@ struct scheduler_state {
   static inline const char* name = "troupe.scheduler";
 
   std::string owner() const { return "context:" + params.model; }
+  // Whether a step of seq is in one of the jobs in the pipeline.
+  bool in_flight(int32_t seq) const {
+    for (const auto& [id, j] : jobs) {
+      for (const waiting_step& w : j.steps) {
+        if (w.step.seq == seq) return true;
+      }
+    }
+    return false;
+  }
 
   ~scheduler_state() {
     // The pipeline's threads stop waiting for device actors, the context (and its pipeline) goes before

@@ -26,15 +26,33 @@ void client::impl::read_exact(void* p, size_t n, std::optional<poll_window> wind
   st.bytes_received += n;
 }
 
+namespace {
+
+// The writes and graphs drop the output copies they change themselves (rpc_client.cpp); any other command
+// may change all of them.
+bool drops_its_own_outputs(command c) {
+  switch (c) {
+    case command::get_tensor:
+    case command::set_tensor:
+    case command::set_tensor_hash:
+    case command::copy_tensor:
+    case command::buffer_clear:
+    case command::free_buffer:
+    case command::graph_compute:
+    case command::graph_recompute:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 void client::impl::send_frame(command c, std::span<const uint8_t> a, std::span<const uint8_t> b, std::span<const uint8_t> d) {
   uint8_t hdr[frame_header_size];
   const uint64_t size = a.size() + b.size() + d.size();
   encode_header(hdr, static_cast<uint8_t>(c), size);
-  // The writes and graphs drop what they change themselves (rpc_client.cpp); anything else may change all.
-  if (c != command::get_tensor && c != command::set_tensor && c != command::set_tensor_hash && c != command::copy_tensor &&
-      c != command::buffer_clear && c != command::free_buffer && c != command::graph_compute && c != command::graph_recompute) {
-    drop_outputs();
-  }
+  if (!drops_its_own_outputs(c)) drop_outputs();
   // Frames held back (small set_tensor) go first, in the same write.
   const std::array<asio::const_buffer, 5> bufs{asio::buffer(held), asio::buffer(hdr), asio::buffer(a.data(), a.size()),
                                                asio::buffer(b.data(), b.size()), asio::buffer(d.data(), d.size())};
@@ -53,7 +71,7 @@ void client::impl::hold_frame(command c, std::span<const uint8_t> a, std::span<c
     send_frame(c, a, b);
     return;
   }
-  if (c != command::set_tensor) drop_outputs();
+  if (!drops_its_own_outputs(c)) drop_outputs();
   uint8_t hdr[frame_header_size];
   encode_header(hdr, static_cast<uint8_t>(c), a.size() + b.size());
   held.insert(held.end(), hdr, hdr + frame_header_size);
@@ -103,9 +121,7 @@ void client::impl::drop_outputs(uint64_t handle, uint64_t offset, uint64_t size)
   std::lock_guard lock(outputs_mu);
   std::erase_if(outputs, [&](const output_copy& o) {
     const output_request& r = o.range;
-    if (r.buffer.handle != handle) return false;
-    if (size == UINT64_MAX) return true;
-    return offset < r.offset + r.size && r.offset < offset + size;  // the ranges overlap
+    return r.buffer.handle == handle && offset < r.offset + r.size && r.offset < offset + size;  // the ranges overlap
   });
 }
 

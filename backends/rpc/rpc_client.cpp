@@ -111,7 +111,7 @@ void client::free_buffer(remote_buffer b) {
   std::vector<uint8_t> p;
   writer(p).u64(b.handle);
   impl_->last_graph.clear();  // the peer forgets its graphs when a buffer goes
-  impl_->drop_outputs(b.handle, 0, UINT64_MAX);
+  impl_->drop_outputs_in({b.handle});
   impl_->call(command::free_buffer, p, 0);
 }
 
@@ -122,7 +122,7 @@ void client::buffer_clear(remote_buffer b, uint8_t value) {
   writer w(p);
   w.u64(b.handle);
   w.u8(value);
-  impl_->drop_outputs(b.handle, 0, UINT64_MAX);
+  impl_->drop_outputs_in({b.handle});
   impl_->call(command::buffer_clear, p, 0);
 }
 
@@ -165,9 +165,10 @@ void client::set_tensor(remote_buffer b, uint64_t offset, const void* data, uint
 
 void client::get_tensor(remote_buffer b, uint64_t offset, void* out, uint64_t size) {
   // A graph reply's output needs no lock on the connection: it is answered while another thread's request
-  // (the next micro-batch's graph) is in flight.
+  // (the next micro-batch's graph) is in flight. (Copies are of this connection's buffers only: a lost
+  // connection drops them, so a stale handle finds none and fails its check below.)
   impl_->throw_if_down();
-  if (b.epoch == epoch() && impl_->from_outputs(b, offset, out, size)) return;
+  if (impl_->from_outputs(b, offset, out, size)) return;
   auto lock = impl_->enter();
   impl_->check(b);
   if (impl_->from_outputs(b, offset, out, size)) return;

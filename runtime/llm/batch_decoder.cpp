@@ -45,9 +45,13 @@ void batch_decoder::check(std::span<const seq_step> steps) const {
   }
 }
 
-std::vector<std::vector<float>> batch_decoder::decode(std::span<const seq_step> steps) {
+void batch_decoder::begin(std::span<const seq_step> steps) {
   check(steps);
   for (const seq_step& s : steps) ctx_.kv().seq_rm(s.seq, s.keep, -1);
+}
+
+std::vector<std::vector<float>> batch_decoder::decode(std::span<const seq_step> steps) {
+  begin(steps);
 
   const size_t n_vocab = ctx_.mdl().hp().n_vocab;
   const size_t n_batch = ctx_.params().n_batch;
@@ -93,10 +97,7 @@ void batch_decoder::submit(std::vector<seq_step> steps, decode_done done, int64_
   }
   const size_t n_vocab = ctx_.mdl().hp().n_vocab;
   ctx_.submit(
-      [this, held] {
-        check(*held);
-        for (const seq_step& s : *held) ctx_.kv().seq_rm(s.seq, s.keep, -1);
-      },
+      [this, held] { begin(*held); },
       std::move(b),
       [this, held, n_vocab, done = std::move(done)](std::vector<float> l, std::exception_ptr e) {
         if (e) {

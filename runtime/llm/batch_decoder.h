@@ -64,6 +64,7 @@ class batch_decoder {
 
  private:
   void check(std::span<const seq_step> steps) const;  // throws for a bad step
+  void begin(std::span<const seq_step> steps);        // check, then drop what each step does not keep
   void count(std::span<const seq_step> steps, uint64_t n_decodes);
 
   llm_context& ctx_;

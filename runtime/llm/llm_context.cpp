@@ -283,9 +283,9 @@ struct llm_context::pipeline {
     size_t out_at = 0;  // its first logits row in the job's
     ubatch u;
     bool running = false;
-    int done = 0;  // splits completed
-    int n_splits = 0;
-    std::vector<int> split_backend;
+    int done = 0;                    // splits completed
+    std::vector<int> split_backend;  // per split
+    bool complete() const { return done >= static_cast<int>(split_backend.size()); }
   };
 
   llm_context& c;
@@ -347,10 +347,10 @@ struct llm_context::pipeline {
 
   bool runnable(uint64_t k) {
     flight& f = at(k);
-    if (f.running || f.done >= f.n_splits) return false;
+    if (f.running || f.complete()) return false;
     if (k == finished) return true;
     const flight& p = at(k - 1);
-    if (p.split_backend != f.split_backend) return p.done >= p.n_splits;
+    if (p.split_backend != f.split_backend) return p.complete();
     return p.done > f.done;
   }
 
@@ -409,7 +409,7 @@ struct llm_context::pipeline {
           continue;
         }
       }
-      if (!fl.empty() && finished < failed && fl.front().done >= fl.front().n_splits) {
+      if (!fl.empty() && finished < failed && fl.front().complete()) {
         finish_front(lock);
         continue;
       }
@@ -484,7 +484,6 @@ struct llm_context::pipeline {
     f.job = cur;
     f.out_at = cur_out;
     f.u = std::move(u);
-    f.n_splits = s.n_splits();
     for (const scheduler::split& sp : s.splits()) f.split_backend.push_back(sp.backend);
     fl.push_back(std::move(f));
     cur_out += cur->b.n_outputs(cur_begin, end);

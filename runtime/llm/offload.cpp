@@ -39,20 +39,18 @@ std::vector<std::pair<std::string, int>> offload_layers(const offload_request& r
       throw error("--tensor-split: " + std::to_string(r.tensor_split.size()) + " proportions for " +
                   std::to_string(names.size()) + " devices");
     }
-    double sum = 0;
     for (size_t i = 0; i < names.size(); ++i) {
       const float p = r.tensor_split[i];
       if (!(p >= 0.0f) || p > 1e6f) throw error("--tensor-split: proportion " + std::to_string(p) + " of " + names[i] + " is not a number >= 0");
       weight[i] = p;
-      sum += p;
     }
-    if (sum <= 0) throw error("--tensor-split: the proportions add up to 0");
   }
+  double sum = 0;
+  for (double w : weight) sum += w;
+  if (sum <= 0) throw error("--tensor-split: the proportions add up to 0");
   // The layers to place: every one and the output, or the last N; device i takes the layers between the
   // rounded running sums of the weights before it and up to it.
   const int total = r.n_gpu_layers >= 0 ? std::min(r.n_gpu_layers, n_layer + 1) : n_layer + 1;
-  double sum = 0;
-  for (double w : weight) sum += w;
   double before = 0;
   for (size_t i = 0; i < names.size(); ++i) {
     const auto from = static_cast<int>(total * before / sum + 1e-9);

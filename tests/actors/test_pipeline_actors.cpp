@@ -27,12 +27,13 @@ const char* const prompt =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine. One day, "
     "she saw a big red ball in the park. She ran to the ball and kicked it very hard. The ball went up";
 
-std::vector<int32_t> answer(engine& eng, const std::string& model) {
+// A session's greedy answer of n tokens to text.
+std::vector<int32_t> answer(engine& eng, const std::string& model, const std::string& text = prompt, int n = 12) {
   session s = eng.open_session(model);
   actors::generation_params gp;
-  gp.max_tokens = 12;
+  gp.max_tokens = n;
   gp.temperature = 0;
-  const auto r = s.generate(prompt, gp);
+  const auto r = s.generate(text, gp);
   s.close();
   return r.tokens;
 }
@@ -87,16 +88,6 @@ const char* const prompts[4] = {
     "One day, a big bear came to the forest and",
 };
 
-std::vector<int32_t> answer_to(engine& eng, const std::string& model, const std::string& text, int n) {
-  session s = eng.open_session(model);
-  actors::generation_params gp;
-  gp.max_tokens = n;
-  gp.temperature = 0;
-  const auto r = s.generate(text, gp);
-  s.close();
-  return r.tokens;
-}
-
 actors::sched_stats stats_of(engine& eng, const std::string& model) {
   for (const actors::sched_stats& s : eng.scheduler_stats()) {
     if (s.model == model) return s;
@@ -109,7 +100,7 @@ actors::sched_stats stats_of(engine& eng, const std::string& model) {
 std::vector<std::vector<int32_t>> four_at_once(engine& eng, const std::string& model, int n) {
   std::vector<std::vector<int32_t>> out(4);
   std::vector<std::thread> threads;
-  for (size_t i = 0; i < 4; ++i) threads.emplace_back([&, i] { out[i] = answer_to(eng, model, prompts[i], n); });
+  for (size_t i = 0; i < 4; ++i) threads.emplace_back([&, i] { out[i] = answer(eng, model, prompts[i], n); });
   for (std::thread& t : threads) t.join();
   return out;
 }
@@ -125,7 +116,7 @@ void check_groups(const std::string& path, int32_t layers, int n, bool expect_tw
   eng.load_model("split", path, split);
   eng.load_model("alone", path, alone);
   std::vector<std::vector<int32_t>> ref;
-  for (const char* p : prompts) ref.push_back(answer_to(eng, "alone", p, n));
+  for (const char* p : prompts) ref.push_back(answer(eng, "alone", p, n));
   const auto one_device = four_at_once(eng, "alone", n);
   trace::clear();
   trace::enable(true);
@@ -182,7 +173,7 @@ TEST_CASE("the scheduler actor answers while a decode is in the pipeline", "[act
   std::atomic<bool> done{false};
   std::vector<int32_t> tokens;
   std::thread gen([&] {
-    tokens = answer_to(eng, "split", text, 16);
+    tokens = answer(eng, "split", text, 16);
     done = true;
   });
   // A scheduler that waited for its decodes could only ever answer between them (none in flight).

@@ -201,28 +201,12 @@ TEST_CASE("a trace of a pipelined prompt: CPU and CPU1 splits in flight at once,
   CHECK_THAT(json, Catch::Contains("\"traceEvents\"") && Catch::Contains("\"thread_name\"") && Catch::Contains("\"ubatch\":49"));
 }
 
-// Runs the three ways on a model split over CPU and CPU1 and checks the ring against the others.
+// The ring checked against the other two ways on a model split over CPU and CPU1; and its two groups' steps
+// on CPU and CPU1 at once (the rendezvous, from the first step on: each prompt alone is one micro-batch).
 void check_ring(const model& m, int n) {
-  const llm::context_params cp{.n_ctx = 512, .n_ubatch = 64, .n_seq_max = 4, .n_threads = 1, .n_pipeline = 4};
-  llm_context one_batch(m, cp);
-  llm_context ring(m, cp);
-  llm::context_params serial_cp = cp;
-  serial_cp.n_pipeline = 1;
-  llm_context serial(m, serial_cp);
-  rendezvous meeting;  // from the first step on (each prompt alone is one micro-batch)
-  const auto r = test::generate_four(ring, n, 2, [&] { meeting.install(ring); });
-  const auto a = test::generate_four(one_batch, n, 1);
-  const auto s = test::generate_four(serial, n, 2);
-  CHECK(ring.stats().n_pipelined == 1);
-  CHECK(serial.stats().n_pipelined == 0);
-  for (size_t q = 0; q < 4; ++q) {
-    INFO("sequence " << q);
-    CHECK(r.tokens[q].size() == static_cast<size_t>(n));
-    CHECK(r.tokens[q] == a.tokens[q]);  // grouped or not: the same tokens
-    CHECK(r.tokens[q] == s.tokens[q]);
-    CHECK(test::same_bits(r.logits[q], s.logits[q]));  // ring or one group after the other: the same bits
-  }
-  CHECK(meeting.met);  // the two groups' steps were on CPU and CPU1 at once
+  rendezvous meeting;
+  test::check_ring(m, n, [&](llm_context& ring) { meeting.install(ring); });
+  CHECK(meeting.met);
 }
 
 TEST_CASE("stories260K over CPU and CPU1: 4 sequences in 2 groups as a ring give the tokens of one batch per step, the logits of the groups one after another", "[llm][pipeline][ring]") {

@@ -1,11 +1,13 @@
 // Generation of four sequences three ways, for the ring tests (llm_context::decode_ring against one batch
 // per step and against the groups one after another): tests/llm/test_pipeline.cpp (CPU / CPU1) and
-// tests/backends/rpc/test_rpc_model.cpp (CPU / a real troupe peer).
+// tests/backends/rpc/test_rpc_model.cpp (CPU / a real troupe peer, and behind a slow link).
 //
+//   test::check_ring(*m, 12);                              // the three ways, checked against each other
 //   const auto r = test::generate_four(ring_ctx, 12, 2);   // 2 groups of 2 through decode_ring
 //   const auto a = test::generate_four(other_ctx, 12, 1);  // one batch of 4 per step
-//   CHECK(r.tokens == a.tokens);
 #pragma once
+
+#include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "runtime/llm/llm_context.h"
+#include "runtime/llm/model.h"
 #include "tests/support/greedy.h"
 
 namespace troupe::test {
@@ -78,6 +81,30 @@ inline four_answers generate_four(llm::llm_context& ctx, int n, size_t groups, c
   for (size_t g = 0; g < groups; ++g) first.push_back(step_of(g));
   ctx.decode_ring(std::move(first), take);
   return out;
+}
+
+// The three ways on m (its layers over two or more devices), checked: the ring (two groups through
+// decode_ring) gives the tokens of one batch per step and the logits, bit for bit, of the two groups one
+// after another (n_pipeline = 1). before_ring(ring) runs after the ring's prompts, before its first step.
+inline void check_ring(const llm::model& m, int n, const std::function<void(llm::llm_context&)>& before_ring = {}) {
+  const llm::context_params cp{.n_ctx = 512, .n_ubatch = 64, .n_seq_max = 4, .n_threads = 1, .n_pipeline = 4};
+  llm::context_params serial_cp = cp;
+  serial_cp.n_pipeline = 1;
+  llm::llm_context ring(m, cp), one_batch(m, cp), serial(m, serial_cp);
+  const auto r = generate_four(ring, n, 2, [&] {
+    if (before_ring) before_ring(ring);
+  });
+  const auto a = generate_four(one_batch, n, 1);
+  const auto s = generate_four(serial, n, 2);
+  CHECK(ring.stats().n_pipelined == 1);
+  CHECK(serial.stats().n_pipelined == 0);
+  for (size_t q = 0; q < 4; ++q) {
+    INFO("sequence " << q);
+    CHECK(r.tokens[q].size() == static_cast<size_t>(n));
+    CHECK(r.tokens[q] == a.tokens[q]);  // grouped or not: the same tokens
+    CHECK(r.tokens[q] == s.tokens[q]);
+    CHECK(same_bits(r.logits[q], s.logits[q]));  // ring or one group after the other: the same bits
+  }
 }
 
 }  // namespace troupe::test

@@ -82,8 +82,8 @@ struct client::impl {
   void receive_outputs(uint64_t n, uint64_t expected);
   bool from_outputs(remote_buffer b, uint64_t offset, void* out, uint64_t size);
   void drop_outputs();
-  void drop_outputs(uint64_t handle, uint64_t offset, uint64_t size);  // size UINT64_MAX: the whole buffer
-  void drop_outputs_in(const std::vector<uint64_t>& handles);
+  void drop_outputs(uint64_t handle, uint64_t offset, uint64_t size);  // those overlapping the range
+  void drop_outputs_in(const std::vector<uint64_t>& handles);         // those in these buffers
 
   struct output_copy {
     output_request range;

@@ -227,21 +227,7 @@ void check_ring_over_peer(const std::filesystem::path& path, int32_t layers, int
   const auto devs = rpc::add_peer("127.0.0.1:" + std::to_string(peer.port()));
   REQUIRE(devs.size() == 1);
   auto m = model::load(path, {.devices = {{devs[0], layers}}});
-  const llm::context_params cp{.n_ctx = 512, .n_ubatch = 64, .n_seq_max = 4, .n_threads = 1, .n_pipeline = 4};
-  llm::context_params serial_cp = cp;
-  serial_cp.n_pipeline = 1;
-  llm_context ring(*m, cp), one_batch(*m, cp), serial(*m, serial_cp);
-  const auto r = test::generate_four(ring, n, 2);
-  const auto a = test::generate_four(one_batch, n, 1);
-  const auto s = test::generate_four(serial, n, 2);
-  CHECK(ring.stats().n_pipelined == 1);
-  for (size_t q = 0; q < 4; ++q) {
-    INFO("sequence " << q);
-    CHECK(r.tokens[q].size() == static_cast<size_t>(n));
-    CHECK(r.tokens[q] == a.tokens[q]);
-    CHECK(r.tokens[q] == s.tokens[q]);
-    CHECK(test::same_bits(r.logits[q], s.logits[q]));
-  }
+  test::check_ring(*m, n);
 }
 
 }  // namespace
