@@ -15,6 +15,7 @@
 // optional method says so and what its default does. Failures throw backend_error.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -115,6 +116,15 @@ class backend_i {
   // Computes every node of g in order (all tensors placed in buffers this backend can use). Throws
   // backend_error naming the node when a node is unsupported or the device fails.
   virtual void graph_compute(graph& g) = 0;
+  // Backends that queue graphs (a remote peer: graph_submit returns once the graph is on its way, and the
+  // device runs what it was sent in order) say so; the others compute in graph_submit. g itself may go once
+  // graph_submit returns, its tensors' memory not before the graph has finished.
+  virtual bool queues_graphs() const { return false; }
+  virtual void graph_submit(graph& g) { graph_compute(g); }
+  // Waits up to timeout for the oldest graph submitted and not finished, returning early (false) when
+  // wake_fd (>= 0) becomes readable; true once it has finished, or when none was waiting. Rethrows its
+  // failure (the next call waits for the next graph). synchronize() waits for them all.
+  virtual bool finish_oldest(std::chrono::microseconds timeout, int wake_fd = -1);
 
   bool supports_op(const tensor& t) const;
   bool supports_buft(const buffer_type_i& b) const;

@@ -270,7 +270,7 @@ void scheduler::forget_graph() {
   current_ = nullptr;
 }
 
-void scheduler::run_split(const split& sp) {
+void scheduler::run_split(const split& sp, bool sync_sources, bool submit) {
   backend_i& be = backend(sp.backend);
   const auto index = static_cast<int64_t>(&sp - splits_.data());
   if (!sp.inputs.empty()) {
@@ -278,12 +278,17 @@ void scheduler::run_split(const split& sp) {
                   {{"ubatch", trace_id_}, {"split", index}, {"copies", static_cast<int64_t>(sp.inputs.size())}});
     for (auto& [src, copy] : sp.inputs) {
       const int from = tensor_backend(src->view_src ? src->view_src : src);
-      if (from >= 0 && from != sp.backend) backend(from).synchronize();
+      if (sync_sources && from >= 0 && from != sp.backend) backend(from).synchronize();
       tensor_copy(*src, *copy);
     }
   }
   graph sg(sp.nodes.size() + 1);
   for (tensor* node : sp.nodes) sg.append(node);
+  if (submit) {  // its span ends when it finishes (trace_finished)
+    trace::span t("transfers", "submit", {{"ubatch", trace_id_}, {"split", index}, {"group", trace_group_}});
+    be.graph_submit(sg);
+    return;
+  }
   trace::span t(be.device().name(), "split", {{"ubatch", trace_id_}, {"split", index}, {"group", trace_group_}});
   be.graph_compute(sg);
 }
@@ -339,13 +344,24 @@ void scheduler::run_through_runner(int i) {
 
 void scheduler::compute_split(int i) { run_and_synchronize(split_at(i, "compute_split")); }
 
-void scheduler::dispatch_split(int i) {
+void scheduler::dispatch_split(int i, bool queue) {
   const split& sp = split_at(i, "dispatch_split");
+  // The splits before it have completed: the backends its inputs come from have nothing left to finish.
+  const std::function<void()> work = [this, &sp, queue] {
+    run_split(sp, false, queue);
+    if (!queue) backend(sp.backend).synchronize();
+  };
   if (runner_) {
-    run_through_runner(i);
+    runner_(i, sp, work);
   } else {
-    run_and_synchronize(sp);
+    work();
   }
+}
+
+void scheduler::trace_finished(int i, std::chrono::steady_clock::time_point since) const {
+  const split& sp = split_at(i, "trace_finished");
+  trace::record(backend(sp.backend).device().name(), "split", {{"ubatch", trace_id_}, {"split", i}, {"group", trace_group_}},
+                since, std::chrono::steady_clock::now());
 }
 
 int scheduler::n_copies() const {

@@ -86,9 +86,12 @@ class scheduler {
   using split_runner = std::function<void(int index, const split& sp, const std::function<void()>& work)>;
   void set_split_runner(split_runner runner) { runner_ = std::move(runner); }
   const split_runner& runner() const { return runner_; }
-  // Runs split i as graph_compute would: through the split runner when one is set, else compute_split(i).
-  // For callers that run the splits of several graphs at once (llm_context's pipeline).
-  void dispatch_split(int i);
+  // Runs split i as graph_compute would, through the split runner when one is set, for callers that run the
+  // splits of several graphs at once (llm_context's pipeline) and have seen the splits before it complete.
+  // queue: for a backend that queues graphs, the work ends once the split's inputs and graph are on their way
+  // (the caller finishes it with the backend's finish_oldest, then trace_finished(i, since): its span on the device's track).
+  void dispatch_split(int i, bool queue = false);
+  void trace_finished(int i, std::chrono::steady_clock::time_point since) const;
   // The micro-batch id (and sequence group, -1: none) the trace's split spans carry (runtime/trace.h;
   // llm_context sets them per graph).
   void set_trace_id(int64_t id, int64_t group = -1) {
@@ -115,7 +118,9 @@ class scheduler {
   void record_run();
   // Drops the last graph's state (its nodes' sources restored, splits forgotten) after a failure.
   void forget_graph();
-  void run_split(const split& sp);
+  // Copies sp's inputs in (first synchronizing the backends they come from, with sync_sources) and computes
+  // its nodes, or submits them (submit: graph_submit).
+  void run_split(const split& sp, bool sync_sources = true, bool submit = false);
   void run_and_synchronize(const split& sp);  // run_split, then its backend's synchronize
   void run_through_runner(int i);              // split i's run_and_synchronize handed to runner_
   // Split i of the allocated graph; throws error naming `who` without one, or for i out of range.

@@ -108,14 +108,30 @@ span::span(std::string_view track, std::string_view name, std::initializer_list<
   t0_ = std::chrono::steady_clock::now();
 }
 
-span::~span() {
-  if (!on_) return;
-  const auto t1 = std::chrono::steady_clock::now();
+namespace {
+
+void add(event ev, std::chrono::steady_clock::time_point t0, std::chrono::steady_clock::time_point t1) {
   state& s = st();
   std::lock_guard lock(s.mu);
-  ev_.begin_us = micros(t0_ - s.origin);
-  ev_.dur_us = micros(t1 - t0_);
-  s.events.push_back(std::move(ev_));
+  ev.begin_us = micros(t0 - s.origin);
+  ev.dur_us = micros(t1 - t0);
+  s.events.push_back(std::move(ev));
+}
+
+}  // namespace
+
+span::~span() {
+  if (on_) add(std::move(ev_), t0_, std::chrono::steady_clock::now());
+}
+
+void record(std::string_view track, std::string_view name, std::initializer_list<std::pair<const char*, int64_t>> args,
+            std::chrono::steady_clock::time_point begin, std::chrono::steady_clock::time_point end) {
+  if (!enabled()) return;
+  event ev;
+  ev.track = track;
+  ev.name = name;
+  for (const auto& [k, v] : args) ev.args.emplace_back(k, v);
+  add(std::move(ev), begin, end);
 }
 
 }  // namespace troupe::trace

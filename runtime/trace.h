@@ -39,6 +39,10 @@ std::string to_json(const std::vector<event>& ev);
 // Writes to_json(events()) to path. Throws error naming the file when it cannot be written.
 void write(const std::string& path);
 
+// A complete event whose times were taken apart (a queued graph: from its submission to its finish).
+void record(std::string_view track, std::string_view name, std::initializer_list<std::pair<const char*, int64_t>> args,
+            std::chrono::steady_clock::time_point begin, std::chrono::steady_clock::time_point end);
+
 class span {
  public:
   span(std::string_view track, std::string_view name, std::initializer_list<std::pair<const char*, int64_t>> args = {});

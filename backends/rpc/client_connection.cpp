@@ -25,8 +25,9 @@ std::unique_lock<std::mutex> client::impl::enter() {
 
 void client::impl::fail(const std::string& what) {
   const bool was_up = established;
-  close_locked();
   const std::string msg = "peer " + addr + ": " + what;
+  closing_reason = msg;
+  close_locked();
   if (was_up) notify_lost(msg);
   throw backend_error(msg);
 }
@@ -54,6 +55,13 @@ void client::impl::close_locked() {
   recompute_latency.clear();
   held.clear();
   drop_outputs();
+  // The queued graphs' replies will never come: their tickets fail with the reason.
+  const auto lost = std::make_exception_ptr(backend_error(
+      closing_reason.empty() ? "peer " + addr + ": the connection closed before the graph's reply came" : closing_reason));
+  for (const queued_graph& q : queued) ticket_failures[q.id] = lost;
+  queued.clear();
+  drop_log.clear();
+  closing_reason.clear();
   io.close();
 }
 
@@ -90,6 +98,7 @@ void client::impl::connect_locked() {
   epoch += 1;
   st.connects += 1;
   last_graph.clear();
+  ticket_failures.clear();  // tickets of the old connection fail by their epoch
   established = true;
 }
 
@@ -207,9 +216,10 @@ void client::set_on_lost(std::function<void(const std::string&)> f) {
 bool client::health_check(std::chrono::milliseconds timeout) {
   if (impl_->down.load()) return false;
   std::unique_lock lock(impl_->mu, std::try_to_lock);
-  if (!lock.owns_lock()) {
-    // A request is in flight (a graph may compute for long): ask the peer on a connection of its own
-    // whether it still answers, so that a hung peer is found while the request waits.
+  if (!lock.owns_lock() || !impl_->queued.empty()) {
+    // A request is in flight, or graphs are queued (a graph may compute for long): ask the peer on a
+    // connection of its own whether it still answers, so that a hung peer is found while they wait.
+    if (lock.owns_lock()) lock.unlock();
     return probe(timeout);
   }
   if (!impl_->up) return false;

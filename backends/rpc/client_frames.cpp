@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "backends/rpc/detail/client_impl.h"
 
@@ -52,6 +53,7 @@ void client::impl::send_frame(command c, std::span<const uint8_t> a, std::span<c
   uint8_t hdr[frame_header_size];
   const uint64_t size = a.size() + b.size() + d.size();
   encode_header(hdr, static_cast<uint8_t>(c), size);
+  if (!queued.empty() && !fits_while_queued(held.size() + frame_header_size + size)) drain_queued();
   if (!drops_its_own_outputs(c)) drop_outputs();
   // Frames held back (small set_tensor) go first, in the same write.
   const std::array<asio::const_buffer, 5> bufs{asio::buffer(held), asio::buffer(hdr), asio::buffer(a.data(), a.size()),
@@ -80,16 +82,23 @@ void client::impl::hold_frame(command c, std::span<const uint8_t> a, std::span<c
   st.requests += 1;
 }
 
-void client::impl::receive_outputs(uint64_t n, uint64_t expected) {
+void client::impl::receive_outputs(uint64_t n, uint64_t expected, const std::vector<output_request>& ranges,
+                                   std::optional<size_t> drops_from) {
   if (n != expected) fail("graph reply of " + std::to_string(n) + " bytes, expected " + std::to_string(expected));
-  std::vector<output_copy> got(pending_outputs.size());
+  std::vector<output_copy> got(ranges.size());
   for (size_t i = 0; i < got.size(); ++i) {
-    got[i].range = pending_outputs[i];
-    got[i].bytes.resize(pending_outputs[i].size);
+    got[i].range = ranges[i];
+    got[i].bytes.resize(ranges[i].size);
     read_exact(got[i].bytes.data(), got[i].bytes.size());
   }
+  auto dropped_since = [&](const output_request& r) {
+    return drops_from && std::any_of(drop_log.begin() + static_cast<std::ptrdiff_t>(*drops_from), drop_log.end(),
+                                     [&](const auto& drops) { return drops(r); });
+  };
   std::lock_guard lock(outputs_mu);
-  for (output_copy& o : got) outputs.push_back(std::move(o));
+  for (output_copy& o : got) {
+    if (!dropped_since(o.range)) outputs.push_back(std::move(o));
+  }
   uint64_t bytes = 0;
   for (const output_copy& o : outputs) bytes += o.bytes.size();
   while (!outputs.empty() && (outputs.size() > max_output_copies || bytes > max_output_copy_bytes)) {
@@ -112,31 +121,66 @@ bool client::impl::from_outputs(remote_buffer b, uint64_t offset, void* out, uin
   return false;
 }
 
+void client::impl::drop_outputs_where(std::function<bool(const output_request&)> drops) {
+  {
+    std::lock_guard lock(outputs_mu);
+    std::erase_if(outputs, [&](const output_copy& o) { return drops(o.range); });
+  }
+  if (!queued.empty()) drop_log.push_back(std::move(drops));
+}
+
 void client::impl::drop_outputs() {
-  std::lock_guard lock(outputs_mu);
-  outputs.clear();
+  drop_outputs_where([](const output_request&) { return true; });
 }
 
 void client::impl::drop_outputs(uint64_t handle, uint64_t offset, uint64_t size) {
-  std::lock_guard lock(outputs_mu);
-  std::erase_if(outputs, [&](const output_copy& o) {
-    const output_request& r = o.range;
+  drop_outputs_where([=](const output_request& r) {
     return r.buffer.handle == handle && offset < r.offset + r.size && r.offset < offset + size;  // the ranges overlap
   });
 }
 
 void client::impl::drop_outputs_in(const std::vector<uint64_t>& handles) {
-  std::lock_guard lock(outputs_mu);
-  std::erase_if(outputs, [&](const output_copy& o) {
-    return std::find(handles.begin(), handles.end(), o.range.buffer.handle) != handles.end();
+  drop_outputs_where([handles](const output_request& r) {
+    return std::find(handles.begin(), handles.end(), r.buffer.handle) != handles.end();
   });
 }
 
-uint64_t client::impl::read_ok(command c, bool throw_on_error, status* out_status, std::optional<poll_window> window) {
+frame_header client::impl::read_header(std::optional<poll_window> window) {
   uint8_t hdr[frame_header_size];
   read_exact(hdr, sizeof hdr, window);
   st.round_trips += 1;
-  const frame_header h = decode_header(hdr);
+  return decode_header(hdr);
+}
+
+void client::impl::read_queued() {
+  const queued_graph& q = queued.front();
+  const frame_header h = read_header();
+  const auto s = static_cast<status>(h.code);
+  if (s == status::ok) {
+    receive_outputs(h.size, q.out_bytes, q.outputs, q.drops_from);
+  } else {
+    if (h.size > max_message_bytes) fail("graph_compute: error reply of " + std::to_string(h.size) + " bytes");
+    std::string msg(h.size, '\0');
+    read_exact(msg.data(), msg.size());
+    ticket_failures[q.id] = std::make_exception_ptr(
+        remote_error(s, "peer " + addr + ": graph_compute failed (" + std::string(status_name(s)) + "): " + msg));
+    if (s == status::protocol || s == status::version_mismatch || s == status::auth_failed) {
+      queued.pop_front();
+      close_locked();  // the graphs after it fail with the connection
+      return;
+    }
+  }
+  queued.pop_front();
+  if (queued.empty()) drop_log.clear();
+}
+
+void client::impl::drain_queued() {
+  while (!queued.empty()) read_queued();
+}
+
+uint64_t client::impl::read_ok(command c, bool throw_on_error, status* out_status, std::optional<poll_window> window) {
+  drain_queued();
+  const frame_header h = read_header(window);
   const auto s = static_cast<status>(h.code);
   if (out_status) *out_status = s;
   if (s == status::ok || !throw_on_error) return h.size;

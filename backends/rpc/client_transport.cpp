@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -37,6 +38,21 @@ void client_transport::set_fd(int fd) {
 void client_transport::interrupt() {
   std::lock_guard l(fd_mu_);
   if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+bool client_transport::wait_readable(std::chrono::microseconds timeout, int wake_fd) {
+  int fd = -1;
+  {
+    std::lock_guard l(fd_mu_);
+    fd = fd_;
+  }
+  if (fd < 0) return true;
+  pollfd p[2] = {{fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
+  const timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  const int r = ::ppoll(p, wake_fd >= 0 ? 2 : 1, &ts, nullptr);
+  if (r < 0) return errno != EINTR;  // a failed poll: let the caller's read find out why
+  return r > 0 && p[0].revents != 0;
 }
 
 void client_transport::close() {
@@ -91,6 +107,9 @@ void client_transport::connect(const client_options& o) {
   sock_->set_option(asio::socket_base::send_buffer_size(4 << 20), ec);
   sock_->set_option(asio::socket_base::receive_buffer_size(4 << 20), ec);
   if (!o.tls) sock_->non_blocking(true, ec);
+  asio::socket_base::send_buffer_size sndbuf;
+  sock_->get_option(sndbuf, ec);
+  send_buffer_ = ec ? 0 : static_cast<size_t>(std::max(sndbuf.value(), 0));
   set_fd(sock_->native_handle());
   if (!o.tls) return;
   ssl_ctx_ = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_client);

@@ -57,6 +57,12 @@ class client_transport {
   // Shuts the socket down under a request blocked on it, from any thread: its poll sees the hang-up, the
   // read fails, and that thread closes the transport. The descriptor stays valid until then.
   void interrupt();
+  // Plain TCP: waits up to timeout until the socket has bytes to read (or has failed or closed), or wake_fd
+  // (when >= 0) becomes readable; true for the socket. Any thread, while another uses the transport (a
+  // descriptor closed meanwhile reads as ready: the caller checks again with the transport to itself).
+  bool wait_readable(std::chrono::microseconds timeout, int wake_fd = -1);
+  // The socket's send buffer (bytes the kernel takes without the peer reading), known once connected.
+  size_t send_buffer() const { return send_buffer_; }
 
  private:
   template <class Start>
@@ -73,6 +79,7 @@ class client_transport {
   std::unique_ptr<asio::ssl::stream<asio::ip::tcp::socket>> tls_;
   std::mutex fd_mu_;  // fd_ between interrupt() and close()
   int fd_ = -1;
+  size_t send_buffer_ = 0;
 };
 
 }  // namespace troupe::rpc

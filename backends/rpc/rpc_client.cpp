@@ -198,46 +198,50 @@ void client::copy_tensor(remote_buffer src, uint64_t src_offset, remote_buffer d
   impl_->call(command::copy_tensor, p, 0);
 }
 
+client::impl::output_list client::impl::list_outputs(const std::vector<output_request>& outputs) const {
+  output_list l;
+  writer w(l.wire);
+  for (const auto& o : outputs) {
+    if (l.ranges.size() >= max_graph_outputs || o.size > max_output_bytes - l.bytes) break;
+    check(o.buffer);
+    l.ranges.push_back(o);
+    l.bytes += o.size;
+  }
+  w.u32(static_cast<uint32_t>(l.ranges.size()));
+  for (const auto& o : l.ranges) {
+    w.u64(o.buffer.handle);
+    w.u64(o.offset);
+    w.u64(o.size);
+  }
+  return l;
+}
+
+void client::impl::drop_written(const std::optional<std::vector<uint64_t>>& written) {
+  if (written) {
+    drop_outputs_in(*written);
+  } else {
+    drop_outputs();
+  }
+}
+
 void client::compute(uint32_t device, std::vector<uint8_t> graph, const std::vector<output_request>& outputs,
                      const std::optional<std::vector<uint64_t>>& written) {
   auto lock = impl_->enter();
   impl_->ensure_up(false);
-  if (written) {
-    impl_->drop_outputs_in(*written);
-  } else {
-    impl_->drop_outputs();
-  }
+  impl_->drain_queued();  // (a recompute's reply time is measured from its request)
+  impl_->drop_written(written);
   const std::vector<uint8_t> dev = u32_payload(device);
-  // The outputs to read back with the reply (dropped when they would be too large).
-  std::vector<uint8_t> outs;
-  uint64_t out_bytes = 0;
-  {
-    writer w(outs);
-    std::vector<output_request> keep;
-    for (const auto& o : outputs) {
-      if (keep.size() >= max_graph_outputs || o.size > max_output_bytes - out_bytes) break;
-      impl_->check(o.buffer);
-      keep.push_back(o);
-      out_bytes += o.size;
-    }
-    w.u32(static_cast<uint32_t>(keep.size()));
-    for (const auto& o : keep) {
-      w.u64(o.buffer.handle);
-      w.u64(o.offset);
-      w.u64(o.size);
-    }
-    impl_->pending_outputs = std::move(keep);
-  }
+  const impl::output_list outs = impl_->list_outputs(outputs);
   auto it = impl_->last_graph.find(device);
   if (it != impl_->last_graph.end() && it->second == graph) {
-    impl_->send_frame(command::graph_recompute, dev, outs);
+    impl_->send_frame(command::graph_recompute, dev, outs.wire);
     const auto sent = std::chrono::steady_clock::now();
     status s = status::ok;
     const uint64_t n = impl_->read_ok(command::graph_recompute, false, &s, impl_->recompute_latency.window(device, sent, impl_->opts.busy_poll));
     if (s == status::ok) {
       if (impl_->opts.busy_poll.count() > 0) impl_->recompute_latency.note(device, std::chrono::steady_clock::now() - sent);
       impl_->st.graphs_recomputed += 1;
-      impl_->receive_outputs(n, out_bytes);
+      impl_->receive_outputs(n, outs.bytes, outs.ranges);
       return;
     }
     if (n > max_message_bytes) impl_->fail("graph_recompute: reply too large");
@@ -249,11 +253,73 @@ void client::compute(uint32_t device, std::vector<uint8_t> graph, const std::vec
     }
   }
   impl_->last_graph.erase(device);
-  impl_->send_frame(command::graph_compute, dev, graph, outs);
+  impl_->send_frame(command::graph_compute, dev, graph, outs.wire);
   impl_->st.graphs_sent += 1;
   const uint64_t n = impl_->read_ok(command::graph_compute);
-  impl_->receive_outputs(n, out_bytes);
+  impl_->receive_outputs(n, outs.bytes, outs.ranges);
   impl_->last_graph[device] = std::move(graph);
+}
+
+bool client::can_queue() const { return !impl_->opts.tls; }
+
+client::ticket client::submit(uint32_t device, std::vector<uint8_t> graph, const std::vector<output_request>& outputs,
+                              const std::optional<std::vector<uint64_t>>& written) {
+  if (!can_queue()) {
+    compute(device, std::move(graph), outputs, written);
+    return {};
+  }
+  auto lock = impl_->enter();
+  impl_->ensure_up(false);
+  impl_->drop_written(written);
+  impl::output_list outs = impl_->list_outputs(outputs);
+  impl_->last_graph.erase(device);  // (never run again by graph_recompute: its reply is not waited for here)
+  impl_->send_frame(command::graph_compute, u32_payload(device), graph, outs.wire);
+  impl_->st.graphs_sent += 1;
+  impl::queued_graph q;
+  q.id = impl_->next_ticket++;
+  q.outputs = std::move(outs.ranges);
+  q.out_bytes = outs.bytes;
+  q.drops_from = impl_->drop_log.size();
+  q.sent = std::chrono::steady_clock::now();
+  impl_->queued.push_back(std::move(q));
+  return {impl_->epoch, impl_->queued.back().id};
+}
+
+bool client::wait(ticket t, std::chrono::microseconds timeout, int wake_fd) {
+  if (t.id == 0) return true;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    {
+      auto lock = impl_->enter();
+      const auto failed = impl_->ticket_failures.find(t.id);
+      if (t.epoch == impl_->epoch && failed != impl_->ticket_failures.end()) {
+        const std::exception_ptr e = failed->second;
+        impl_->ticket_failures.erase(failed);
+        std::rethrow_exception(e);
+      }
+      if (t.epoch != impl_->epoch || (!impl_->up && t.id >= impl_->first_unread())) {
+        throw backend_error("peer " + impl_->addr + ": a graph's reply was lost when its connection dropped");
+      }
+      if (t.id < impl_->first_unread()) return true;
+      // Its reply, or one before it, is to come: read what has arrived.
+      if (impl_->io.wait_readable(std::chrono::microseconds(0))) {
+        try {
+          impl_->read_queued();
+        } catch (...) {
+          impl_->ticket_failures.erase(t.id);  // the same failure is thrown here
+          throw;
+        }
+        continue;
+      }
+      if (std::chrono::steady_clock::now() - impl_->queued.front().sent > impl_->opts.io_timeout) {
+        impl_->fail("graph_compute: no reply within " + std::to_string(impl_->opts.io_timeout.count()) + " ms");
+      }
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    // Unlocked: another thread may send meanwhile (or read the reply: checked above, next time round).
+    if (!impl_->io.wait_readable(std::chrono::duration_cast<std::chrono::microseconds>(deadline - now), wake_fd)) return false;
+  }
 }
 
 void client::init_tensor(const wire_tensor& t) {

@@ -143,6 +143,23 @@ class client {
   // none given: every buffer) or another command is sent. The copies of the last few replies are kept.
   void compute(uint32_t device, std::vector<uint8_t> graph, const std::vector<output_request>& outputs = {},
                const std::optional<std::vector<uint64_t>>& written = std::nullopt);
+  // A graph sent without waiting for its reply.
+  struct ticket {
+    uint64_t epoch = 0;
+    uint64_t id = 0;  // 0: computed already
+  };
+  // Sends a graph as compute() does (never as a graph_recompute) and returns once it is on its way; the
+  // peer runs what it is sent in order, so the requests after it keep their order. Its reply (the outputs'
+  // bytes, or its failure) is read by wait(), or by the next request that needs a reply of its own, which
+  // reads the replies before its own. A frame too large for the socket to take while replies are
+  // outstanding waits for them first. Plain TCP only: over TLS (can_queue() false) it computes at once.
+  ticket submit(uint32_t device, std::vector<uint8_t> graph, const std::vector<output_request>& outputs = {},
+                const std::optional<std::vector<uint64_t>>& written = std::nullopt);
+  // Waits up to timeout for t's reply, returning false early when wake_fd (>= 0) becomes readable; true once
+  // it has been read. Other threads' requests go on meanwhile. Throws the graph's failure (remote_error), or
+  // backend_error when its connection dropped (or no reply came within io_timeout).
+  bool wait(ticket t, std::chrono::microseconds timeout, int wake_fd = -1);
+  bool can_queue() const;
   void init_tensor(const wire_tensor& t);
   uint64_t alloc_size(uint32_t device, const wire_tensor& t);
 

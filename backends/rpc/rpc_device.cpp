@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
+#include <mutex>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/rpc/rpc.h"
@@ -22,27 +24,78 @@ void* next_base() {
 class rpc_backend final : public backend_i {
  public:
   explicit rpc_backend(rpc_device& dev) : dev_(dev) {}
+  ~rpc_backend() override {
+    try {
+      synchronize();
+    } catch (const std::exception& e) {
+      TROUPE_LOG(debug, "rpc: a queued graph on " << dev_.name() << " failed with no one waiting: " << e.what());
+    }
+  }
   std::string_view name() const override { return dev_.name(); }
   device_i& device() const override { return dev_; }
   void graph_compute(graph& g) override {
     if (g.n_nodes() == 0) return;
-    // The graph's outputs (logits...) come back with the reply: reading them costs no round trip.
-    // Copies of earlier replies' outputs stay valid unless this graph writes their buffers.
+    synchronize();
+    const what_it_touches w = touches(g);
+    dev_.conn().compute(dev_.index(), serialize_graph(g, dev_), w.outputs, w.written);
+  }
+  bool queues_graphs() const override { return dev_.conn().can_queue(); }
+  void graph_submit(graph& g) override {
+    if (g.n_nodes() == 0) return;
+    const what_it_touches w = touches(g);
+    const client::ticket t = dev_.conn().submit(dev_.index(), serialize_graph(g, dev_), w.outputs, w.written);
+    std::lock_guard lock(mu_);
+    tickets_.push_back(t);
+  }
+  bool finish_oldest(std::chrono::microseconds timeout, int wake_fd) override {
+    client::ticket t;
+    {
+      std::lock_guard lock(mu_);
+      if (tickets_.empty()) return true;
+      t = tickets_.front();
+    }
+    bool done = true;
+    try {
+      done = dev_.conn().wait(t, timeout, wake_fd);
+    } catch (...) {
+      pop();
+      throw;
+    }
+    if (done) pop();
+    return done;
+  }
+  void synchronize() override {
+    while (!finish_oldest(std::chrono::hours(1), -1)) {
+    }
+  }
+
+ private:
+  // The graph's outputs (logits...) come back with the reply: reading them costs no round trip. Copies of
+  // earlier replies' outputs stay valid unless this graph writes their buffers.
+  struct what_it_touches {
     std::vector<client::output_request> outputs;
     std::vector<uint64_t> written;
+  };
+  static what_it_touches touches(const graph& g) {
+    what_it_touches w;
     for (const tensor* t : g.nodes()) {
       if (t->buffer == nullptr) continue;
       const auto* b = dynamic_cast<const rpc_buffer*>(t->buffer);
       if (b == nullptr) continue;
       const uint64_t h = b->remote().handle;
-      if (std::find(written.begin(), written.end(), h) == written.end()) written.push_back(h);
-      if (t->flags & flag_output) outputs.push_back({b->remote(), b->offset_of(*t), nbytes(*t)});
+      if (std::find(w.written.begin(), w.written.end(), h) == w.written.end()) w.written.push_back(h);
+      if (t->flags & flag_output) w.outputs.push_back({b->remote(), b->offset_of(*t), nbytes(*t)});
     }
-    dev_.conn().compute(dev_.index(), serialize_graph(g, dev_), outputs, written);
+    return w;
+  }
+  void pop() {
+    std::lock_guard lock(mu_);
+    if (!tickets_.empty()) tickets_.pop_front();
   }
 
- private:
   rpc_device& dev_;
+  std::mutex mu_;
+  std::deque<client::ticket> tickets_;  // graphs submitted, not finished, oldest first
 };
 
 }  // namespace

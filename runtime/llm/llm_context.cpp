@@ -1,5 +1,8 @@
 #include "runtime/llm/llm_context.h"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -303,6 +306,7 @@ struct llm_context::pipeline {
   size_t cur_begin = 0, cur_out = 0;
   std::thread coordinator;
   std::vector<std::thread> workers;
+  std::vector<int> wake_fds;  // per backend: the eventfd its queue's worker also waits on (-1: none)
 
   explicit pipeline(llm_context& ctx) : c(ctx) {
     n_slots = c.pipelines() ? c.params_.n_pipeline : 1;
@@ -314,7 +318,17 @@ struct llm_context::pipeline {
       }
     }
     for (auto& s : c.slots_) s->set_split_runner(c.sched_->runner());  // the actor layer's device threads
-    for (int be = 0; be < c.sched_->n_backends(); ++be) workers.emplace_back([this, be] { work(be); });
+    wake_fds.assign(static_cast<size_t>(c.sched_->n_backends()), -1);
+    for (int be = 0; be < c.sched_->n_backends(); ++be) {
+      if (n_slots > 1 && c.sched_->backend(be).queues_graphs()) {
+        wake_fds[static_cast<size_t>(be)] = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+      }
+      if (wake_fds[static_cast<size_t>(be)] >= 0) {
+        workers.emplace_back([this, be] { work_queued(be); });
+      } else {
+        workers.emplace_back([this, be] { work(be); });
+      }
+    }
     coordinator = std::thread([this] { coordinate(); });
   }
 
@@ -323,14 +337,27 @@ struct llm_context::pipeline {
       std::lock_guard lock(mu);
       stop = true;
     }
-    cv.notify_all();
+    notify();
     coordinator.join();
     {
       std::lock_guard lock(mu);
       workers_stop = true;
     }
-    cv.notify_all();
+    notify();
     for (std::thread& t : workers) t.join();
+    for (int fd : wake_fds) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+
+  // Wakes the workers: those waiting on the pipeline's state, and those waiting on their device's queue.
+  void notify() {
+    cv.notify_all();
+    for (int fd : wake_fds) {
+      if (fd < 0) continue;
+      const uint64_t one = 1;
+      [[maybe_unused]] const auto n = ::write(fd, &one, sizeof one);
+    }
   }
 
   uint64_t n_placed() const { return finished + fl.size(); }
@@ -342,16 +369,102 @@ struct llm_context::pipeline {
       std::lock_guard lock(mu);
       jobs.push_back(std::move(j));
     }
-    cv.notify_all();
+    notify();
   }
 
-  bool runnable(uint64_t k) {
+  // With queued: item k - 1 having its split on the same queue (submitted, running) is enough, the device
+  // runs what it is sent in order.
+  bool runnable(uint64_t k, bool queued = false) {
     flight& f = at(k);
     if (f.running || f.complete()) return false;
     if (k == finished) return true;
     const flight& p = at(k - 1);
     if (p.split_backend != f.split_backend) return p.complete();
-    return p.done > f.done;
+    return p.done > f.done || (queued && p.done == f.done && p.running);
+  }
+
+  // The record of an error of item k (the first one wins: the items before it still complete).
+  void fail_at(uint64_t k, std::exception_ptr err) {
+    if (k < failed) {
+      failed = k;
+      failure = std::move(err);
+    }
+  }
+
+  // The worker of a backend that queues graphs (a remote peer): a split's inputs and graph go out as soon as
+  // the split before it has completed, while the device still runs the earlier item's split (up to
+  // max_queued submitted), so the transfer hides behind that compute; then its finish is awaited, and any
+  // split that became ready meanwhile (wake_fds) goes out before waiting on.
+  static constexpr size_t max_queued = 2;
+  void work_queued(int be) {
+    backend_i& device = c.sched_->backend(be);
+    const int wake = wake_fds[static_cast<size_t>(be)];
+    struct sent_split {
+      uint64_t item;
+      int split;
+      std::chrono::steady_clock::time_point at;
+    };
+    std::deque<sent_split> sent;
+    std::chrono::steady_clock::time_point last_finish{};  // the device starts a split once it is sent and the one before finished
+    std::unique_lock lock(mu);
+    for (;;) {
+      uint64_t pick = UINT64_MAX;
+      for (uint64_t k = finished; sent.size() < max_queued && k < n_placed() && k < failed && pick == UINT64_MAX; ++k) {
+        if (runnable(k, true) && at(k).split_backend[static_cast<size_t>(at(k).done)] == be) pick = k;
+      }
+      if (pick != UINT64_MAX) {
+        at(pick).running = true;
+        const int split = at(pick).done;
+        scheduler& s = sched_of(pick);
+        lock.unlock();
+        const auto t0 = std::chrono::steady_clock::now();
+        std::exception_ptr err;
+        try {
+          s.dispatch_split(split, true);
+        } catch (...) {
+          err = std::current_exception();
+        }
+        lock.lock();
+        if (err) {
+          at(pick).running = false;
+          fail_at(pick, err);
+          notify();
+        } else {
+          sent.push_back({pick, split, t0});
+        }
+        continue;
+      }
+      if (!sent.empty()) {
+        const sent_split oldest = sent.front();
+        uint64_t drained = 0;  // wakes before now are of states this scan saw
+        [[maybe_unused]] const auto n = ::read(wake, &drained, sizeof drained);
+        lock.unlock();
+        bool done = true;
+        std::exception_ptr err;
+        try {
+          done = device.finish_oldest(std::chrono::milliseconds(100), wake);
+          if (done) {
+            sched_of(oldest.item).trace_finished(oldest.split, std::max(oldest.at, last_finish));
+            last_finish = std::chrono::steady_clock::now();
+          }
+        } catch (...) {
+          err = std::current_exception();
+        }
+        lock.lock();
+        if (!done) continue;
+        sent.pop_front();
+        at(oldest.item).running = false;
+        if (err) {
+          fail_at(oldest.item, err);
+        } else {
+          ++at(oldest.item).done;
+        }
+        notify();
+        continue;
+      }
+      if (workers_stop) return;
+      cv.wait(lock);
+    }
   }
 
   void work(int be) {
@@ -386,7 +499,7 @@ struct llm_context::pipeline {
       } else {
         ++at(pick).done;
       }
-      cv.notify_all();
+      notify();
     }
   }
 
@@ -489,7 +602,7 @@ struct llm_context::pipeline {
     cur_out += cur->b.n_outputs(cur_begin, end);
     cur_begin = end;
     if (cur_begin >= cur->b.size()) cur.reset();
-    cv.notify_all();
+    notify();
   }
 
   void finish_front(std::unique_lock<std::mutex>& lock) {

@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -72,6 +74,16 @@ struct client::impl {
   // unless throw_on_error is false (the status then goes to out_status).
   uint64_t read_ok(command c, bool throw_on_error = true, status* out_status = nullptr,
                    std::optional<poll_window> window = std::nullopt);
+  // The outputs to read back with a graph's reply, as the request carries them (those past the limits are
+  // left out: get_tensor asks for them).
+  struct output_list {
+    std::vector<uint8_t> wire;
+    std::vector<output_request> ranges;
+    uint64_t bytes = 0;
+  };
+  output_list list_outputs(const std::vector<output_request>& outputs) const;
+  // The output copies a graph changes: those in the buffers it writes (none named: all).
+  void drop_written(const std::optional<std::vector<uint64_t>>& written);
   // A request and its whole reply (at most max_reply bytes).
   std::vector<uint8_t> call(command c, std::span<const uint8_t> payload, uint64_t max_reply);
   // A graph reply carries its outputs' bytes: they answer get_tensor until something may have changed
@@ -79,8 +91,13 @@ struct client::impl {
   // went out); a write drops the copies it overlaps, a graph those in the buffers it writes, anything
   // else all of them. Under outputs_mu, not mu: get_tensor is answered from them while another thread's
   // request is in flight.
-  void receive_outputs(uint64_t n, uint64_t expected);
+  // The outputs asked for travel after a reply header of n bytes (they must add up to `expected`). For a
+  // queued graph's reply, `drops_from` is where its graph stood in drop_log: what was dropped since is
+  // not kept.
+  void receive_outputs(uint64_t n, uint64_t expected, const std::vector<output_request>& ranges,
+                       std::optional<size_t> drops_from = std::nullopt);
   bool from_outputs(remote_buffer b, uint64_t offset, void* out, uint64_t size);
+  void drop_outputs_where(std::function<bool(const output_request&)> drops);  // (and logs it while queued)
   void drop_outputs();
   void drop_outputs(uint64_t handle, uint64_t offset, uint64_t size);  // those overlapping the range
   void drop_outputs_in(const std::vector<uint64_t>& handles);         // those in these buffers
@@ -89,12 +106,39 @@ struct client::impl {
     output_request range;
     std::vector<uint8_t> bytes;
   };
-  std::vector<output_request> pending_outputs;  // asked with the graph in flight
   std::mutex outputs_mu;
   std::vector<output_copy> outputs;  // of the last graph replies, oldest first
   uint64_t outputs_served = 0;       // under outputs_mu
   static constexpr size_t max_output_copies = 256;
   static constexpr uint64_t max_output_copy_bytes = uint64_t{64} << 20;
+
+  // ---- graphs queued (client::submit): sent, replies not read yet ----
+  struct queued_graph {
+    uint64_t id = 0;
+    std::vector<output_request> outputs;
+    uint64_t out_bytes = 0;
+    size_t drops_from = 0;  // drop_log's size when it was sent
+    std::chrono::steady_clock::time_point sent;
+  };
+  std::deque<queued_graph> queued;  // oldest first; replies come in this order
+  uint64_t next_ticket = 1;
+  std::map<uint64_t, std::exception_ptr> ticket_failures;  // replies read that failed, until waited for
+  // The output copies dropped while graphs are queued (a queued reply's outputs arrive after drops that
+  // came after its graph, and must not outlive them); cleared when the queue empties.
+  std::vector<std::function<bool(const output_request&)>> drop_log;
+  std::string closing_reason;  // why the connection closes (fail()), for the queued graphs' tickets
+
+  // The first ticket whose reply has not been read.
+  uint64_t first_unread() const { return queued.empty() ? next_ticket : queued.front().id; }
+  // Reads the oldest queued graph's reply (a failure goes to ticket_failures).
+  void read_queued();
+  // Reads every queued graph's reply (before a reply of another request, or a write too large to queue).
+  void drain_queued();
+  // The header of the next reply (no queued reply may come first): what read_ok reads after drain_queued.
+  frame_header read_header(std::optional<poll_window> window = std::nullopt);
+  // A frame of `bytes` may be written while replies are outstanding only if the socket takes it without the
+  // peer reading (the peer may be blocked writing a reply this side is not reading yet).
+  bool fits_while_queued(uint64_t bytes) const { return bytes <= io.send_buffer() / 4; }
 
   static constexpr size_t max_held = 256u << 10;
   std::vector<uint8_t> held;  // frames not sent yet (see hold_frame)

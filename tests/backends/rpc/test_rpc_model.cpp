@@ -12,11 +12,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "backends/registry.h"
+#include "backends/cpu/cpu_backend.h"
 #include "backends/rpc/rpc.h"
+#include "backends/rpc/rpc_client.h"
 #include "runtime/llm/llm_context.h"
+#include "runtime/trace.h"
 #include "tests/net/test_server.h"
 #include "tests/support/greedy.h"
 #include "tests/support/ring.h"
@@ -276,6 +280,79 @@ TEST_CASE("a peer failing mid-pipeline fails the decode with its error, keeps th
   std::vector<float> again(ctx.logits(99).begin(), ctx.logits(99).end());
   CHECK(std::equal(again.begin(), again.end(), fresh.logits(99).begin()));
   CHECK(ctx.kv().used_cells() == 100);
+}
+
+TEST_CASE("a prompt pipelined over the CPU and a peer sends the next micro-batch's inputs and graph while the peer computes the one before: the same bits", "[rpc][llm][pipeline][queue]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  // The peer's first graph (micro-batch 0's split) waits until the client has sent a second one: only a
+  // client that sends before the first reply came lets it go (otherwise it waits 20 s and the test fails).
+  std::shared_ptr<rpc::client> cl;
+  std::atomic<bool> second_seen{false};
+  std::atomic<int> graphs{1000};  // (counted from 0 for the pipelined decode only)
+  struct holding final : backend_i {
+    std::unique_ptr<cpu::cpu_backend> inner = cpu::make_cpu_backend({.n_threads = 1});
+    std::function<void()> before_first;
+    std::atomic<int>& count;
+    explicit holding(std::atomic<int>& n) : count(n) {}
+    std::string_view name() const override { return inner->name(); }
+    device_i& device() const override { return inner->device(); }
+    void graph_compute(graph& g) override {
+      if (++count == 1 && before_first) before_first();
+      inner->graph_compute(g);
+    }
+  };
+  rpc::server_options so;
+  so.make_backend = [&](device_i&) -> backend_ptr {
+    auto be = std::make_unique<holding>(graphs);
+    be->before_first = [&] {
+      second_seen = rpc::testing::wait_for([&] { return cl && cl->stats().graphs_sent >= 2; }, std::chrono::seconds(20));
+    };
+    return be;
+  };
+  auto srv = rpc::testing::start_server(std::move(so));
+  const auto devs = rpc::add_peer("127.0.0.1:" + std::to_string(srv->port()));
+  REQUIRE(devs.size() == 1);
+  auto m = model::load(*path, {.devices = {{devs[0], 3}}});
+  std::vector<int32_t> prompt(100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % m->hp().n_vocab);
+  batch b;
+  for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], static_cast<int32_t>(i), 0, true);
+  llm_context serial(*m, {.n_ctx = 256, .n_ubatch = 16, .n_threads = 1, .n_pipeline = 1});
+  serial.decode(b);
+  llm_context piped(*m, {.n_ctx = 256, .n_ubatch = 16, .n_threads = 1, .n_pipeline = 4});
+  graphs = 0;
+  cl = rpc::client_of(*devs[0]);
+  cl->reset_stats();
+  trace::clear();
+  trace::enable(true);
+  piped.decode(b);
+  trace::enable(false);
+  CHECK(second_seen);
+  for (int i = 0; i < 100; ++i) {
+    INFO("token " << i);
+    REQUIRE(test::same_bits({piped.logits(i).begin(), piped.logits(i).end()}, {serial.logits(i).begin(), serial.logits(i).end()}));
+  }
+  // The trace shows it: micro-batch 1's graph went out ("submit", transfers) before micro-batch 0's split
+  // on the peer ended.
+  const auto ev = trace::events();
+  const auto find = [&](std::string_view track, std::string_view name, int64_t ub) {
+    return std::find_if(ev.begin(), ev.end(), [&](const trace::event& e) {
+      return e.track == track && e.name == name &&
+             std::find(e.args.begin(), e.args.end(), std::pair<std::string, int64_t>("ubatch", ub)) != e.args.end();
+    });
+  };
+  const auto first = std::find_if(ev.begin(), ev.end(), [&](const trace::event& e) { return e.track == devs[0]->name() && e.name == "split"; });
+  REQUIRE(first != ev.end());
+  int64_t ub0 = -1;
+  for (const auto& [k, v] : first->args) {
+    if (k == "ubatch") ub0 = v;
+  }
+  const auto peer0 = find(devs[0]->name(), "split", ub0);
+  const auto sent1 = find("transfers", "submit", ub0 + 1);
+  REQUIRE(peer0 != ev.end());
+  REQUIRE(sent1 != ev.end());
+  CHECK(sent1->begin_us < peer0->begin_us + peer0->dur_us);
 }
 
 TEST_CASE("a peer behind a slow link (2 ms each way): pipelined and grouped decoding give the same bits, and a cut link fails the decode naming the peer", "[rpc][llm][pipeline][proxy]") {
