@@ -1,3 +1,5 @@
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -172,6 +174,14 @@ void client::impl::read_queued() {
   }
   queued.pop_front();
   if (queued.empty()) drop_log.clear();
+  wake_sleepers();
+}
+
+void client::impl::wake_sleepers() const {
+  for (int fd : sleepers) {
+    const uint64_t one = 1;
+    [[maybe_unused]] const auto n = ::write(fd, &one, sizeof one);
+  }
 }
 
 void client::impl::drain_queued() {

@@ -1,5 +1,6 @@
 #include "backends/rpc/rpc_client.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "backends/rpc/detail/client_impl.h"
@@ -314,11 +315,23 @@ bool client::wait(ticket t, std::chrono::microseconds timeout, int wake_fd) {
       if (std::chrono::steady_clock::now() - impl_->queued.front().sent > impl_->opts.io_timeout) {
         impl_->fail("graph_compute: no reply within " + std::to_string(impl_->opts.io_timeout.count()) + " ms");
       }
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      // Unlocked below: another thread may send meanwhile, or read the reply; a reply read after this check
+      // writes wake_fd (sleepers), so the sleep below cannot miss it.
+      if (wake_fd >= 0) impl_->sleepers.push_back(wake_fd);
     }
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) return false;
-    // Unlocked: another thread may send meanwhile (or read the reply: checked above, next time round).
-    if (!impl_->io.wait_readable(std::chrono::duration_cast<std::chrono::microseconds>(deadline - now), wake_fd)) return false;
+    // Without a wake fd, in slices of 10 ms (another thread may have read the reply meanwhile).
+    auto left = std::max(std::chrono::duration_cast<std::chrono::microseconds>(deadline - std::chrono::steady_clock::now()),
+                         std::chrono::microseconds(0));
+    if (wake_fd < 0) left = std::min(left, std::chrono::microseconds(10000));
+    const bool readable = impl_->io.wait_readable(left, wake_fd);
+    if (wake_fd >= 0) {
+      std::lock_guard lock(impl_->mu);
+      const auto it = std::find(impl_->sleepers.begin(), impl_->sleepers.end(), wake_fd);
+      if (it != impl_->sleepers.end()) impl_->sleepers.erase(it);
+    }
+    if (!readable && wake_fd < 0) continue;  // (the deadline is checked above)
+    if (!readable) return false;
   }
 }
 

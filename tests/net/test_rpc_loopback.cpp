@@ -13,6 +13,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/rpc/rpc.h"
@@ -386,6 +387,27 @@ TEST_CASE("a wait for a queued graph gives up at its timeout or when woken, and 
   std::vector<float> out(256);
   tensor_get(*y, out.data(), 0, nbytes(*y));
   for (size_t i = 0; i < 256; ++i) REQUIRE(out[i] == 2.0f * in[i]);
+
+  // A thread sleeping on the socket for a reply that another thread's request reads first is woken (its
+  // wake fd), not left to its timeout.
+  held.lock();
+  be->graph_submit(g);
+  const int quiet = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  REQUIRE(quiet >= 0);
+  std::atomic<bool> returned{false};
+  std::thread waiter([&] {
+    be->finish_oldest(30s, quiet);
+    returned = true;
+  });
+  std::this_thread::sleep_for(50ms);  // (asleep by now, or about to be: either way it must come back)
+  held.unlock();
+  std::vector<float> back(256);
+  tensor_get(*a, back.data(), 0, nbytes(*a));  // not an output: reads the graph's reply, then its own
+  CHECK(back == in);
+  CHECK(testing::wait_for([&] { return returned.load(); }, 10s));
+  waiter.join();
+  ::close(quiet);
+  CHECK(be->finish_oldest(0us));
 }
 
 TEST_CASE("cacheable uploads of 10 MiB and more are served from the peer's cache the second time", "[rpc][cache]") {

@@ -127,6 +127,10 @@ struct client::impl {
   // came after its graph, and must not outlive them); cleared when the queue empties.
   std::vector<std::function<bool(const output_request&)>> drop_log;
   std::string closing_reason;  // why the connection closes (fail()), for the queued graphs' tickets
+  // The wake fds of the threads in wait() that sleep on the socket unlocked: a reply read by another thread
+  // (a request draining the queue) wakes them.
+  std::vector<int> sleepers;
+  void wake_sleepers() const;
 
   // The first ticket whose reply has not been read.
   uint64_t first_unread() const { return queued.empty() ? next_ticket : queued.front().id; }
