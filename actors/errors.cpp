@@ -18,6 +18,7 @@ std::string_view errc_name(errc e) {
     case errc::busy: return "busy";
     case errc::down: return "down";
     case errc::capacity: return "capacity";
+    case errc::refused: return "refused";
   }
   return "unknown";
 }

@@ -27,6 +27,7 @@ enum class errc : uint8_t {
   busy = 6,           // the session is already answering; no free sequence
   down = 7,           // the actor that would serve this is down
   capacity = 8,       // the context is full
+  refused = 9,        // authentication failed (a cluster join with a wrong key)
 };
 
 std::string_view errc_name(errc e);

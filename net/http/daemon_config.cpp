@@ -38,7 +38,7 @@ std::vector<std::string> read_key_file(const std::filesystem::path& p, const std
 daemon_config parse_daemon_config(std::string_view text, const std::string& source, const std::filesystem::path& base_dir) {
   daemon_config c;
   c.source = source;
-  c.runtime = actors::parse_runtime_config(text, source, {"server", "logging"});
+  c.runtime = actors::parse_runtime_config(text, source, {"server", "logging", "cluster"});
   toml::table root;
   try {
     root = toml::parse(text, source);
@@ -87,6 +87,24 @@ daemon_config parse_daemon_config(std::string_view text, const std::string& sour
   sv.max_body_bytes = get<uint64_t>(s, "max_body_bytes", sv.max_body_bytes, "server", source, uint64_t{1} << 32);
   if (sv.max_body_bytes < 1024) fail(source, "server.max_body_bytes must be at least 1024", s.get("max_body_bytes")->source());
   sv.shutdown_grace_s = get<uint32_t>(s, "shutdown_grace_s", sv.shutdown_grace_s, "server", source, u32);
+
+  if (root.contains("cluster")) {
+    const toml::table& cl = section(root, "cluster", source);
+    check_keys(cl, {"host", "port", "key_file", "heartbeat_ms", "down_after_ms"}, "[cluster]", source);
+    cluster_config& cc = c.cluster;
+    cc.enabled = true;
+    cc.host = get<std::string>(cl, "host", cc.host, "cluster", source);
+    cc.port = get<uint16_t>(cl, "port", cc.port, "cluster", source, 65535);
+    cc.key_file = get<std::string>(cl, "key_file", cc.key_file, "cluster", source);
+    if (!cc.key_file.empty()) cc.key_file = resolve(cc.key_file);
+    cc.heartbeat_ms = get<uint32_t>(cl, "heartbeat_ms", cc.heartbeat_ms, "cluster", source, 600000);
+    cc.down_after_ms = get<uint32_t>(cl, "down_after_ms", cc.down_after_ms, "cluster", source, 3600000);
+    if (cc.heartbeat_ms == 0 || cc.down_after_ms <= cc.heartbeat_ms) {
+      fail(source, "cluster.down_after_ms (" + std::to_string(cc.down_after_ms) + ") must be more than cluster.heartbeat_ms (" +
+                       std::to_string(cc.heartbeat_ms) + "), which must be at least 1",
+           cl.source());
+    }
+  }
 
   const toml::table& l = section(root, "logging", source);
   check_keys(l, {"level", "access_log"}, "[logging]", source);

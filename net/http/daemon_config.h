@@ -19,6 +19,13 @@
 //   level = "info"                # debug, info, warn, error
 //   access_log = true             # one line per HTTP request
 //
+//   [cluster]                     # present: this daemon is a cluster's coordinator (docs/cluster.md)
+//   host = "127.0.0.1"            # where `troupe node --join` reaches it (anything but loopback needs key_file)
+//   port = 7070                   # 0: any free port (printed at startup)
+//   key_file = ""                 # the cluster's shared key (at least 16 bytes); relative to this file
+//   heartbeat_ms = 1000           # nodes send a heartbeat this often
+//   down_after_ms = 3000          # a node silent this long is down (a dropped connection is down at once)
+//
 // Every key has the default shown; unknown keys and wrong types are errors naming the file, line and key.
 #pragma once
 
@@ -52,10 +59,20 @@ struct logging_config {
   bool access_log = true;
 };
 
+struct cluster_config {
+  bool enabled = false;  // the [cluster] table is there
+  std::string host = "127.0.0.1";
+  uint16_t port = 7070;
+  std::string key_file;
+  uint32_t heartbeat_ms = 1000;
+  uint32_t down_after_ms = 3000;
+};
+
 struct daemon_config {
   actors::runtime_config runtime;
   server_config server;
   logging_config logging;
+  cluster_config cluster;
   std::string source;  // the file it came from ("" when built from flags)
 };
 

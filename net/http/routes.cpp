@@ -22,6 +22,7 @@ std::string endpoint_of(const std::string& path) {
   if (path == "/health") return "health";
   if (path == "/metrics") return "metrics";
   if (path == "/v1/memory") return "memory";
+  if (path == "/v1/cluster") return "cluster";
   return "other";
 }
 
@@ -56,6 +57,14 @@ void daemon::routes() {
   });
   s.Get("/v1/memory", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(eng_.memory().json, "application/json");
+  });
+  s.Get("/v1/cluster", [this](const httplib::Request&, httplib::Response& res) {
+    if (!cluster_status_) {
+      send_error(res, api_error(404, "invalid_request_error", "this daemon coordinates no cluster (no [cluster] table)", {},
+                                "not_found"));
+      return;
+    }
+    res.set_content(cluster_status_(), "application/json");
   });
   s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { complete(true, req, res); });
   s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { complete(false, req, res); });

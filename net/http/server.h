@@ -30,6 +30,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -69,6 +70,10 @@ class daemon {
   // the sessions. Safe from any thread, more than once. serve() returns afterwards.
   void stop();
 
+  // The cluster this daemon coordinates, as GET /v1/cluster answers it (JSON); unset: 404 (no [cluster]).
+  // Set before serve().
+  void set_cluster_status(std::function<std::string()> f) { cluster_status_ = std::move(f); }
+
   bool ready() const { return ready_.load(); }
   int port() const { return port_; }
   daemon_metrics& metrics() { return metrics_; }
@@ -92,6 +97,7 @@ class daemon {
   void finish_stop();
 
   engine& eng_;
+  std::function<std::string()> cluster_status_;
   daemon_config cfg_;
   std::unique_ptr<listener> svr_;
   std::vector<std::unique_ptr<model_slots>> models_;

@@ -65,6 +65,17 @@ mac server_proof(std::string_view key, const nonce& client_nonce, const nonce& s
   return hmac_sha256(key, msg);
 }
 
+mac keyed_proof(std::string_view key, std::string_view label, std::initializer_list<std::span<const uint8_t>> parts) {
+  std::vector<uint8_t> msg;
+  writer w(msg);
+  w.str(std::string(label));
+  for (const auto& p : parts) {
+    w.u32(static_cast<uint32_t>(p.size()));  // (lengths first: no two part lists give the same message)
+    w.bytes(p.data(), p.size());
+  }
+  return hmac_sha256(key, msg);
+}
+
 bool equal_macs(const mac& a, const mac& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
 
 }  // namespace troupe::rpc

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <filesystem>
+#include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -30,6 +32,10 @@ nonce random_nonce();
 
 mac client_proof(std::string_view key, const nonce& server_nonce, const nonce& client_nonce, const version& client_version);
 mac server_proof(std::string_view key, const nonce& client_nonce, const nonce& server_nonce);
+
+// HMAC-SHA256 over a label (which keeps proofs of one protocol from passing for another's) and the parts, for
+// other challenge-responses over the same key (net/cluster's join).
+mac keyed_proof(std::string_view key, std::string_view label, std::initializer_list<std::span<const uint8_t>> parts);
 
 // Constant-time comparison.
 bool equal_macs(const mac& a, const mac& b);

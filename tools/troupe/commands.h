@@ -27,6 +27,9 @@ command_fn add_perplexity(CLI::App& app);
 //             [--tls-cert C --tls-key K] [--insecure] [-t THREADS]
 command_fn add_peer(CLI::App& app);
 
+// troupe node --join HOST:PORT [--name N] [--advertise HOST] [--cluster-key-file F] [peer options]
+command_fn add_node(CLI::App& app);
+
 // troupe serve [--config FILE] [-m MODEL] [--name N] [--host H] [--port P] [--api-key K]... [-t THREADS]
 //              [--parallel N] [--ctx N] [--log-level L] [-ngl N] [--device LIST]
 command_fn add_serve(CLI::App& app);

@@ -4,6 +4,7 @@
 //   troupe bench -m MODEL          prompt and generation throughput
 //   troupe quantize IN OUT TYPE    quantize a model's weight matrices
 //   troupe peer --port 50052       serve this machine's devices to other troupe processes
+//   troupe node --join HOST:PORT   the same, as a node of a cluster (troupe serve with [cluster])
 //   troupe serve --config F.toml   the daemon: OpenAI-compatible HTTP API over the actor runtime
 //   troupe perplexity -m M -f T    perplexity over a text file
 //   troupe devices                 the devices this build can use (also --list-devices on every program)
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
   add("perplexity", "perplexity of a model over a text file", troupe::cli::add_perplexity);
   add("serve", "the daemon: an OpenAI-compatible HTTP API (configured by a TOML file)", troupe::cli::add_serve);
   add("peer", "serve this machine's devices to other troupe processes (remote peers)", troupe::cli::add_peer);
+  add("node", "serve this machine's devices and join a cluster's coordinator", troupe::cli::add_node);
   CLI::App* devices = app.add_subcommand("devices", "the devices this build can use, and backends without one");
   commands[devices] = [] {
     std::printf("%s", troupe::format_devices().c_str());

@@ -20,57 +20,11 @@
 #include "net/rpc/server.h"
 #include "runtime/error.h"
 #include "tools/troupe/commands.h"
+#include "tools/troupe/peer_server.h"
 
 namespace troupe::cli {
-namespace {
 
-struct peer_options {
-  std::string host = "127.0.0.1";
-  uint16_t port = 50052;
-  std::vector<std::string> devices;  // cpu, vulkan, cuda; empty: every device
-  std::string cache_dir;
-  std::string key_file;
-  std::string tls_cert;
-  std::string tls_key;
-  bool insecure = false;
-  int threads = 0;
-  int io_threads = 2;
-  int busy_poll_us = 2000;
-  uint32_t max_connections = 64;
-};
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
-
-std::vector<device_i*> pick_devices(const std::vector<std::string>& kinds) {
-  std::vector<device_i*> all = registry::instance().devices();
-  if (kinds.empty()) return all;
-  std::vector<device_i*> out;
-  for (const std::string& k : kinds) {
-    const std::string want = lower(k);
-    size_t found = 0;
-    for (device_i* d : all) {
-      const bool match = want == "cpu" ? d->type() == device_type::cpu : lower(std::string(d->name())).rfind(want, 0) == 0;
-      if (match && std::find(out.begin(), out.end(), d) == out.end()) {
-        out.push_back(d);
-        ++found;
-      }
-    }
-    if (found == 0) throw error("no " + k + " device in this build or on this machine");
-  }
-  return out;
-}
-
-int run_peer(const peer_options& o) {
-  // Signals are taken by sigwait below: block them before any thread starts, so every thread inherits it.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-
+rpc::server_options server_options_for(const peer_options& o, const char* who) {
   rpc::server_options so;
   so.host = o.host;
   so.port = o.port;
@@ -88,14 +42,28 @@ int run_peer(const peer_options& o) {
   so.busy_poll = std::chrono::microseconds(o.busy_poll_us);
   so.max_connections = o.max_connections;
   if (!o.insecure && so.key.empty() && !rpc::is_loopback_host(o.host)) {
-    throw error("peer: refusing to listen on " + o.host + " without --auth-key-file: anyone who can reach it could "
-                "use this machine. Give --auth-key-file FILE (and, on a network you do not control, --tls-cert and "
-                "--tls-key), or --insecure to accept the risk");
+    throw error(std::string(who) + ": refusing to listen on " + o.host + " without --auth-key-file: anyone who can "
+                "reach it could use this machine. Give --auth-key-file FILE (and, on a network you do not control, "
+                "--tls-cert and --tls-key), or --insecure to accept the risk");
   }
   if (o.insecure && so.key.empty() && !rpc::is_loopback_host(o.host)) {
-    std::fprintf(stderr, "troupe peer: WARNING: serving %s without authentication: anyone who can reach it can "
-                         "use this machine\n", o.host.c_str());
+    std::fprintf(stderr, "troupe %s: WARNING: serving %s without authentication: anyone who can reach it can "
+                         "use this machine\n", who, o.host.c_str());
   }
+  return so;
+}
+
+namespace {
+
+int run_peer(const peer_options& o) {
+  // Signals are taken by sigwait below: block them before any thread starts, so every thread inherits it.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  const rpc::server_options so = server_options_for(o, "peer");
   rpc::server srv(so);
   srv.start();
   std::string names;

@@ -14,10 +14,16 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <mutex>
 #include <thread>
 
+#include <caf/io/middleman.hpp>
+
 #include "actors/runtime.h"
+#include "net/cluster/coordinator.h"
+#include "net/cluster/type_ids.h"
+#include "net/rpc/auth.h"
 #include "net/http/daemon_config.h"
 #include "net/http/server.h"
 #include "runtime/log.h"
@@ -134,8 +140,43 @@ int run_serve(const serve_options& o) {
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  engine eng(cfg.runtime);
+  // A cluster's coordinator: the engine runs in an actor system with the middleman and the cluster's types,
+  // and the coordinator actor is published on [cluster] host:port.
+  std::unique_ptr<caf::actor_system_config> sys_cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  std::unique_ptr<engine> own_eng;
+  cluster::coordinator_actor coordinator;
+  // Ends the coordinator before its actor system goes (the system waits for every actor).
+  struct stop_coordinator {
+    cluster::coordinator_actor& c;
+    ~stop_coordinator() {
+      if (c) caf::anon_send_exit(c, caf::exit_reason::user_shutdown);
+    }
+  } stop_it{coordinator};
+  if (cfg.cluster.enabled) {
+    sys_cfg = std::make_unique<caf::actor_system_config>();
+    actors::add_message_types(*sys_cfg);
+    cluster::add_message_types(*sys_cfg);
+    sys_cfg->load<caf::io::middleman>();
+    if (cfg.runtime.caf_threads > 0) sys_cfg->set("scheduler.max-threads", cfg.runtime.caf_threads);
+    sys = std::make_unique<caf::actor_system>(*sys_cfg);
+    own_eng = std::make_unique<engine>(*sys, cfg.runtime);
+    const std::string key = cfg.cluster.key_file.empty() ? std::string() : rpc::load_key_file(cfg.cluster.key_file);
+    coordinator = cluster::spawn_coordinator(*sys, {.key = key,
+                                                    .heartbeat = std::chrono::milliseconds(cfg.cluster.heartbeat_ms),
+                                                    .down_after = std::chrono::milliseconds(cfg.cluster.down_after_ms)});
+    const uint16_t cport = cluster::publish_coordinator(*sys, coordinator, cfg.cluster.host, cfg.cluster.port, !key.empty());
+    TROUPE_LOG(info, "cluster coordinator on " << cfg.cluster.host << ":" << cport << " (nodes join with troupe node --join "
+                                               << cfg.cluster.host << ":" << cport << "; key: " << (key.empty() ? "none" : "shared")
+                                               << ")");
+  } else {
+    own_eng = std::make_unique<engine>(cfg.runtime);
+  }
+  engine& eng = *own_eng;
   http::daemon d(eng, cfg);
+  if (coordinator) {
+    d.set_cluster_status([&sys, coordinator] { return cluster::status_json(*sys, coordinator); });
+  }
   const int port = d.bind();
   std::thread server([&] { d.serve(); });
 

@@ -1,0 +1,319 @@
+// The cluster's control plane between real processes: `troupe serve` with a [cluster] table as the
+// coordinator, `troupe node` processes joining it over CAF's middleman, and this test process talking to the
+// coordinator over the middleman too (so every message type crosses a connection between processes). Nodes
+// killed, stopped and restarted; a wrong key; a coordinator that must not listen without a key. Every wait is
+// bounded.
+#include <catch2/catch.hpp>
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <httplib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/errors.h"
+#include "backends/rpc/rpc_client.h"
+#include "net/cluster/coordinator.h"
+#include "net/cluster/type_ids.h"
+#include "tests/http/daemon_process.h"
+#include "tests/test_models.h"
+
+using namespace troupe;
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+namespace {
+
+// A `troupe node` process, its stdout collected on a thread; SIGKILLed by the destructor if still running.
+class node_process {
+ public:
+  explicit node_process(std::vector<std::string> args) {
+    args.insert(args.begin(), {TROUPE_BIN, "node"});
+    int out = -1;
+    std::tie(pid_, out) = test::spawn_piped(std::move(args), STDOUT_FILENO);
+    reader_ = std::thread([this, out] {
+      char buf[1024];
+      for (;;) {
+        const ssize_t n = read(out, buf, sizeof buf);
+        if (n <= 0) break;
+        std::lock_guard l(m_);
+        text_.append(buf, static_cast<size_t>(n));
+      }
+      close(out);
+    });
+  }
+  ~node_process() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (reader_.joinable()) reader_.join();
+  }
+  void signal(int sig) { kill(pid_, sig); }
+  void kill9() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  // The exit status, or -2 when still running after `within`.
+  int wait_exit(std::chrono::milliseconds within) {
+    const auto until = std::chrono::steady_clock::now() + within;
+    while (std::chrono::steady_clock::now() < until) {
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    return -2;
+  }
+  std::string output() {
+    std::lock_guard l(m_);
+    return text_;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::thread reader_;
+  std::mutex m_;
+  std::string text_;
+};
+
+std::string cluster_config(const std::string& model, const std::string& extra = "") {
+  return "[server]\nport = 0\n[cluster]\nport = 0\nheartbeat_ms = 100\ndown_after_ms = 1000\n" + extra +
+         "[[model]]\nname = \"stories\"\npath = \"" + model + "\"\nn_ctx = 256\n";
+}
+
+uint16_t coordinator_port(test::daemon_process& d) {
+  std::smatch m;
+  const std::string log = d.log();
+  REQUIRE(std::regex_search(log, m, std::regex("cluster coordinator on 127\\.0\\.0\\.1:([0-9]+)")));
+  return static_cast<uint16_t>(std::stoi(m[1]));
+}
+
+json cluster_of(test::daemon_process& d) {
+  httplib::Client c("127.0.0.1", d.port());
+  c.set_read_timeout(10, 0);
+  auto r = c.Get("/v1/cluster");
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  return json::parse(r->body);
+}
+
+// The node named `name` in /v1/cluster (null when absent).
+json node_named(const json& cl, const std::string& name) {
+  for (const json& n : cl["nodes"]) {
+    if (n["name"] == name) return n;
+  }
+  return nullptr;
+}
+
+// Polls /v1/cluster until pred holds (at most `within`); returns the last view.
+json wait_cluster(test::daemon_process& d, const std::function<bool(const json&)>& pred, std::chrono::seconds within = 20s) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  json cl = cluster_of(d);
+  while (!pred(cl) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(50ms);
+    cl = cluster_of(d);
+  }
+  return cl;
+}
+
+bool is_up(const json& cl, const std::string& name, uint64_t epoch = 0) {
+  const json n = node_named(cl, name);
+  return !n.is_null() && n["state"] == "up" && (epoch == 0 || n["epoch"] == epoch);
+}
+
+std::vector<std::string> node_args(uint16_t coord, const std::string& name, std::vector<std::string> extra = {}) {
+  std::vector<std::string> a = {"--join", "127.0.0.1:" + std::to_string(coord), "--name", name, "--device", "cpu", "-t", "1"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+bool wait_until(const std::function<bool()>& pred, std::chrono::seconds within = 20s) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > until) return pred();
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+struct caf_client {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  caf_client() {
+    actors::add_message_types(cfg);
+    cluster::add_message_types(cfg);
+    cfg.load<caf::io::middleman>();
+    cfg.set("logger.verbosity", caf::atom("quiet"));
+    sys = std::make_unique<caf::actor_system>(cfg);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a join's inventory is checked field by field", "[cluster]") {
+  cluster::node_inventory inv{"box-1", "127.0.0.1", 5000, {{"CPU", "a CPU", "cpu", 100, 50, 100}}};
+  CHECK(cluster::check_inventory(inv).empty());
+  auto bad = [&](auto change) {
+    cluster::node_inventory x = inv;
+    change(x);
+    return cluster::check_inventory(x);
+  };
+  CHECK_THAT(bad([](auto& x) { x.name = "no spaces"; }), Catch::Contains("inventory.name"));
+  CHECK_THAT(bad([](auto& x) { x.name = std::string(65, 'a'); }), Catch::Contains("inventory.name"));
+  CHECK_THAT(bad([](auto& x) { x.rpc_port = 0; }), Catch::Contains("inventory.rpc_port"));
+  CHECK_THAT(bad([](auto& x) { x.rpc_host.clear(); }), Catch::Contains("inventory.rpc_host"));
+  CHECK_THAT(bad([](auto& x) { x.devices.clear(); }), Catch::Contains("inventory.devices is empty"));
+  CHECK_THAT(bad([](auto& x) { x.devices.resize(65, x.devices[0]); }), Catch::Contains("65 entries"));
+  CHECK_THAT(bad([](auto& x) { x.devices.push_back({"TPU0", "", "tpu", 1, 1, 1}); }),
+             Catch::Contains("inventory.devices[1].kind 'tpu' is not one of cpu, gpu, igpu, accel"));
+  CHECK_THAT(bad([](auto& x) { x.devices[0].memory_free = 200; }), Catch::Contains("inventory.devices[0].memory_free"));
+  CHECK_THAT(bad([](auto& x) { x.devices[0].name.clear(); }), Catch::Contains("inventory.devices[0].name"));
+}
+
+TEST_CASE("a coordinator listens beyond loopback only with a key, and checks its timing", "[cluster]") {
+  caf_client c;
+  auto coord = cluster::spawn_coordinator(*c.sys, {});
+  CHECK_THROWS_WITH(cluster::publish_coordinator(*c.sys, coord, "0.0.0.0", 0, false), Catch::Contains("without a key"));
+  CHECK(cluster::publish_coordinator(*c.sys, coord, "127.0.0.1", 0, false) > 0);
+  caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+  CHECK_THROWS_WITH(cluster::spawn_coordinator(*c.sys, {.heartbeat = 1000ms, .down_after = 500ms}),
+                    Catch::Contains("must be more than heartbeat"));
+}
+
+TEST_CASE("nodes join `troupe serve`'s coordinator, are down when killed or silent, and come back in a new epoch", "[cluster][process]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  test::daemon_process d(cluster_config(model->string()));
+  const uint16_t cport = coordinator_port(d);
+  node_process a(node_args(cport, "a")), b(node_args(cport, "b"));
+  json cl = wait_cluster(d, [](const json& v) { return is_up(v, "a") && is_up(v, "b"); });
+  INFO(cl.dump(1) << "\n" << a.output() << b.output());
+  REQUIRE(is_up(cl, "a", 1));
+  REQUIRE(is_up(cl, "b", 1));
+  const json na = node_named(cl, "a");
+  CHECK(na["joins"] == 1);
+  REQUIRE(na["devices"].size() == 1);
+  CHECK(na["devices"][0]["name"] == "CPU");
+  CHECK(na["devices"][0]["kind"] == "cpu");
+  CHECK(na["devices"][0]["memory_total"].get<uint64_t>() > 0);
+  CHECK(node_named(cl, "b")["id"] != na["id"]);
+  // The inventory's RPC address is the node's peer server, serving its CPU.
+  {
+    const std::string addr = na["rpc_address"];
+    const auto colon = addr.rfind(':');
+    rpc::client rc({.host = addr.substr(0, colon), .port = static_cast<uint16_t>(std::stoi(addr.substr(colon + 1)))});
+    rc.connect();
+    const auto devs = rc.devices();
+    REQUIRE(devs.size() == 1);
+    CHECK(devs[0].name == "CPU");
+  }
+  // Heartbeats arrive.
+  cl = wait_cluster(d, [](const json& v) { return node_named(v, "a")["heartbeats"].get<uint64_t>() >= 3; });
+  CHECK(node_named(cl, "a")["heartbeats"].get<uint64_t>() >= 3);
+
+  // This process asks the coordinator and subscribes to it over the middleman.
+  caf_client client;
+  auto coord = client.sys->middleman().remote_actor<cluster::coordinator_actor>("127.0.0.1", cport);
+  REQUIRE(coord);
+  std::mutex views_mu;
+  std::vector<cluster::cluster_view> views;
+  auto sub = client.sys->spawn([&](cluster::cluster_subscriber::pointer) -> cluster::cluster_subscriber::behavior_type {
+    return {[&](cluster::update_atom, const cluster::cluster_view& v) {
+      std::lock_guard l(views_mu);
+      views.push_back(v);
+    }};
+  });
+  {
+    caf::scoped_actor self{*client.sys};
+    cluster::cluster_view v;
+    self->request(*coord, 10s, cluster::get_atom_v, cluster::status_atom_v)
+        .receive([&](const cluster::cluster_view& got) { v = got; }, [&](const caf::error& e) { FAIL(actors::describe(e)); });
+    REQUIRE(v.nodes.size() == 2);
+    CHECK(v.nodes[0].name == "a");
+    CHECK(v.nodes[0].state == "up");
+    CHECK(v.nodes[0].devices.size() == 1);
+    bool subscribed = false;
+    self->request(*coord, 10s, cluster::subscribe_atom_v, sub)
+        .receive([&](bool ok) { subscribed = ok; }, [&](const caf::error& e) { FAIL(actors::describe(e)); });
+    CHECK(subscribed);
+  }
+
+  // kill -9: its connection drops, it is down at once (well within down_after), the other stays up.
+  a.kill9();
+  cl = wait_cluster(d, [](const json& v) { return node_named(v, "a")["state"] == "down"; });
+  CHECK(node_named(cl, "a")["state"] == "down");
+  CHECK_THAT(node_named(cl, "a")["down_reason"].get<std::string>(), Catch::Contains("connection lost"));
+  CHECK(is_up(cl, "b", 1));
+  CHECK(d.wait_for_log("cluster: node 'a' (id 1, epoch 1) is down", 5s));
+
+  // SIGSTOP: no heartbeat for down_after, down; SIGCONT: back, in epoch 2.
+  b.signal(SIGSTOP);
+  cl = wait_cluster(d, [](const json& v) { return node_named(v, "b")["state"] == "down"; });
+  CHECK_THAT(node_named(cl, "b")["down_reason"].get<std::string>(), Catch::Contains("no heartbeat for"));
+  b.signal(SIGCONT);
+  cl = wait_cluster(d, [](const json& v) { return is_up(v, "b", 2); });
+  CHECK(is_up(cl, "b", 2));
+
+  // a restarted: the same id, epoch 2, its second join.
+  node_process a2(node_args(cport, "a"));
+  cl = wait_cluster(d, [](const json& v) { return is_up(v, "a", 2); });
+  INFO(a2.output());
+  REQUIRE(is_up(cl, "a", 2));
+  CHECK(node_named(cl, "a")["joins"] == 2);
+  CHECK(node_named(cl, "a")["id"] == na["id"]);
+  CHECK_THAT(a2.output(), Catch::Contains("joined the cluster at 127.0.0.1:" + std::to_string(cport) + " as 'a' (id 1, epoch 2)"));
+
+  // The subscriber heard every change, across the middleman: a's fall among them.
+  const bool heard = wait_until([&] {
+    std::lock_guard l(views_mu);
+    return std::any_of(views.begin(), views.end(), [](const cluster::cluster_view& v) {
+      return v.nodes.size() == 2 && v.nodes[0].state == "up" && v.nodes[0].epoch == 2;
+    });
+  });
+  CHECK(heard);
+  {
+    std::lock_guard l(views_mu);
+    CHECK(std::any_of(views.begin(), views.end(), [](const cluster::cluster_view& v) {
+      return !v.nodes.empty() && v.nodes[0].state == "down" && v.nodes[0].down_reason.find("connection lost") == 0;
+    }));
+  }
+  caf::anon_send_exit(sub, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a join with a wrong key is refused and logged; the right key joins", "[cluster][process]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  const auto dir = std::filesystem::temp_directory_path() / ("troupe-cluster-keys-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "good.key") << "0123456789abcdef0123456789abcdef\n";
+  std::ofstream(dir / "bad.key") << "fedcba9876543210fedcba9876543210\n";
+  test::daemon_process d(cluster_config(model->string(), "key_file = \"" + (dir / "good.key").string() + "\"\n"));
+  const uint16_t cport = coordinator_port(d);
+  node_process wrong(node_args(cport, "intruder", {"--cluster-key-file", (dir / "bad.key").string()}));
+  CHECK(wrong.wait_exit(20s) == 1);
+  CHECK_THAT(wrong.output(), Catch::Contains("refused"));
+  CHECK(d.wait_for_log("cluster: refused a join of node 'intruder': wrong key", 5s));
+  node_process none(node_args(cport, "keyless"));
+  CHECK(none.wait_exit(20s) == 1);
+  CHECK(d.wait_for_log("cluster: refused a join of node 'keyless': it gave no key", 5s));
+  node_process right(node_args(cport, "member", {"--cluster-key-file", (dir / "good.key").string()}));
+  const json cl = wait_cluster(d, [](const json& v) { return is_up(v, "member"); });
+  CHECK(is_up(cl, "member", 1));
+  CHECK(node_named(cl, "intruder").is_null());
+  CHECK(node_named(cl, "keyless").is_null());
+  std::filesystem::remove_all(dir);
+}

@@ -1,0 +1,178 @@
+// troupe node: serve this machine's devices over net/rpc (as `troupe peer` does) and join a cluster's
+// coordinator (`troupe serve` with a [cluster] table) over CAF's middleman, with their inventory; rejoin
+// whenever the coordinator comes back.
+//
+//   troupe node --join 10.0.0.1:7070 --key-file cluster.key --name box-2 --host 0.0.0.0 --advertise 10.0.0.2
+//
+// The first line printed names the node's RPC address; each join prints "troupe node: joined ... (id N,
+// epoch E)". A refused join (a wrong key, a malformed inventory) ends it with status 1. SIGINT or SIGTERM
+// stop it.
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/type_ids.h"
+#include "net/cluster/coordinator.h"
+#include "net/cluster/node.h"
+#include "net/cluster/type_ids.h"
+#include "net/rpc/auth.h"
+#include "runtime/error.h"
+#include "tools/troupe/commands.h"
+#include "tools/troupe/peer_server.h"
+
+namespace troupe::cli {
+namespace {
+
+struct node_options {
+  peer_options peer;          // the RPC server (--host, --port, --device, --auth-key-file, -t ...)
+  std::string join;           // HOST:PORT of the coordinator
+  std::string name;           // default: the host name
+  std::string advertise;      // the RPC host in the inventory; default: --host
+  std::string cluster_key_file;  // default: --auth-key-file (one key for both)
+};
+
+std::pair<std::string, uint16_t> split_address(const std::string& a) {
+  const auto colon = a.rfind(':');
+  if (colon == std::string::npos || colon == 0) throw error("--join: '" + a + "' is not HOST:PORT");
+  const std::string port = a.substr(colon + 1);
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) == 0 ||
+      std::stoul(port) > 65535) {
+    throw error("--join: '" + port + "' is not a port (1-65535)");
+  }
+  return {a.substr(0, colon), static_cast<uint16_t>(std::stoul(port))};
+}
+
+std::string device_kind(device_type t) {
+  switch (t) {
+    case device_type::cpu: return "cpu";
+    case device_type::gpu: return "gpu";
+    case device_type::igpu: return "igpu";
+    case device_type::accel: return "accel";
+  }
+  return "accel";
+}
+
+std::vector<cluster::node_device> inventory_of(const std::vector<device_i*>& devices) {
+  std::vector<cluster::node_device> out;
+  for (device_i* d : devices) {
+    const device_memory m = d->memory();
+    out.push_back({std::string(d->name()), d->description(), device_kind(d->type()), m.total, std::min(m.free, m.total),
+                   d->buffer_type().max_size()});
+  }
+  return out;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "node";
+  std::string s(buf);
+  for (char& c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '-';
+  }
+  return s.substr(0, 64);
+}
+
+int run_node(const node_options& o) {
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::atomic<bool> stopping{false};
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    stopping = true;
+  });
+  waiter.detach();
+
+  const auto [coord_host, coord_port] = split_address(o.join);
+  const std::string key_file = o.cluster_key_file.empty() ? o.peer.key_file : o.cluster_key_file;
+  const std::string key = key_file.empty() ? std::string() : rpc::load_key_file(key_file);
+  const rpc::server_options so = server_options_for(o.peer, "node");
+  rpc::server srv(so);
+  srv.start();
+  cluster::node_inventory inv;
+  inv.name = o.name.empty() ? host_name() : o.name;
+  inv.rpc_host = o.advertise.empty() ? o.peer.host : o.advertise;
+  inv.rpc_port = srv.port();
+  inv.devices = inventory_of(so.devices);
+  if (const std::string bad = cluster::check_inventory(inv); !bad.empty()) throw error("node: " + bad);
+  std::printf("troupe node: '%s' serving on %s (%zu device(s)), joining %s\n", inv.name.c_str(), srv.address().c_str(),
+              inv.devices.size(), o.join.c_str());
+  std::fflush(stdout);
+
+  caf::actor_system_config cfg;
+  actors::add_message_types(cfg);
+  cluster::add_message_types(cfg);
+  cfg.load<caf::io::middleman>();
+  cfg.set("logger.verbosity", caf::atom("quiet"));
+  caf::actor_system sys{cfg};
+  int status = 0;
+  bool said_waiting = false;
+  while (!stopping) {
+    auto coord = sys.middleman().remote_actor<cluster::coordinator_actor>(coord_host, coord_port);
+    if (!coord) {
+      if (!said_waiting) {
+        std::printf("troupe node: the coordinator at %s does not answer (%s); trying every second\n", o.join.c_str(),
+                    sys.render(coord.error()).c_str());
+        std::fflush(stdout);
+        said_waiting = true;
+      }
+      for (int i = 0; i < 10 && !stopping; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    said_waiting = false;
+    cluster::node_params np;
+    np.key = key;
+    np.inventory = inv;
+    np.refresh = [devices = so.devices] { return inventory_of(devices); };
+    np.on_joined = [&](const cluster::join_accept& a) {
+      std::printf("troupe node: joined the cluster at %s as '%s' (id %llu, epoch %llu)\n", o.join.c_str(), inv.name.c_str(),
+                  static_cast<unsigned long long>(a.node_id), static_cast<unsigned long long>(a.epoch));
+      std::fflush(stdout);
+    };
+    const cluster::join_outcome out = cluster::run_node(sys, *coord, np, [&] { return stopping.load(); });
+    if (stopping) break;
+    std::printf("troupe node: %s: %s\n", out.joined ? "left the cluster" : "join failed", out.why.c_str());
+    std::fflush(stdout);
+    if (out.refused) {
+      status = 1;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  srv.stop();
+  return status;
+}
+
+}  // namespace
+
+command_fn add_node(CLI::App& app) {
+  auto o = std::make_shared<node_options>();
+  o->peer.port = 0;
+  app.add_option("--join", o->join, "the coordinator to join, HOST:PORT (troupe serve's [cluster] port)")->required();
+  app.add_option("--name", o->name, "this node's name in the cluster (default: the host name)");
+  app.add_option("--advertise", o->advertise, "the address other nodes reach this node's RPC server at (default: --host)");
+  app.add_option("--cluster-key-file", o->cluster_key_file, "the cluster's shared key (default: --auth-key-file)");
+  app.add_option("--host", o->peer.host, "address the RPC server listens on (anything but loopback needs a key)");
+  app.add_option("--port", o->peer.port, "the RPC server's TCP port (0: any free port)");
+  app.add_option("--device", o->peer.devices, "devices to serve: cpu, vulkan or cuda (repeatable; default: all)");
+  app.add_option("--cache-dir", o->peer.cache_dir, "keep uploaded weights (10 MiB and more) here, by hash");
+  app.add_option("--auth-key-file", o->peer.key_file, "the key RPC clients must know (and the cluster's, by default)");
+  app.add_option("--tls-cert", o->peer.tls_cert, "PEM certificate chain: RPC over TLS (with --tls-key)");
+  app.add_option("--tls-key", o->peer.tls_key, "PEM private key for --tls-cert");
+  app.add_flag("--insecure", o->peer.insecure, "allow a non-loopback RPC address without a key");
+  app.add_option("-t,--threads", o->peer.threads, "CPU threads per client graph (0: all)");
+  return [o] { return run_node(*o); };
+}
+
+}  // namespace troupe::cli
