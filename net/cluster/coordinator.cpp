@@ -110,6 +110,16 @@ node_rec* by_actor(coordinator_state& st, const caf::actor_addr& a) {
   return nullptr;
 }
 
+// With a key, the cluster's state (its nodes' addresses and devices) goes only to this process and to
+// nodes that joined; without one (loopback only) to anyone who can connect.
+bool may_see(coordinator_ptr self) {
+  if (self->state.params.key.empty()) return true;
+  const auto& from = self->current_sender();
+  if (!from || from->node() == self->node()) return true;  // (anonymous messages are this process's own)
+  const node_rec* n = by_actor(self->state, caf::actor_cast<caf::actor_addr>(from));
+  return n != nullptr && n->up;
+}
+
 coordinator_actor::behavior_type coordinator(coordinator_ptr self, coordinator_params p) {
   self->state.params = std::move(p);
   self->set_down_handler([self](const caf::down_msg& m) {
@@ -214,8 +224,12 @@ coordinator_actor::behavior_type coordinator(coordinator_ptr self, coordinator_p
           n->inventory.devices[i].memory_total = h.devices[i].memory_total;
         }
       },
-      [self](get_atom, status_atom) { return view_of(self->state); },
-      [self](subscribe_atom, cluster_subscriber s) {
+      [self](get_atom, status_atom) -> caf::result<cluster_view> {
+        if (!may_see(self)) return make_error(errc::refused, "cluster: the cluster's state is for its nodes and its own process");
+        return view_of(self->state);
+      },
+      [self](subscribe_atom, cluster_subscriber s) -> caf::result<bool> {
+        if (!may_see(self)) return make_error(errc::refused, "cluster: the cluster's state is for its nodes and its own process");
         self->state.subscribers.push_back(s);
         self->send(s, update_atom_v, view_of(self->state));
         return true;

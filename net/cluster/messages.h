@@ -112,6 +112,7 @@ using coordinator_actor = caf::typed_actor<
     caf::replies_to<join_atom, join_request>::with<join_accept>,
     // From the node actor that joined, in its epoch; anything else is ignored.
     caf::reacts_to<heartbeat_atom, node_heartbeat>,
+    // The nodes; with a key, only for this process and joined nodes (others: errc::refused).
     caf::replies_to<get_atom, status_atom>::with<cluster_view>,
     caf::replies_to<subscribe_atom, cluster_subscriber>::with<bool>,
     // Internal: the periodic check for nodes without heartbeats.

@@ -4,6 +4,7 @@
 
 #include "runtime/backend.h"
 #include "runtime/error.h"
+#include "runtime/llm/fit.h"
 #include "runtime/llm/model.h"
 #include "runtime/log.h"
 
@@ -12,6 +13,7 @@ namespace troupe::llm {
 std::vector<std::pair<std::string, int>> offload_layers(const offload_request& r, int n_layer) {
   std::vector<std::pair<std::string, int>> out;
   if (!r.given()) return out;
+  if (r.fit) throw error("-ngl auto: placing by memory needs the model's file (its tensors' sizes)");
   if (!r.tensor_split.empty() && r.devices.empty()) throw error("--tensor-split: needs --device (the devices it splits over)");
   std::vector<std::string> names = r.devices;
   if (names.empty()) {
@@ -63,7 +65,30 @@ std::vector<std::pair<std::string, int>> offload_layers(const offload_request& r
 
 std::vector<std::pair<std::string, int>> offload_layers(const offload_request& r, const std::string& path) {
   if (!r.given()) return {};
-  return offload_layers(r, static_cast<int>(model::open(path)->hp().n_layer));
+  if (!r.fit) return offload_layers(r, static_cast<int>(model::open(path)->hp().n_layer));
+  if (r.n_gpu_layers >= 0 || !r.tensor_split.empty()) throw error("-ngl auto: takes neither a layer count nor --tensor-split");
+  std::vector<device_i*> devices;
+  for (const std::string& n : r.devices) {
+    device_i* d = registry::instance().find(n);
+    if (d == nullptr) throw error("--device: no device named '" + n + "'");
+    devices.push_back(d);
+  }
+  if (devices.empty()) {
+    for (device_i* d : registry::instance().devices()) {
+      if (d->type() != device_type::cpu) devices.push_back(d);
+    }
+    if (device_i* cpu = registry::instance().find("CPU")) devices.push_back(cpu);
+  }
+  std::vector<fit_device> fd;
+  for (device_i* d : devices) fd.push_back({std::string(d->name()), d->memory().free});
+  const fit_plan p = fit_layers(estimate_costs(*model::open(path), {.n_ctx = r.fit_ctx}), fd);
+  std::string said;
+  for (size_t i = 0; i < p.layers.size(); ++i) {
+    said += (i ? ", " : "") + p.layers[i].first + " " + std::to_string(p.layers[i].second) + " (" +
+            std::to_string(p.bytes[i] >> 20) + " MiB)";
+  }
+  TROUPE_LOG(info, "-ngl auto: layers by free memory: " << said);
+  return p.layers;
 }
 
 std::vector<std::pair<device_i*, int>> offload_devices(const offload_request& r, const std::string& path) {

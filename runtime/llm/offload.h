@@ -6,6 +6,8 @@
 //   --device A,B,...            the listed devices share the layers evenly, in order (device A the first
 //                               ones); "CPU" keeps its share in host memory. With -ngl N they share the last
 //                               N layers, the rest stays on the CPU.
+//   -ngl auto                   the layers over the --device list (default: every device, the CPU last) in
+//                               proportion to their free memory, keeping 512 MiB free on each (fit.h)
 //   -ts / --tensor-split P,Q,...  with --device: the devices' shares in these proportions instead of evenly
 //                               (the output layer counts as one layer), e.g. 3,1: three quarters on the first
 //
@@ -31,7 +33,11 @@ struct offload_request {
   int n_gpu_layers = -1;             // -1: not given
   std::vector<std::string> devices;  // empty: not given
   std::vector<float> tensor_split;   // proportions per device of `devices`; empty: evenly
-  bool given() const { return n_gpu_layers >= 0 || !devices.empty() || !tensor_split.empty(); }
+  // -ngl auto: the layers by free memory (runtime/llm/fit.h) over `devices`, or every device the registry
+  // has (the CPU last), for a context of fit_ctx cells.
+  bool fit = false;
+  uint32_t fit_ctx = 4096;
+  bool given() const { return fit || n_gpu_layers >= 0 || !devices.empty() || !tensor_split.empty(); }
 };
 
 // (device name, layers) in placement order; empty when nothing is offloaded (no flag, -ngl 0, or -ngl on a

@@ -141,6 +141,13 @@ std::vector<std::string> node_args(uint16_t coord, const std::string& name, std:
   return a;
 }
 
+const cluster::node_entry* entry_named(const cluster::cluster_view& v, const std::string& name) {
+  for (const cluster::node_entry& n : v.nodes) {
+    if (n.name == name) return &n;
+  }
+  return nullptr;
+}
+
 bool wait_until(const std::function<bool()>& pred, std::chrono::seconds within = 20s) {
   const auto until = std::chrono::steady_clock::now() + within;
   while (!pred()) {
@@ -243,9 +250,12 @@ TEST_CASE("nodes join `troupe serve`'s coordinator, are down when killed or sile
     self->request(*coord, 10s, cluster::get_atom_v, cluster::status_atom_v)
         .receive([&](const cluster::cluster_view& got) { v = got; }, [&](const caf::error& e) { FAIL(actors::describe(e)); });
     REQUIRE(v.nodes.size() == 2);
-    CHECK(v.nodes[0].name == "a");
-    CHECK(v.nodes[0].state == "up");
-    CHECK(v.nodes[0].devices.size() == 1);
+    const cluster::node_entry* ea = entry_named(v, "a");
+    REQUIRE(ea != nullptr);
+    CHECK(ea->state == "up");
+    CHECK(ea->id == na["id"].get<uint64_t>());
+    CHECK(ea->devices.size() == 1);
+    CHECK(ea->rpc_address == na["rpc_address"].get<std::string>());
     bool subscribed = false;
     self->request(*coord, 10s, cluster::subscribe_atom_v, sub)
         .receive([&](bool ok) { subscribed = ok; }, [&](const caf::error& e) { FAIL(actors::describe(e)); });
@@ -258,7 +268,8 @@ TEST_CASE("nodes join `troupe serve`'s coordinator, are down when killed or sile
   CHECK(node_named(cl, "a")["state"] == "down");
   CHECK_THAT(node_named(cl, "a")["down_reason"].get<std::string>(), Catch::Contains("connection lost"));
   CHECK(is_up(cl, "b", 1));
-  CHECK(d.wait_for_log("cluster: node 'a' (id 1, epoch 1) is down", 5s));
+  const std::string a_id = std::to_string(na["id"].get<uint64_t>());
+  CHECK(d.wait_for_log("cluster: node 'a' (id " + a_id + ", epoch 1) is down", 5s));
 
   // SIGSTOP: no heartbeat for down_after, down; SIGCONT: back, in epoch 2.
   b.signal(SIGSTOP);
@@ -275,20 +286,22 @@ TEST_CASE("nodes join `troupe serve`'s coordinator, are down when killed or sile
   REQUIRE(is_up(cl, "a", 2));
   CHECK(node_named(cl, "a")["joins"] == 2);
   CHECK(node_named(cl, "a")["id"] == na["id"]);
-  CHECK_THAT(a2.output(), Catch::Contains("joined the cluster at 127.0.0.1:" + std::to_string(cport) + " as 'a' (id 1, epoch 2)"));
+  CHECK_THAT(a2.output(), Catch::Contains("joined the cluster at 127.0.0.1:" + std::to_string(cport) + " as 'a' (id " + a_id + ", epoch 2)"));
 
   // The subscriber heard every change, across the middleman: a's fall among them.
   const bool heard = wait_until([&] {
     std::lock_guard l(views_mu);
     return std::any_of(views.begin(), views.end(), [](const cluster::cluster_view& v) {
-      return v.nodes.size() == 2 && v.nodes[0].state == "up" && v.nodes[0].epoch == 2;
+      const cluster::node_entry* e = entry_named(v, "a");
+      return v.nodes.size() == 2 && e != nullptr && e->state == "up" && e->epoch == 2;
     });
   });
   CHECK(heard);
   {
     std::lock_guard l(views_mu);
     CHECK(std::any_of(views.begin(), views.end(), [](const cluster::cluster_view& v) {
-      return !v.nodes.empty() && v.nodes[0].state == "down" && v.nodes[0].down_reason.find("connection lost") == 0;
+      const cluster::node_entry* e = entry_named(v, "a");
+      return e != nullptr && e->state == "down" && e->down_reason.find("connection lost") == 0;
     }));
   }
   caf::anon_send_exit(sub, caf::exit_reason::user_shutdown);
@@ -315,5 +328,14 @@ TEST_CASE("a join with a wrong key is refused and logged; the right key joins", 
   CHECK(is_up(cl, "member", 1));
   CHECK(node_named(cl, "intruder").is_null());
   CHECK(node_named(cl, "keyless").is_null());
+  // With a key, the cluster's state is not for whoever connects: this process has not joined.
+  caf_client client;
+  auto coord = client.sys->middleman().remote_actor<cluster::coordinator_actor>("127.0.0.1", cport);
+  REQUIRE(coord);
+  caf::scoped_actor self{*client.sys};
+  std::string refusal;
+  self->request(*coord, 10s, cluster::get_atom_v, cluster::status_atom_v)
+      .receive([&](const cluster::cluster_view&) { refusal = "answered"; }, [&](const caf::error& e) { refusal = actors::describe(e); });
+  CHECK_THAT(refusal, Catch::Contains("refused") && Catch::Contains("for its nodes"));
   std::filesystem::remove_all(dir);
 }

@@ -64,9 +64,19 @@ inline void add_cpu_instances(const llm::offload_request& r, int n_threads) {
 }
 
 inline void add_offload_options(CLI::App& app, llm::offload_request& r) {
-  app.add_option("--n-gpu-layers,--gpu-layers", r.n_gpu_layers,
-                 "(-ngl) layers on the first non-CPU device, the last ones (99: all)")
-      ->check(CLI::NonNegativeNumber);
+  app.add_option_function<std::string>(
+      "--n-gpu-layers,--gpu-layers",
+      [&r](const std::string& v) {
+        if (v == "auto") {
+          r.fit = true;
+          return;
+        }
+        if (v.empty() || v.size() > 6 || v.find_first_not_of("0123456789") != std::string::npos) {
+          throw CLI::ValidationError("--n-gpu-layers", "'" + v + "' is neither a layer count nor auto");
+        }
+        r.n_gpu_layers = std::stoi(v);
+      },
+      "(-ngl) layers on the first non-CPU device, the last ones (99: all); auto: by free memory over the devices");
   app.add_option("--device", r.devices, "(-dev) devices sharing the layers evenly, e.g. Vulkan0,CPU")->delimiter(',');
   app.add_option("--tensor-split", r.tensor_split, "(-ts) the --device list's shares in these proportions, e.g. 3,1")
       ->delimiter(',');
