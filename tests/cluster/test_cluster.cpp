@@ -228,6 +228,29 @@ TEST_CASE("nodes join `troupe serve`'s coordinator, are down when killed or sile
     REQUIRE(devs.size() == 1);
     CHECK(devs[0].name == "CPU");
   }
+  // The plan over the cluster before loading: both nodes' CPUs, every layer and the output, in two ranges.
+  {
+    auto [pid, out] = test::spawn_piped({TROUPE_BIN, "inspect", model->string(), "--cluster", "127.0.0.1:" + std::to_string(d.port()),
+                                         "--ctx", "256"},
+                                        STDOUT_FILENO);
+    std::string text;
+    char buf[4096];
+    for (ssize_t n; (n = read(out, buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
+    close(out);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    INFO(text);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+    CHECK_THAT(text, Catch::Contains("placement by free memory (n_ctx 256"));
+    for (const char* name : {"a", "b"}) {
+      const json n = node_named(cl, name);
+      CHECK_THAT(text, Catch::Contains("RPC[" + n["rpc_address"].get<std::string>() + "]#0"));
+    }
+    CHECK(std::regex_search(text, std::regex("RPC\\[[0-9.:]+\\]#0 +[ab] +0-[0-9]+ ")));
+    CHECK_THAT(text, Catch::Contains("-4 + output"));  // stories260K: layers 0-4, the last range with the output
+  }
+
   // Heartbeats arrive.
   cl = wait_cluster(d, [](const json& v) { return node_named(v, "a")["heartbeats"].get<uint64_t>() >= 3; });
   CHECK(node_named(cl, "a")["heartbeats"].get<uint64_t>() >= 3);

@@ -4,9 +4,14 @@
 #include <string>
 #include <vector>
 
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
 #include "loader/model_loader.h"
 #include "loader/ranges.h"
 #include "runtime/backend.h"
+#include "runtime/llm/fit.h"
+#include "runtime/llm/model.h"
 #include "runtime/memory.h"
 #include "tools/troupe/commands.h"
 
@@ -18,6 +23,11 @@ struct inspect_options {
   std::vector<std::string> devices;    // NAME=LAYERS
   std::vector<std::string> overrides;  // REGEX=DEVICE
   bool all_metadata = false;
+  bool fit = false;           // the plan by free memory over this machine's devices
+  std::string cluster;        // HOST:PORT of a coordinating `troupe serve`: the plan over its nodes' devices
+  std::string api_key;        // for --cluster
+  uint32_t ctx = 4096;        // the context the plan is for
+  uint64_t margin_mib = 512;
 };
 
 std::pair<std::string, std::string> split_eq(const std::string& s, const char* what) {
@@ -51,6 +61,79 @@ std::string human_bytes(uint64_t b) {
   else if (b >= (1ull << 10)) std::snprintf(buf, sizeof buf, "%.2f KiB", static_cast<double>(b) / (1ull << 10));
   else std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
   return buf;
+}
+
+// The devices of the cluster that the daemon at o.cluster coordinates (GET /v1/cluster): every device of every
+// node that is up, named as rpc::add_peer names them, with the node's name.
+std::vector<std::pair<llm::fit_device, std::string>> cluster_devices(const inspect_options& o) {
+  const auto colon = o.cluster.rfind(':');
+  if (colon == std::string::npos) throw error("--cluster: '" + o.cluster + "' is not HOST:PORT");
+  httplib::Client c(o.cluster.substr(0, colon), std::stoi(o.cluster.substr(colon + 1)));
+  c.set_connection_timeout(5, 0);
+  c.set_read_timeout(10, 0);
+  httplib::Headers h;
+  if (!o.api_key.empty()) h.emplace("Authorization", "Bearer " + o.api_key);
+  const auto r = c.Get("/v1/cluster", h);
+  if (!r) throw error("--cluster: no answer from http://" + o.cluster + "/v1/cluster (" + httplib::to_string(r.error()) + ")");
+  if (r->status != 200) throw error("--cluster: http://" + o.cluster + "/v1/cluster answered " + std::to_string(r->status) + ": " + r->body);
+  std::vector<std::pair<llm::fit_device, std::string>> out;
+  try {
+    const auto j = nlohmann::json::parse(r->body);
+    for (const auto& n : j.at("nodes")) {
+      if (n.at("state") != "up") continue;
+      const std::string addr = n.at("rpc_address");
+      size_t i = 0;
+      for (const auto& d : n.at("devices")) {
+        out.push_back({{"RPC[" + addr + "]#" + std::to_string(i++), d.at("memory_free").get<uint64_t>()}, n.at("name")});
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw error(std::string("--cluster: the cluster's description is malformed: ") + e.what());
+  }
+  if (out.empty()) throw error("--cluster: no node of the cluster is up");
+  return out;
+}
+
+// The plan by free memory (runtime/llm/fit.h): per device, its layers and bytes.
+void print_fit(const inspect_options& o) {
+  std::vector<std::pair<llm::fit_device, std::string>> devs;
+  if (!o.cluster.empty()) {
+    devs = cluster_devices(o);
+  } else {
+    for (device_i* d : registry::instance().devices()) {
+      if (d->type() != device_type::cpu) devs.push_back({{std::string(d->name()), d->memory().free}, "this machine"});
+    }
+    devs.push_back({{"CPU", device_named("CPU").memory().free}, "this machine"});
+  }
+  auto m = llm::model::open(o.model);
+  const llm::layer_costs costs = llm::estimate_costs(*m, {.n_ctx = o.ctx});
+  std::vector<llm::fit_device> fd;
+  for (const auto& [d, node] : devs) fd.push_back(d);
+  std::printf("\nplacement by free memory (n_ctx %u, margin %llu MiB; each layer %s with its KV cache, the output %s, "
+              "compute %s per device, %s in host memory):\n",
+              o.ctx, static_cast<unsigned long long>(o.margin_mib), human_bytes(costs.layer(0)).c_str(),
+              human_bytes(costs.output).c_str(), human_bytes(costs.compute).c_str(), human_bytes(costs.host).c_str());
+  const llm::fit_plan p = llm::fit_layers(costs, fd, o.margin_mib << 20);
+  std::printf("  %-32s %-16s %-14s %12s %12s\n", "device", "node", "layers", "bytes", "free");
+  int first = 0;
+  const int n_layer = static_cast<int>(m->hp().n_layer);
+  for (size_t i = 0; i < p.layers.size(); ++i) {
+    const auto& [name, k] = p.layers[i];
+    std::string node;
+    uint64_t free = 0;
+    for (const auto& [d, n] : devs) {
+      if (d.name == name) {
+        node = n;
+        free = d.free;
+      }
+    }
+    const int last = first + k - 1;
+    const std::string range = last >= n_layer ? std::to_string(first) + "-" + std::to_string(n_layer - 1) + " + output"
+                                              : std::to_string(first) + "-" + std::to_string(last);
+    std::printf("  %-32s %-16s %-14s %12s %12s\n", name.c_str(), node.c_str(), range.c_str(), human_bytes(p.bytes[i]).c_str(),
+                human_bytes(free).c_str());
+    first += k;
+  }
 }
 
 int run_inspect(const inspect_options& o) {
@@ -127,6 +210,7 @@ int run_inspect(const inspect_options& o) {
     }
   }
   std::printf("\nmemory plan (model weights):\n%s", format_memory_table(ledger, devices).c_str());
+  if (o.fit || !o.cluster.empty()) print_fit(o);
   return 0;
 }
 
@@ -138,6 +222,11 @@ command_fn add_inspect(CLI::App& app) {
   app.add_option("--device", o->devices, "NAME=LAYERS: put the model's last LAYERS layers on device NAME (repeatable)");
   app.add_option("--override", o->overrides, "REGEX=DEVICE: tensors whose name matches go to DEVICE (repeatable)");
   app.add_flag("--all-metadata", o->all_metadata, "print every element of long arrays");
+  app.add_flag("--fit", o->fit, "the placement by free memory over this machine's devices (-ngl auto)");
+  app.add_option("--cluster", o->cluster, "HOST:PORT of a troupe serve with [cluster]: the placement over its nodes");
+  app.add_option("--api-key", o->api_key, "bearer key for --cluster's daemon");
+  app.add_option("--ctx", o->ctx, "the context (KV cells) the placement is for")->check(CLI::Range(1, 1 << 24));
+  app.add_option("--margin-mib", o->margin_mib, "memory each device keeps free (MiB)");
   return [o] { return run_inspect(*o); };
 }
 
