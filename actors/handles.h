@@ -193,6 +193,9 @@ using supervisor_actor = caf::typed_actor<
     caf::reacts_to<cancel_atom, std::string>,
     // A peer actor's new state (the supervisor subscribes to every peer it is given).
     caf::reacts_to<update_atom, peer_status>,
+    // A peer to watch from now on, as those it was given (a cluster's node that joined); its devices get
+    // actors when it is up. Replies true (false: it watches that peer already).
+    caf::replies_to<connect_atom, peer_actor>::with<bool>,
     // Stops every session, scheduler and model, frees every buffer, and replies the final breakdown
     // (all zero); the supervisor and its actors then terminate.
     caf::replies_to<shutdown_atom>::with<memory_breakdown>>;

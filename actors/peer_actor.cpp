@@ -266,6 +266,7 @@ peer_actor::behavior_type peer(peer_ptr self, peer_params p) {
   rpc::client_options o;
   o.host = init.params.host;
   o.port = init.params.port;
+  o.name = init.params.name;
   o.key = init.params.key;
   o.tls = init.params.tls;
   o.tls_ca_file = init.params.tls_ca;

@@ -87,6 +87,36 @@ void engine::start() {
                                           .reload_on_reconnect = cfg_.reload_on_peer_reconnect});
 }
 
+std::vector<std::string> engine::add_peer(const actors::peer_params& pp) {
+  actors::peer_actor p = actors::spawn_peer_actor(*sys_, pp);
+  ask<bool>(*sys_, supervisor_, actors::connect_atom_v, p);
+  actors::peer_status s;
+  const auto until = std::chrono::steady_clock::now() + pp.connect_timeout + std::chrono::seconds(1);
+  do {
+    s = ask<actors::peer_status>(*sys_, p, actors::get_atom_v, actors::status_atom_v);
+    if (s.state != "up") std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } while (s.state != "up" && std::chrono::steady_clock::now() < until);
+  if (s.state != "up") {
+    throw actors::request_error(actors::make_error(actors::errc::down, "peer " + s.name + " (" + s.address + ") is " + s.state +
+                                                                           (s.last_error.empty() ? "" : ": " + s.last_error)));
+  }
+  // Its devices get actors when the supervisor hears it is up: wait until the directory has them.
+  const auto devices_until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    const auto dir = ask<actors::actor_directory>(*sys_, supervisor_, actors::get_atom_v, actors::directory_atom_v);
+    const bool all = std::all_of(s.devices.begin(), s.devices.end(), [&](const std::string& d) {
+      return std::find(dir.device_names.begin(), dir.device_names.end(), d) != dir.device_names.end();
+    });
+    if (all) break;
+    if (std::chrono::steady_clock::now() > devices_until) {
+      throw actors::request_error(actors::make_error(actors::errc::down, "peer " + s.name + ": its devices got no actors"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  TROUPE_LOG(info, "peer " << s.name << " (" << s.address << ") is up with " << s.devices.size() << " device(s)");
+  return s.devices;
+}
+
 engine::~engine() {
   try {
     shutdown();

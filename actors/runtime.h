@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "actors/errors.h"
+#include "actors/peer_actor.h"
 #include "actors/runtime_config.h"
 #include "actors/runtime_env.h"
 #include "actors/session_actor.h"
@@ -105,6 +106,11 @@ class engine {
   // Loads the configuration's [[model]] entries.
   void load_configured_models();
   void unload_model(const std::string& name);
+  // Connects to a peer (as a configured [[peer]]) after the start, and waits up to its connect timeout for it
+  // to be up; returns its devices' names ("RPC[host:port]#0", ...), which models may then use. The runtime
+  // watches it like the configured ones (a model on it is marked down while it is down). Throws
+  // actors::request_error (errc::down) naming the peer when it does not come up in time.
+  std::vector<std::string> add_peer(const actors::peer_params& p);
   session open_session(const std::string& model);
   // The memory breakdown now (table, JSON, numbers).
   actors::memory_breakdown memory();

@@ -75,7 +75,7 @@ void parse_peers(const toml::table& root, runtime_config& c, const std::string& 
 // the error placed at the key at fault.
 model_settings parse_model(const toml::table& t, const std::string& source) {
   check_keys(t, {"name", "path", "devices", "use_mmap", "parallel", "n_ctx", "n_batch", "n_ubatch", "n_pipeline", "n_seq_max", "threads",
-                 "n_ctx_seq", "kv_type", "chat_template", "overrides"},
+                 "n_ctx_seq", "kv_type", "chat_template", "overrides", "placement", "min_nodes"},
              "[[model]]", source);
   model_settings m;
   m.name = get<std::string>(t, "name", "", "model", source);
@@ -91,6 +91,8 @@ model_settings parse_model(const toml::table& t, const std::string& source) {
   m.n_ctx_seq = get<uint32_t>(t, "n_ctx_seq", m.n_ctx_seq, "model", source);
   m.kv_type = get<std::string>(t, "kv_type", m.kv_type, "model", source);
   m.chat_template = get<std::string>(t, "chat_template", m.chat_template, "model", source);
+  m.placement = get<std::string>(t, "placement", m.placement, "model", source);
+  m.min_nodes = get<uint32_t>(t, "min_nodes", m.min_nodes, "model", source);
   const std::string overrides = "model.overrides";
   for_each_table(t, "overrides", overrides, "{pattern, device}", source, [&](const toml::table& ot) {
     check_keys(ot, {"pattern", "device"}, overrides, source);

@@ -279,6 +279,12 @@ void run_reload(supervisor_ptr self, const std::string& name) {
   });
 }
 
+void watch_peer(supervisor_ptr self, const peer_actor& pa) {
+  self->state.peers.push_back({pa, {}});
+  self->monitor(pa);
+  self->request(pa, caf::infinite, subscribe_atom_v, peer_subscriber{self}).then([](bool) {}, [](const caf::error&) {});
+}
+
 // A peer's new state: models with weights on it are marked down while it is down. After it reconnects the
 // old connection's buffers, their weights, are gone: with reload_on_reconnect the model is unloaded and
 // loaded again by itself (its sessions end; new ones can be opened once it is up), otherwise it stays down
@@ -436,11 +442,7 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
   self->monitor(init.graphs);
   for (auto& [name, e] : init.devices) self->send(init.graphs, device_atom_v, name, e.actor);
   start_loader(self);
-  for (const peer_actor& pa : init.params.peers) {
-    init.peers.push_back({pa, {}});
-    self->monitor(pa);
-    self->request(pa, caf::infinite, subscribe_atom_v, peer_subscriber{self}).then([](bool) {}, [](const caf::error&) {});
-  }
+  for (const peer_actor& pa : init.params.peers) watch_peer(self, pa);
   self->set_down_handler([self](const caf::down_msg& dm) { on_down(self, dm); });
 
   return {
@@ -549,6 +551,13 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
       },
       [self](cancel_atom, const std::string& name) { self->send(self->state.loader, cancel_atom_v, name); },
       [self](update_atom, const peer_status& ps) { on_peer_update(self, ps); },
+      [self](connect_atom, const peer_actor& pa) {
+        for (const peer_entry& known : self->state.peers) {
+          if (known.actor == pa) return false;
+        }
+        watch_peer(self, pa);
+        return true;
+      },
       [self](shutdown_atom) -> caf::result<memory_breakdown> {
         auto& st = self->state;
         if (st.shutting_down) return make_error(errc::down, "already shutting down");

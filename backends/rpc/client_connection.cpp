@@ -13,7 +13,7 @@ void client::impl::throw_if_down() const {
     std::lock_guard l(down_mu);
     why = down_reason;
   }
-  throw backend_error("peer " + addr + " is down" + (why.empty() ? std::string() : ": " + why));
+  throw backend_error("peer " + who + " is down" + (why.empty() ? std::string() : ": " + why));
 }
 
 std::unique_lock<std::mutex> client::impl::enter() {
@@ -25,7 +25,7 @@ std::unique_lock<std::mutex> client::impl::enter() {
 
 void client::impl::fail(const std::string& what) {
   const bool was_up = established;
-  const std::string msg = "peer " + addr + ": " + what;
+  const std::string msg = "peer " + who + ": " + what;
   closing_reason = msg;
   close_locked();
   if (was_up) notify_lost(msg);
@@ -57,7 +57,7 @@ void client::impl::close_locked() {
   drop_outputs();
   // The queued graphs' replies will never come: their tickets fail with the reason.
   const auto lost = std::make_exception_ptr(backend_error(
-      closing_reason.empty() ? "peer " + addr + ": the connection closed before the graph's reply came" : closing_reason));
+      closing_reason.empty() ? "peer " + who + ": the connection closed before the graph's reply came" : closing_reason));
   for (const queued_graph& q : queued) ticket_failures[q.id] = lost;
   queued.clear();
   drop_log.clear();
@@ -72,12 +72,12 @@ void client::impl::ensure_up(bool may_reconnect) {
     connect_locked();
     return;
   }
-  throw backend_error("peer " + addr + ": not connected");
+  throw backend_error("peer " + who + ": not connected");
 }
 
 void client::impl::check(remote_buffer b) const {
   if (!up || b.epoch != epoch) {
-    throw backend_error("peer " + addr + ": buffer " + std::to_string(b.handle) + " was lost when its connection dropped");
+    throw backend_error("peer " + who + ": buffer " + std::to_string(b.handle) + " was lost when its connection dropped");
   }
 }
 
@@ -86,7 +86,7 @@ void client::impl::connect_locked() {
   try {
     io.connect(opts);
   } catch (const transport_error& e) {
-    throw backend_error("peer " + addr + ": " + e.what());
+    throw backend_error("peer " + who + ": " + e.what());
   }
   up = true;  // from here on, fail() closes
   try {
@@ -163,6 +163,7 @@ client::client(client_options opts) : impl_(std::make_unique<impl>()) {
   impl_->opts = std::move(opts);
   impl_->initial_opts = impl_->opts;
   impl_->addr = impl_->opts.host + ":" + std::to_string(impl_->opts.port);
+  impl_->who = impl_->opts.name.empty() ? impl_->addr : impl_->opts.name + " (" + impl_->addr + ")";
 }
 
 client::~client() {

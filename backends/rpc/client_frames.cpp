@@ -165,7 +165,7 @@ void client::impl::read_queued() {
     std::string msg(h.size, '\0');
     read_exact(msg.data(), msg.size());
     ticket_failures[q.id] = std::make_exception_ptr(
-        remote_error(s, "peer " + addr + ": graph_compute failed (" + std::string(status_name(s)) + "): " + msg));
+        remote_error(s, "peer " + who + ": graph_compute failed (" + std::string(status_name(s)) + "): " + msg));
     if (s == status::protocol || s == status::version_mismatch || s == status::auth_failed) {
       queued.pop_front();
       close_locked();  // the graphs after it fail with the connection
@@ -198,7 +198,7 @@ uint64_t client::impl::read_ok(command c, bool throw_on_error, status* out_statu
   std::string msg(h.size, '\0');
   read_exact(msg.data(), msg.size());
   if (s == status::protocol || s == status::version_mismatch || s == status::auth_failed) close_locked();
-  throw remote_error(s, "peer " + addr + ": " + std::string(command_name(c)) + " failed (" +
+  throw remote_error(s, "peer " + who + ": " + std::string(command_name(c)) + " failed (" +
                             std::string(status_name(s)) + "): " + msg);
 }
 

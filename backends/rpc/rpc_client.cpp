@@ -250,7 +250,7 @@ void client::compute(uint32_t device, std::vector<uint8_t> graph, const std::vec
     impl_->read_exact(msg.data(), n);
     impl_->last_graph.erase(device);
     if (s != status::no_graph) {
-      throw remote_error(s, "peer " + impl_->addr + ": graph_recompute failed (" + std::string(status_name(s)) + "): " + msg);
+      throw remote_error(s, "peer " + impl_->who + ": graph_recompute failed (" + std::string(status_name(s)) + "): " + msg);
     }
   }
   impl_->last_graph.erase(device);
@@ -299,7 +299,7 @@ bool client::wait(ticket t, std::chrono::microseconds timeout, int wake_fd) {
         std::rethrow_exception(e);
       }
       if (t.epoch != impl_->epoch || (!impl_->up && t.id >= impl_->first_unread())) {
-        throw backend_error("peer " + impl_->addr + ": a graph's reply was lost when its connection dropped");
+        throw backend_error("peer " + impl_->who + ": a graph's reply was lost when its connection dropped");
       }
       if (t.id < impl_->first_unread()) return true;
       // Its reply, or one before it, is to come: read what has arrived.

@@ -33,6 +33,7 @@
 namespace troupe::rpc {
 
 struct client_options {
+  std::string name;                                   // in messages, before the address ("peer box-2 (host:port): ...")
   std::string host = "127.0.0.1";
   uint16_t port = 0;
   std::string key;                                    // shared key; empty: none

@@ -91,7 +91,15 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(bool chat, const std:
     throw api_error(404, "invalid_request_error", "the model '" + r.model + "' does not exist", "model", "model_not_found");
   }
   model_slots& ms = **it;
-  if (!ms.loaded.load()) throw api_error(503, "unavailable_error", "the model '" + r.model + "' is still loading");
+  if (!ms.loaded.load()) {
+    std::string why;
+    {
+      std::lock_guard l(ms.m);
+      why = ms.unavailable;
+    }
+    throw api_error(503, "unavailable_error",
+                    "the model '" + r.model + "' is " + (why.empty() ? std::string("still loading") : "unavailable: " + why));
+  }
   // The prompt must leave room for at least one token of answer in the session's context.
   actors::generate_request gr;
   gr.chat = r.chat;

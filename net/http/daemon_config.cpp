@@ -90,7 +90,7 @@ daemon_config parse_daemon_config(std::string_view text, const std::string& sour
 
   if (root.contains("cluster")) {
     const toml::table& cl = section(root, "cluster", source);
-    check_keys(cl, {"host", "port", "key_file", "heartbeat_ms", "down_after_ms"}, "[cluster]", source);
+    check_keys(cl, {"host", "port", "key_file", "heartbeat_ms", "down_after_ms", "coordinator_devices", "margin_mib"}, "[cluster]", source);
     cluster_config& cc = c.cluster;
     cc.enabled = true;
     cc.host = get<std::string>(cl, "host", cc.host, "cluster", source);
@@ -98,6 +98,8 @@ daemon_config parse_daemon_config(std::string_view text, const std::string& sour
     cc.key_file = get<std::string>(cl, "key_file", cc.key_file, "cluster", source);
     if (!cc.key_file.empty()) cc.key_file = resolve(cc.key_file);
     cc.heartbeat_ms = get<uint32_t>(cl, "heartbeat_ms", cc.heartbeat_ms, "cluster", source, 600000);
+    cc.coordinator_devices = get<bool>(cl, "coordinator_devices", cc.coordinator_devices, "cluster", source);
+    cc.margin_mib = get<uint32_t>(cl, "margin_mib", cc.margin_mib, "cluster", source, 1u << 20);
     cc.down_after_ms = get<uint32_t>(cl, "down_after_ms", cc.down_after_ms, "cluster", source, 3600000);
     if (cc.heartbeat_ms == 0 || cc.down_after_ms <= cc.heartbeat_ms) {
       fail(source, "cluster.down_after_ms (" + std::to_string(cc.down_after_ms) + ") must be more than cluster.heartbeat_ms (" +
@@ -129,6 +131,9 @@ void validate_daemon_config(const daemon_config& c) {
   std::set<std::string> names;
   for (const actors::model_settings& m : c.runtime.models) {
     if (!names.insert(m.name).second) throw error(where + ": two models are named '" + m.name + "'");
+    if (m.placement == "cluster" && !c.cluster.enabled) {
+      throw error(where + ": model '" + m.name + "': placement = \"cluster\" needs a [cluster] table (this daemon as the coordinator)");
+    }
     std::error_code ec;
     if (!std::filesystem::is_regular_file(m.path, ec)) {
       throw error(where + ": model '" + m.name + "': no such file '" + m.path + "'" +

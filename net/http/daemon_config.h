@@ -25,6 +25,8 @@
 //   key_file = ""                 # the cluster's shared key (at least 16 bytes); relative to this file
 //   heartbeat_ms = 1000           # nodes send a heartbeat this often
 //   down_after_ms = 3000          # a node silent this long is down (a dropped connection is down at once)
+//   coordinator_devices = true    # models with placement = "cluster" use this daemon's devices too
+//   margin_mib = 512              # memory placement leaves free on each device
 //
 // Every key has the default shown; unknown keys and wrong types are errors naming the file, line and key.
 #pragma once
@@ -66,6 +68,8 @@ struct cluster_config {
   std::string key_file;
   uint32_t heartbeat_ms = 1000;
   uint32_t down_after_ms = 3000;
+  bool coordinator_devices = true;
+  uint32_t margin_mib = 512;
 };
 
 struct daemon_config {

@@ -70,6 +70,12 @@ std::string daemon_metrics::render(const std::vector<model_gauges>& models, cons
   os << "# HELP troupe_requests_cancelled_total Answers cut short (client disconnected, timeout, shutdown).\n"
      << "# TYPE troupe_requests_cancelled_total counter\n"
      << "troupe_requests_cancelled_total " << cancelled_.load() << "\n";
+  os << "# HELP troupe_cluster_recoveries_total Models placed and loaded again after a cluster node they used went down.\n"
+     << "# TYPE troupe_cluster_recoveries_total counter\n"
+     << "troupe_cluster_recoveries_total " << recoveries_ << "\n"
+     << "# HELP troupe_cluster_last_recovery_seconds How long the last of those took (from the loss to loaded).\n"
+     << "# TYPE troupe_cluster_last_recovery_seconds gauge\n"
+     << "troupe_cluster_last_recovery_seconds " << last_recovery_s_ << "\n";
   os << "# HELP troupe_prompt_tokens_total Prompt tokens of finished answers.\n"
      << "# TYPE troupe_prompt_tokens_total counter\n"
      << "troupe_prompt_tokens_total " << prompt_tokens_ << "\n";

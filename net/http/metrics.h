@@ -45,6 +45,12 @@ class daemon_metrics {
   void request_done(const std::string& endpoint, int status, double seconds);
   void tokens(uint64_t prompt, uint64_t generated, double gen_seconds);
   void cancelled() { cancelled_.fetch_add(1, std::memory_order_relaxed); }
+  // A model placed and loaded again after it lost its placement (a cluster node went down), in `seconds`.
+  void recovered(double seconds) {
+    std::lock_guard l(mutex_);
+    ++recoveries_;
+    last_recovery_s_ = seconds;
+  }
 
   std::atomic<int64_t> in_flight{0};
   std::atomic<int64_t> queue_depth{0};
@@ -63,6 +69,8 @@ class daemon_metrics {
   uint64_t prompt_tokens_ = 0, generated_tokens_ = 0;
   double gen_seconds_ = 0;
   std::atomic<uint64_t> cancelled_{0};
+  uint64_t recoveries_ = 0;
+  double last_recovery_s_ = 0;
 };
 
 }  // namespace troupe::http

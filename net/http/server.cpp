@@ -60,10 +60,58 @@ void daemon::serve() {
   finish_stop();
 }
 
+actors::model_settings daemon::placed(const actors::model_settings& s, bool first) {
+  if (s.placement != "cluster") return s;
+  if (!placement_) throw error("model '" + s.name + "': placement = \"cluster\" needs a [cluster] table");
+  actors::model_settings out = s;
+  out.devices = placement_(s, first);
+  out.placement.clear();  // (the engine loads it where it was placed)
+  return out;
+}
+
+void daemon::replace_model(const std::string& name, const std::string& why) {
+  const auto it = std::find_if(models_.begin(), models_.end(), [&](const auto& m) { return m->config.name == name; });
+  if (it == models_.end()) return;
+  model_slots& ms = **it;
+  {
+    std::lock_guard l(ms.m);
+    ms.unavailable = why + "; it is being placed again";
+  }
+  ms.loaded.store(false);
+  try {
+    eng_.unload_model(name);
+  } catch (const std::exception& e) {
+    TROUPE_LOG(debug, "model '" << name << "': unloading before placing it again: " << e.what());
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!stopping_.load()) {
+    try {
+      ms.info = eng_.load_model(placed(ms.config, false));
+      ms.model = eng_.env()->model(name);
+      {
+        std::lock_guard l(ms.m);
+        ms.unavailable.clear();
+      }
+      ms.loaded.store(true);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      metrics_.recovered(s);
+      TROUPE_LOG(info, "model '" << name << "' placed and loaded again after " << why << " (" << s << " s)");
+      return;
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard l(ms.m);
+        ms.unavailable = why + "; placing it again failed: " + e.what();
+      }
+      TROUPE_LOG(warn, "model '" << name << "': placing it again: " << e.what() << "; retrying in 1 s");
+      for (int i = 0; i < 10 && !stopping_.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+}
+
 void daemon::load_models() {
   for (auto& ms : models_) {
     if (stopping_.load()) return;
-    ms->info = eng_.load_model(ms->config);
+    ms->info = eng_.load_model(placed(ms->config, true));
     ms->model = eng_.env()->model(ms->config.name);
     ms->created = detail::unix_now();
     ms->loaded.store(true);

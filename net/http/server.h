@@ -70,11 +70,20 @@ class daemon {
   // the sessions. Safe from any thread, more than once. serve() returns afterwards.
   void stop();
 
+  // Where the layers of models with placement = "cluster" go (the cluster's placer), asked when they load
+  // (first) and again by replace_model. Set before load_models().
+  using placement_fn = std::function<std::vector<actors::device_layers>(const actors::model_settings&, bool first)>;
+  void set_placement(placement_fn f) { placement_ = std::move(f); }
+  // The model lost its placement (a node it used is down): its requests get 503 naming why until it is
+  // loaded again where placement says now. Blocks until then, retrying every second, or until stop().
+  void replace_model(const std::string& name, const std::string& why);
+
   // The cluster this daemon coordinates, as GET /v1/cluster answers it (JSON); unset: 404 (no [cluster]).
   // Set before serve().
   void set_cluster_status(std::function<std::string()> f) { cluster_status_ = std::move(f); }
 
   bool ready() const { return ready_.load(); }
+  bool stopping() const { return stopping_.load(); }
   int port() const { return port_; }
   daemon_metrics& metrics() { return metrics_; }
   std::vector<model_gauges> gauges() const;
@@ -98,6 +107,9 @@ class daemon {
 
   engine& eng_;
   std::function<std::string()> cluster_status_;
+  placement_fn placement_;
+  // The settings s loads with: placed by placement_ for placement = "cluster".
+  actors::model_settings placed(const actors::model_settings& s, bool first);
   daemon_config cfg_;
   std::unique_ptr<listener> svr_;
   std::vector<std::unique_ptr<model_slots>> models_;

@@ -25,6 +25,7 @@ struct model_slots {
   actors::model_settings config;
   uint32_t slots = 1;
   std::atomic<bool> loaded{false};
+  std::string unavailable;  // under m: why it is not loaded now, when it was (its placement was lost)
   actors::model_info info;
   int64_t created = 0;
   std::shared_ptr<const actors::loaded_model> model;

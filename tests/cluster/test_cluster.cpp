@@ -102,14 +102,16 @@ uint16_t coordinator_port(test::daemon_process& d) {
   return static_cast<uint16_t>(std::stoi(m[1]));
 }
 
-json cluster_of(test::daemon_process& d) {
-  httplib::Client c("127.0.0.1", d.port());
+json cluster_at(int port) {
+  httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(10, 0);
   auto r = c.Get("/v1/cluster");
   REQUIRE(r);
   REQUIRE(r->status == 200);
   return json::parse(r->body);
 }
+
+json cluster_of(test::daemon_process& d) { return cluster_at(d.port()); }
 
 // The node named `name` in /v1/cluster (null when absent).
 json node_named(const json& cl, const std::string& name) {
@@ -361,4 +363,95 @@ TEST_CASE("a join with a wrong key is refused and logged; the right key joins", 
       .receive([&](const cluster::cluster_view&) { refusal = "answered"; }, [&](const caf::error& e) { refusal = actors::describe(e); });
   CHECK_THAT(refusal, Catch::Contains("refused") && Catch::Contains("for its nodes"));
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+struct answer {
+  int status = 0;
+  std::string text;  // the completion's text, or the error's message
+};
+
+answer complete(int port, const std::string& model) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(30, 0);
+  const json body = {{"model", model}, {"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 0}};
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  if (!r) return {-1, "no answer"};
+  answer a{r->status, r->body};
+  try {
+    const json j = json::parse(r->body);
+    if (j.contains("choices")) a.text = j["choices"][0]["text"];
+    if (j.contains("error")) {
+      a.text = j["error"]["message"];
+      if (a.status == 200) a.status = 500;  // an answer that failed after its headers went out
+    }
+  } catch (const json::exception&) {
+  }
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("a model placed over two nodes answers as on the CPU; a node killed, it moves to the one left; with none left, 503 naming the node; a node back, it answers again", "[cluster][process][placement]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  const std::string m = model->string();
+  test::daemon_process d("[server]\nport = 0\n[cluster]\nport = 0\nheartbeat_ms = 100\ndown_after_ms = 1000\n"
+                         "coordinator_devices = false\n"
+                         "[[model]]\nname = \"stories\"\npath = \"" + m + "\"\nn_ctx = 256\nchat_template = \"raw\"\n"
+                         "placement = \"cluster\"\nmin_nodes = 2\n"
+                         "[[model]]\nname = \"local\"\npath = \"" + m + "\"\nn_ctx = 256\nchat_template = \"raw\"\n",
+                         {}, false);
+  REQUIRE(d.wait_for_log("cluster coordinator on", 60s));
+  const uint16_t cport = coordinator_port(d);
+  CHECK(d.wait_for_log("model 'stories' waits for 2 node(s) up", 30s));
+  auto a = std::make_unique<node_process>(node_args(cport, "a"));
+  node_process b(node_args(cport, "b"));
+  REQUIRE(d.wait_for_log("info  ready", 60s));
+  std::smatch mt;
+  std::string log = d.log();
+  REQUIRE(std::regex_search(log, mt, std::regex("listening on http://127\\.0\\.0\\.1:([0-9]+)")));
+  const int port = std::stoi(mt[1]);
+  // Placed over both nodes' CPUs (coordinator_devices = false: none of its own), every layer and the output.
+  REQUIRE(std::regex_search(log, mt, std::regex("model 'stories' placed by free memory: RPC\\[[0-9.:]+\\]#0 \\(node ([ab])\\) ([0-9]) "
+                                                "layer\\(s\\), RPC\\[[0-9.:]+\\]#0 \\(node ([ab])\\) ([0-9]) layer\\(s\\)")));
+  CHECK(mt[1] != mt[3]);
+  CHECK(std::stoi(mt[2]) + std::stoi(mt[4]) == 6);  // stories260K: 5 layers and the output
+  const answer ref = complete(port, "local");
+  REQUIRE(ref.status == 200);
+  REQUIRE_FALSE(ref.text.empty());
+  const answer first = complete(port, "stories");
+  CHECK(first.status == 200);
+  CHECK(first.text == ref.text);
+
+  // a killed: placed on b alone, and the same answer within 30 s.
+  a->kill9();
+  const bool moved = wait_until([&] { return complete(port, "stories").text == ref.text && d.log().find("(node b) 6 layer(s)") != std::string::npos; },
+                                30s);
+  CHECK(moved);
+  CHECK(d.wait_for_log("cluster: model 'stories' lost its placement: node 'a' is down", 5s));
+
+  // b killed too: nowhere to go; requests get 503 naming it (the model waits for a node).
+  b.kill9();
+  answer got;
+  const bool refused = wait_until([&] {
+    got = complete(port, "stories");
+    return got.status == 503;
+  }, 20s);
+  INFO(got.text);
+  CHECK(refused);
+  CHECK_THAT(got.text, Catch::Contains("node 'b' is down"));
+  CHECK(complete(port, "local").text == ref.text);  // the daemon's other model is not touched
+
+  // a restarted: it rejoins in epoch 2, the model is placed on it, the same answer.
+  node_process a2(node_args(cport, "a"));
+  const bool back = wait_until([&] { return complete(port, "stories").text == ref.text; }, 30s);
+  CHECK(back);
+  const json cl = cluster_at(port);
+  CHECK(is_up(cl, "a", 2));
+  httplib::Client c("127.0.0.1", port);
+  const auto metrics = c.Get("/metrics");
+  REQUIRE(metrics);
+  CHECK(std::regex_search(metrics->body, std::regex("troupe_cluster_recoveries_total [2-9]")));
 }

@@ -22,6 +22,7 @@
 
 #include "actors/runtime.h"
 #include "net/cluster/coordinator.h"
+#include "net/cluster/placer.h"
 #include "net/cluster/type_ids.h"
 #include "net/rpc/auth.h"
 #include "net/http/daemon_config.h"
@@ -174,8 +175,17 @@ int run_serve(const serve_options& o) {
   }
   engine& eng = *own_eng;
   http::daemon d(eng, cfg);
+  std::unique_ptr<cluster::placer> placer;
   if (coordinator) {
     d.set_cluster_status([&sys, coordinator] { return cluster::status_json(*sys, coordinator); });
+    const std::string key = cfg.cluster.key_file.empty() ? std::string() : rpc::load_key_file(cfg.cluster.key_file);
+    placer = std::make_unique<cluster::placer>(*sys, coordinator, eng,
+                                               cluster::placer_params{.rpc_key = key,
+                                                                      .margin = uint64_t{cfg.cluster.margin_mib} << 20,
+                                                                      .coordinator_devices = cfg.cluster.coordinator_devices});
+    d.set_placement([&placer, &d](const actors::model_settings& s, bool first) {
+      return placer->place(s, first, [&d] { return d.stopping(); });
+    });
   }
   const int port = d.bind();
   std::thread server([&] { d.serve(); });
@@ -191,6 +201,7 @@ int run_serve(const serve_options& o) {
   int rc = 0;
   try {
     d.load_models();
+    if (placer) placer->watch([&d](const std::string& model, const std::string& why) { d.replace_model(model, why); });
     const actors::memory_breakdown mem = eng.memory();
     std::fprintf(stderr, "%s", mem.table.c_str());
     TROUPE_LOG(info, "listening on http://" << cfg.server.host << ":" << port << " (OpenAI API at /v1)");
@@ -201,6 +212,7 @@ int run_serve(const serve_options& o) {
     d.stop();
   }
   server.join();
+  placer.reset();  // (its watcher may be placing a model again: stop() ends that)
   const unsigned char none = 0;  // ends the watcher when no signal came
   (void)!write(signal_pipe[1], &none, 1);
   watcher.join();

@@ -27,6 +27,7 @@ struct client::impl {
   client_options opts;
   client_options initial_opts;  // as constructed (probe connections use these; opts.io_timeout varies)
   std::string addr;             // "host:port"
+  std::string who;              // in messages: addr, or "name (host:port)"
   mutable std::mutex mu;        // one request at a time
   client_transport io;
   std::atomic<bool> up{false};  // connected (the transport is open)

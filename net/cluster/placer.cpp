@@ -1,0 +1,153 @@
+#include "net/cluster/placer.h"
+
+#include <caf/all.hpp>
+
+#include "actors/errors.h"
+#include "runtime/error.h"
+#include "runtime/llm/fit.h"
+#include "runtime/llm/model.h"
+#include "runtime/log.h"
+
+namespace troupe::cluster {
+
+placer::placer(caf::actor_system& sys, coordinator_actor c, engine& eng, placer_params p)
+    : sys_(sys), coord_(std::move(c)), eng_(eng), p_(std::move(p)) {}
+
+placer::~placer() {
+  stop_ = true;
+  if (watcher_.joinable()) watcher_.join();
+}
+
+cluster_view placer::view() {
+  caf::scoped_actor self{sys_};
+  cluster_view v;
+  std::string failure;
+  self->request(coord_, std::chrono::seconds(5), get_atom_v, status_atom_v)
+      .receive([&](const cluster_view& got) { v = got; }, [&](const caf::error& e) { failure = actors::describe(e); });
+  if (!failure.empty()) throw error("cluster: the coordinator did not answer: " + failure);
+  return v;
+}
+
+std::vector<actors::device_layers> placer::place(const actors::model_settings& s, bool first,
+                                                 const std::function<bool()>& stop) {
+  const uint32_t need = first ? s.min_nodes : 1;
+  std::vector<node_entry> up;
+  bool said = false;
+  for (;;) {
+    up.clear();
+    for (const node_entry& n : view().nodes) {
+      if (n.state == "up") up.push_back(n);
+    }
+    if (up.size() >= need) break;
+    if (!said) {
+      TROUPE_LOG(info, "cluster: model '" << s.name << "' waits for " << need << " node(s) up (" << up.size() << " now)");
+      said = true;
+    }
+    if ((stop && stop()) || stop_) throw error("cluster: model '" + s.name + "': stopped while waiting for nodes");
+    std::this_thread::sleep_for(p_.poll);
+  }
+  // The candidates: every device of every node that is up (its RPC server as a peer named after the node),
+  // then the daemon's own devices.
+  std::vector<llm::fit_device> devices;
+  std::map<std::string, use> node_of;  // device -> node
+  for (const node_entry& n : up) {
+    const auto colon = n.rpc_address.rfind(':');
+    actors::peer_params pp;
+    pp.name = n.name;
+    pp.host = n.rpc_address.substr(0, colon);
+    pp.port = static_cast<uint16_t>(std::stoul(n.rpc_address.substr(colon + 1)));
+    pp.key = p_.rpc_key;
+    pp.connect_timeout = std::chrono::milliseconds(3000);
+    pp.health_interval = std::chrono::milliseconds(250);
+    pp.health_timeout = std::chrono::milliseconds(1000);
+    std::vector<std::string> names;
+    {
+      std::lock_guard l(mu_);
+      if (!peers_.count(n.rpc_address)) {
+        names = eng_.add_peer(pp);
+        peers_.insert(n.rpc_address);
+      } else {
+        for (size_t i = 0; i < n.devices.size(); ++i) names.push_back("RPC[" + n.rpc_address + "]#" + std::to_string(i));
+      }
+    }
+    for (size_t i = 0; i < names.size() && i < n.devices.size(); ++i) {
+      devices.push_back({names[i], n.devices[i].memory_free});
+      node_of[names[i]] = {n.name, n.epoch};
+    }
+  }
+  if (p_.coordinator_devices) {
+    for (device_i* d : registry::instance().devices()) devices.push_back({std::string(d->name()), d->memory().free});
+  }
+  const auto model = llm::model::open(s.path);
+  const llm::layer_costs costs = llm::estimate_costs(*model, {.n_ctx = s.n_ctx, .n_ubatch = s.n_ubatch,
+                                                              .kv_type = s.kv_type == "f32" ? type::f32 : s.kv_type == "q8_0" ? type::q8_0 : type::f16});
+  const llm::fit_plan plan = llm::fit_layers(costs, devices, p_.margin);
+  std::vector<actors::device_layers> out;
+  std::vector<use> uses;
+  std::string said_plan;
+  for (size_t i = 0; i < plan.layers.size(); ++i) {
+    const auto& [name, k] = plan.layers[i];
+    out.push_back({name, k});
+    const auto it = node_of.find(name);
+    if (it != node_of.end()) uses.push_back(it->second);
+    said_plan += (i ? ", " : "") + name + (it != node_of.end() ? " (node " + it->second.node + ")" : std::string()) + " " +
+                 std::to_string(k) + " layer(s)";
+  }
+  TROUPE_LOG(info, "cluster: model '" << s.name << "' placed by free memory: " << said_plan);
+  std::lock_guard l(mu_);
+  placed_[s.name] = uses;
+  return out;
+}
+
+void placer::watch(std::function<void(const std::string&, const std::string&)> lost) {
+  {
+    std::lock_guard l(mu_);
+    lost_ = std::move(lost);
+  }
+  watcher_ = std::thread([this] { watch_loop(); });
+}
+
+void placer::watch_loop() {
+  while (!stop_) {
+    std::this_thread::sleep_for(p_.poll);
+    cluster_view v;
+    try {
+      v = view();
+    } catch (const std::exception& e) {
+      TROUPE_LOG(warn, e.what());
+      continue;
+    }
+    std::vector<std::pair<std::string, std::string>> losses;
+    {
+      std::lock_guard l(mu_);
+      for (auto it = placed_.begin(); it != placed_.end();) {
+        std::string why;
+        for (const use& u : it->second) {
+          const auto n = std::find_if(v.nodes.begin(), v.nodes.end(), [&](const node_entry& e) { return e.name == u.node; });
+          if (n == v.nodes.end() || n->state != "up") {
+            why = "node '" + u.node + "' is down" + (n != v.nodes.end() && !n->down_reason.empty() ? " (" + n->down_reason + ")" : "");
+          } else if (n->epoch != u.epoch) {
+            why = "node '" + u.node + "' came back in epoch " + std::to_string(n->epoch);
+          }
+          if (!why.empty()) break;
+        }
+        if (why.empty()) {
+          ++it;
+          continue;
+        }
+        losses.emplace_back(it->first, why);
+        it = placed_.erase(it);  // watched again once placed again
+      }
+      // A node that is gone or back in another epoch has a new RPC server: connect to it afresh when used.
+      for (const node_entry& n : v.nodes) {
+        if (n.state != "up") peers_.erase(n.rpc_address);
+      }
+    }
+    for (const auto& [model, why] : losses) {
+      TROUPE_LOG(warn, "cluster: model '" << model << "' lost its placement: " << why << "; placing it again");
+      if (lost_) lost_(model, why);
+    }
+  }
+}
+
+}  // namespace troupe::cluster
