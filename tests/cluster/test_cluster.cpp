@@ -332,7 +332,7 @@ TEST_CASE("nodes join `troupe serve`'s coordinator, are down when killed or sile
   caf::anon_send_exit(sub, caf::exit_reason::user_shutdown);
 }
 
-TEST_CASE("a join with a wrong key is refused and logged; the right key joins", "[cluster][process]") {
+TEST_CASE("a join with a wrong key is refused and logged, the right key joins", "[cluster][process]") {
   const auto model = test::model_path("stories260K.gguf");
   if (!model) return;
   const auto dir = std::filesystem::temp_directory_path() / ("troupe-cluster-keys-" + std::to_string(getpid()));
@@ -393,7 +393,7 @@ answer complete(int port, const std::string& model) {
 
 }  // namespace
 
-TEST_CASE("a model placed over two nodes answers as on the CPU; a node killed, it moves to the one left; with none left, 503 naming the node; a node back, it answers again", "[cluster][process][placement]") {
+TEST_CASE("a model placed over two nodes answers as on the CPU, moves to the node left when one is killed, is 503 naming the node with none left, and answers again when a node is back", "[cluster][process][placement]") {
   const auto model = test::model_path("stories260K.gguf");
   if (!model) return;
   const std::string m = model->string();

@@ -49,7 +49,7 @@ TEST_CASE("fit: layers in proportion to free memory, contiguous, the output with
   CHECK(p.bytes[1] == 70 * mib + 40 * mib + 20 * mib);
 }
 
-TEST_CASE("fit: a device never gets more than its room; one with no room is left out", "[llm][fit]") {
+TEST_CASE("fit: a device never gets more than its room, one with no room is left out", "[llm][fit]") {
   const layer_costs c = uniform(10, 10 * mib, 0, 10 * mib, 0);
   // Usable 30, 1000 and 5 MiB (margin 0): the proportions would give the first 3, the last nothing.
   const fit_plan p = fit_layers(c, {{"small", 30 * mib}, {"big", 1000 * mib}, {"tiny", 5 * mib}}, 0);
