@@ -25,6 +25,7 @@
 #include "backends/rpc/rpc_client.h"
 #include "net/cluster/coordinator.h"
 #include "net/cluster/type_ids.h"
+#include "net/http/daemon_config.h"
 #include "tests/http/daemon_process.h"
 #include "tests/test_models.h"
 
@@ -454,4 +455,32 @@ TEST_CASE("a model placed over two nodes answers as on the CPU, moves to the nod
   const auto metrics = c.Get("/metrics");
   REQUIRE(metrics);
   CHECK(std::regex_search(metrics->body, std::regex("troupe_cluster_recoveries_total [2-9]")));
+}
+
+TEST_CASE("the [cluster] table and placement = \"cluster\" are checked by name", "[cluster][config]") {
+  const std::string model = "[[model]]\nname = \"m\"\npath = \"m.gguf\"\n";
+  auto parse = [](const std::string& text) { return http::parse_daemon_config(text, "d.toml"); };
+  const http::daemon_config ok = parse("[cluster]\nport = 0\nkey_file = \"k\"\nheartbeat_ms = 50\ndown_after_ms = 500\n"
+                                       "coordinator_devices = false\nmargin_mib = 64\n" + model);
+  CHECK(ok.cluster.enabled);
+  CHECK(ok.cluster.port == 0);
+  CHECK(ok.cluster.heartbeat_ms == 50);
+  CHECK(ok.cluster.down_after_ms == 500);
+  CHECK_FALSE(ok.cluster.coordinator_devices);
+  CHECK(ok.cluster.margin_mib == 64);
+  CHECK_FALSE(parse(model).cluster.enabled);
+  CHECK_THROWS_WITH(parse("[cluster]\nprot = 1\n" + model), Catch::Contains("unknown key 'prot' in [cluster]"));
+  CHECK_THROWS_WITH(parse("[cluster]\nheartbeat_ms = 1000\ndown_after_ms = 1000\n" + model),
+                    Catch::Contains("d.toml:1") && Catch::Contains("cluster.down_after_ms (1000) must be more than cluster.heartbeat_ms"));
+  CHECK_THROWS_WITH(parse("[[model]]\nname = \"m\"\npath = \"m.gguf\"\nplacement = \"everywhere\"\n"),
+                    Catch::Contains("placement must be \"cluster\""));
+  CHECK_THROWS_WITH(parse("[[model]]\nname = \"m\"\npath = \"m.gguf\"\nplacement = \"cluster\"\ndevices = [{ device = \"CPU\", layers = 3 }]\n"),
+                    Catch::Contains("give no devices"));
+  CHECK_THROWS_WITH(parse("[[model]]\nname = \"m\"\npath = \"m.gguf\"\nplacement = \"cluster\"\nmin_nodes = 0\n"),
+                    Catch::Contains("min_nodes 0 is outside 1..1024"));
+  // placement = "cluster" without a [cluster] table: refused before anything starts.
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  http::daemon_config c = parse("[[model]]\nname = \"m\"\npath = \"" + path->string() + "\"\nplacement = \"cluster\"\n");
+  CHECK_THROWS_WITH(http::validate_daemon_config(c), Catch::Contains("placement = \"cluster\" needs a [cluster] table"));
 }
