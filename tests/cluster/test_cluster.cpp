@@ -5,6 +5,10 @@
 // bounded.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 #include <httplib.h>
@@ -27,6 +31,7 @@
 #include "net/cluster/type_ids.h"
 #include "net/http/daemon_config.h"
 #include "tests/http/daemon_process.h"
+#include "tests/support/tcp_proxy.h"
 #include "tests/test_models.h"
 
 using namespace troupe;
@@ -483,4 +488,51 @@ TEST_CASE("the [cluster] table and placement = \"cluster\" are checked by name",
   if (!path) return;
   http::daemon_config c = parse("[[model]]\nname = \"m\"\npath = \"" + path->string() + "\"\nplacement = \"cluster\"\n");
   CHECK_THROWS_WITH(http::validate_daemon_config(c), Catch::Contains("placement = \"cluster\" needs a [cluster] table"));
+}
+
+namespace {
+
+// A free TCP port on 127.0.0.1 (bound and released: the caller binds it next).
+uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t n = sizeof a;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) == 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+}  // namespace
+
+TEST_CASE("a model placed over a node behind a slow link (2 ms each way) answers as on the CPU", "[cluster][process][placement][proxy]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  const std::string m = model->string();
+  test::daemon_process d("[server]\nport = 0\n[cluster]\nport = 0\nheartbeat_ms = 100\ndown_after_ms = 2000\n"
+                         "coordinator_devices = false\n"
+                         "[[model]]\nname = \"stories\"\npath = \"" + m + "\"\nn_ctx = 256\nchat_template = \"raw\"\n"
+                         "placement = \"cluster\"\nmin_nodes = 2\n"
+                         "[[model]]\nname = \"local\"\npath = \"" + m + "\"\nn_ctx = 256\nchat_template = \"raw\"\n",
+                         {}, false);
+  REQUIRE(d.wait_for_log("cluster coordinator on", 60s));
+  const uint16_t cport = coordinator_port(d);
+  // Node b's RPC server on a port of its own, reached through the proxy: the address it advertises.
+  const uint16_t b_rpc = free_port();
+  test::tcp_proxy proxy({.target_port = b_rpc, .latency = std::chrono::milliseconds(2)});
+  node_process a(node_args(cport, "a"));
+  node_process b(node_args(cport, "b", {"--port", std::to_string(b_rpc), "--advertise", "127.0.0.1:" + std::to_string(proxy.port())}));
+  REQUIRE(d.wait_for_log("info  ready", 60s));
+  std::smatch mt;
+  const std::string log = d.log();
+  REQUIRE(std::regex_search(log, mt, std::regex("listening on http://127\\.0\\.0\\.1:([0-9]+)")));
+  const int port = std::stoi(mt[1]);
+  CHECK_THAT(log, Catch::Contains("RPC[127.0.0.1:" + std::to_string(proxy.port()) + "]#0 (node b)"));
+  const answer ref = complete(port, "local");
+  REQUIRE(ref.status == 200);
+  const answer got = complete(port, "stories");
+  CHECK(got.status == 200);
+  CHECK(got.text == ref.text);
 }

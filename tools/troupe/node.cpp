@@ -41,11 +41,11 @@ struct node_options {
 
 std::pair<std::string, uint16_t> split_address(const std::string& a) {
   const auto colon = a.rfind(':');
-  if (colon == std::string::npos || colon == 0) throw error("--join: '" + a + "' is not HOST:PORT");
+  if (colon == std::string::npos || colon == 0) throw error("'" + a + "' is not HOST:PORT");
   const std::string port = a.substr(colon + 1);
   if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) == 0 ||
       std::stoul(port) > 65535) {
-    throw error("--join: '" + port + "' is not a port (1-65535)");
+    throw error("'" + port + "' is not a port (1-65535)");
   }
   return {a.substr(0, colon), static_cast<uint16_t>(std::stoul(port))};
 }
@@ -94,7 +94,13 @@ int run_node(const node_options& o) {
   });
   waiter.detach();
 
-  const auto [coord_host, coord_port] = split_address(o.join);
+  std::pair<std::string, uint16_t> coordinator_address;
+  try {
+    coordinator_address = split_address(o.join);
+  } catch (const error& e) {
+    throw error(std::string("--join: ") + e.what());
+  }
+  const auto& [coord_host, coord_port] = coordinator_address;
   const std::string key_file = o.cluster_key_file.empty() ? o.peer.key_file : o.cluster_key_file;
   const std::string key = key_file.empty() ? std::string() : rpc::load_key_file(key_file);
   const rpc::server_options so = server_options_for(o.peer, "node");
@@ -102,8 +108,21 @@ int run_node(const node_options& o) {
   srv.start();
   cluster::node_inventory inv;
   inv.name = o.name.empty() ? host_name() : o.name;
-  inv.rpc_host = o.advertise.empty() ? o.peer.host : o.advertise;
+  inv.rpc_host = o.peer.host;
   inv.rpc_port = srv.port();
+  if (!o.advertise.empty()) {  // HOST, or HOST:PORT (a forwarded port, a proxy)
+    const auto colon = o.advertise.rfind(':');
+    if (colon != std::string::npos && o.advertise.find(':') == colon) {
+      inv.rpc_host = o.advertise.substr(0, colon);
+      try {
+        inv.rpc_port = split_address("x:" + o.advertise.substr(colon + 1)).second;
+      } catch (const error& e) {
+        throw error(std::string("--advertise: ") + e.what());
+      }
+    } else {
+      inv.rpc_host = o.advertise;
+    }
+  }
   inv.devices = inventory_of(so.devices);
   if (const std::string bad = cluster::check_inventory(inv); !bad.empty()) throw error("node: " + bad);
   std::printf("troupe node: '%s' serving on %s (%zu device(s)), joining %s\n", inv.name.c_str(), srv.address().c_str(),
@@ -161,7 +180,8 @@ command_fn add_node(CLI::App& app) {
   o->peer.port = 0;
   app.add_option("--join", o->join, "the coordinator to join, HOST:PORT (troupe serve's [cluster] port)")->required();
   app.add_option("--name", o->name, "this node's name in the cluster (default: the host name)");
-  app.add_option("--advertise", o->advertise, "the address other nodes reach this node's RPC server at (default: --host)");
+  app.add_option("--advertise", o->advertise,
+                 "HOST or HOST:PORT that others reach this node's RPC server at (default: --host and the bound port)");
   app.add_option("--cluster-key-file", o->cluster_key_file, "the cluster's shared key (default: --auth-key-file)");
   app.add_option("--host", o->peer.host, "address the RPC server listens on (anything but loopback needs a key)");
   app.add_option("--port", o->peer.port, "the RPC server's TCP port (0: any free port)");
