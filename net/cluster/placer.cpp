@@ -131,6 +131,16 @@ void placer::watch_loop() {
           }
           if (!why.empty()) break;
         }
+        if (why.empty() && p_.rebalance_on_join) {
+          for (const node_entry& n : v.nodes) {
+            const auto seen = seen_up_.find(n.name);
+            const bool used = std::any_of(it->second.begin(), it->second.end(), [&](const use& u) { return u.node == n.name; });
+            if (n.state == "up" && !used && (seen == seen_up_.end() || seen->second != n.epoch) && !seen_up_.empty()) {
+              why = "node '" + n.name + "' joined (rebalance = \"on_join\")";
+              break;
+            }
+          }
+        }
         if (why.empty()) {
           ++it;
           continue;
@@ -139,8 +149,10 @@ void placer::watch_loop() {
         it = placed_.erase(it);  // watched again once placed again
       }
       // A node that is gone or back in another epoch has a new RPC server: connect to it afresh when used.
+      seen_up_.clear();
       for (const node_entry& n : v.nodes) {
         if (n.state != "up") peers_.erase(n.rpc_address);
+        if (n.state == "up") seen_up_[n.name] = n.epoch;
       }
     }
     for (const auto& [model, why] : losses) {

@@ -29,6 +29,8 @@ struct placer_params {
   std::string rpc_key;                        // the nodes' RPC servers' key (the cluster's by default)
   uint64_t margin = uint64_t{512} << 20;      // each device keeps this much free
   bool coordinator_devices = false;           // the daemon's own devices take layers too
+  bool rebalance_on_join = false;             // a node that joins (or is back) moves every placed model onto
+                                              // the nodes up then; false: only models that lost a node move
   std::chrono::milliseconds poll{100};        // how often the cluster's state is read
 };
 
@@ -46,7 +48,8 @@ class placer {
   std::vector<actors::device_layers> place(const actors::model_settings& s, bool first, const std::function<bool()>& stop);
 
   // Watches, on a thread of its own, the nodes each placed model uses: when one goes down or comes back in
-  // another epoch, calls lost(model, why) once (why names the node). The model is watched again once placed.
+  // another epoch (or, with rebalance_on_join, when a node it does not use comes up), calls lost(model, why)
+  // once (why names the node). The model is watched again once placed.
   void watch(std::function<void(const std::string& model, const std::string& why)> lost);
 
   cluster_view view();  // the coordinator's, now
@@ -65,6 +68,7 @@ class placer {
   std::mutex mu_;
   std::map<std::string, std::vector<use>> placed_;  // model -> the nodes (and their epochs) it uses
   std::set<std::string> peers_;                     // RPC addresses the engine has as peers
+  std::map<std::string, uint64_t> seen_up_;          // the nodes up at the last look, by name: their epochs
   std::function<void(const std::string&, const std::string&)> lost_;
   std::atomic<bool> stop_{false};
   std::thread watcher_;

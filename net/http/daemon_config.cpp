@@ -90,7 +90,7 @@ daemon_config parse_daemon_config(std::string_view text, const std::string& sour
 
   if (root.contains("cluster")) {
     const toml::table& cl = section(root, "cluster", source);
-    check_keys(cl, {"host", "port", "key_file", "heartbeat_ms", "down_after_ms", "coordinator_devices", "margin_mib"}, "[cluster]", source);
+    check_keys(cl, {"host", "port", "key_file", "heartbeat_ms", "down_after_ms", "coordinator_devices", "margin_mib", "rebalance"}, "[cluster]", source);
     cluster_config& cc = c.cluster;
     cc.enabled = true;
     cc.host = get<std::string>(cl, "host", cc.host, "cluster", source);
@@ -100,6 +100,11 @@ daemon_config parse_daemon_config(std::string_view text, const std::string& sour
     cc.heartbeat_ms = get<uint32_t>(cl, "heartbeat_ms", cc.heartbeat_ms, "cluster", source, 600000);
     cc.coordinator_devices = get<bool>(cl, "coordinator_devices", cc.coordinator_devices, "cluster", source);
     cc.margin_mib = get<uint32_t>(cl, "margin_mib", cc.margin_mib, "cluster", source, 1u << 20);
+    cc.rebalance = get<std::string>(cl, "rebalance", cc.rebalance, "cluster", source);
+    if (cc.rebalance != "on_loss" && cc.rebalance != "on_join") {
+      fail(source, "cluster.rebalance must be \"on_loss\" or \"on_join\", not \"" + cc.rebalance + "\"",
+           cl.get("rebalance")->source());
+    }
     cc.down_after_ms = get<uint32_t>(cl, "down_after_ms", cc.down_after_ms, "cluster", source, 3600000);
     if (cc.heartbeat_ms == 0 || cc.down_after_ms <= cc.heartbeat_ms) {
       fail(source, "cluster.down_after_ms (" + std::to_string(cc.down_after_ms) + ") must be more than cluster.heartbeat_ms (" +

@@ -27,6 +27,7 @@
 //   down_after_ms = 3000          # a node silent this long is down (a dropped connection is down at once)
 //   coordinator_devices = true    # models with placement = "cluster" use this daemon's devices too
 //   margin_mib = 512              # memory placement leaves free on each device
+//   rebalance = "on_loss"         # models move when a node they use goes; "on_join": also when a node joins
 //
 // Every key has the default shown; unknown keys and wrong types are errors naming the file, line and key.
 #pragma once
@@ -70,6 +71,7 @@ struct cluster_config {
   uint32_t down_after_ms = 3000;
   bool coordinator_devices = true;
   uint32_t margin_mib = 512;
+  std::string rebalance = "on_loss";
 };
 
 struct daemon_config {

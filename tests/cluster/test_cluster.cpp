@@ -475,6 +475,10 @@ TEST_CASE("the [cluster] table and placement = \"cluster\" are checked by name",
   CHECK(ok.cluster.margin_mib == 64);
   CHECK_FALSE(parse(model).cluster.enabled);
   CHECK_THROWS_WITH(parse("[cluster]\nprot = 1\n" + model), Catch::Contains("unknown key 'prot' in [cluster]"));
+  CHECK(parse("[cluster]\nrebalance = \"on_join\"\n" + model).cluster.rebalance == "on_join");
+  CHECK(parse(model).cluster.rebalance == "on_loss");
+  CHECK_THROWS_WITH(parse("[cluster]\nrebalance = \"always\"\n" + model),
+                    Catch::Contains("d.toml:2") && Catch::Contains("cluster.rebalance must be \"on_loss\" or \"on_join\""));
   CHECK_THROWS_WITH(parse("[cluster]\nheartbeat_ms = 1000\ndown_after_ms = 1000\n" + model),
                     Catch::Contains("d.toml:1") && Catch::Contains("cluster.down_after_ms (1000) must be more than cluster.heartbeat_ms"));
   CHECK_THROWS_WITH(parse("[[model]]\nname = \"m\"\npath = \"m.gguf\"\nplacement = \"everywhere\"\n"),
@@ -535,4 +539,37 @@ TEST_CASE("a model placed over a node behind a slow link (2 ms each way) answers
   const answer got = complete(port, "stories");
   CHECK(got.status == 200);
   CHECK(got.text == ref.text);
+}
+
+TEST_CASE("rebalance = on_join: a node that joins takes part of a placed model, which answers the same", "[cluster][process][placement]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  const std::string m = model->string();
+  test::daemon_process d("[server]\nport = 0\n[cluster]\nport = 0\nheartbeat_ms = 100\ndown_after_ms = 1000\n"
+                         "coordinator_devices = false\nrebalance = \"on_join\"\n"
+                         "[[model]]\nname = \"stories\"\npath = \"" + m + "\"\nn_ctx = 256\nchat_template = \"raw\"\n"
+                         "placement = \"cluster\"\n"
+                         "[[model]]\nname = \"local\"\npath = \"" + m + "\"\nn_ctx = 256\nchat_template = \"raw\"\n",
+                         {}, false);
+  REQUIRE(d.wait_for_log("cluster coordinator on", 60s));
+  const uint16_t cport = coordinator_port(d);
+  node_process a(node_args(cport, "a"));
+  REQUIRE(d.wait_for_log("info  ready", 60s));
+  std::smatch mt;
+  const std::string log = d.log();
+  REQUIRE(std::regex_search(log, mt, std::regex("listening on http://127\\.0\\.0\\.1:([0-9]+)")));
+  const int port = std::stoi(mt[1]);
+  CHECK_THAT(log, Catch::Contains("(node a) 6 layer(s)"));  // min_nodes = 1: everything on a
+  const answer ref = complete(port, "local");
+  REQUIRE(ref.status == 200);
+  CHECK(complete(port, "stories").text == ref.text);
+  node_process b(node_args(cport, "b"));
+  CHECK(d.wait_for_log("lost its placement: node 'b' joined (rebalance = \"on_join\")", 30s));
+  const bool spread = wait_until([&] {
+    const std::string l = d.log();
+    return std::regex_search(l, std::regex("placed by free memory: RPC\\[[0-9.:]+\\]#0 \\(node [ab]\\) [1-5] layer\\(s\\), "
+                                           "RPC\\[[0-9.:]+\\]#0 \\(node [ab]\\) [1-5] layer\\(s\\)")) &&
+           complete(port, "stories").text == ref.text;
+  }, 30s);
+  CHECK(spread);
 }

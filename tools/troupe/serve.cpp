@@ -182,7 +182,8 @@ int run_serve(const serve_options& o) {
     placer = std::make_unique<cluster::placer>(*sys, coordinator, eng,
                                                cluster::placer_params{.rpc_key = key,
                                                                       .margin = uint64_t{cfg.cluster.margin_mib} << 20,
-                                                                      .coordinator_devices = cfg.cluster.coordinator_devices});
+                                                                      .coordinator_devices = cfg.cluster.coordinator_devices,
+                                                                      .rebalance_on_join = cfg.cluster.rebalance == "on_join"});
     d.set_placement([&placer, &d](const actors::model_settings& s, bool first) {
       return placer->place(s, first, [&d] { return d.stopping(); });
     });
