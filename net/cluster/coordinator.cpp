@@ -261,13 +261,18 @@ std::string check_inventory(const node_inventory& inv) {
   return {};
 }
 
-std::string status_json(caf::actor_system& sys, const coordinator_actor& c) {
+cluster_view ask_view(caf::actor_system& sys, const coordinator_actor& c) {
   caf::scoped_actor self{sys};
   cluster_view v;
   std::string failure;
   self->request(c, std::chrono::seconds(5), get_atom_v, status_atom_v)
       .receive([&](const cluster_view& got) { v = got; }, [&](const caf::error& e) { failure = actors::describe(e); });
   if (!failure.empty()) throw error("cluster: the coordinator did not answer: " + failure);
+  return v;
+}
+
+std::string status_json(caf::actor_system& sys, const coordinator_actor& c) {
+  const cluster_view v = ask_view(sys, c);
   nlohmann::json nodes = nlohmann::json::array();
   for (const node_entry& n : v.nodes) {
     nlohmann::json devices = nlohmann::json::array();

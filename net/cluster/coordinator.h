@@ -35,6 +35,9 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_params p
 uint16_t publish_coordinator(caf::actor_system& sys, const coordinator_actor& c, const std::string& host, uint16_t port,
                              bool has_key);
 
+// The coordinator's view, asked from this process (at most 5 s). Throws error when it does not answer.
+cluster_view ask_view(caf::actor_system& sys, const coordinator_actor& c);
+
 // The coordinator's view as JSON (GET /v1/cluster): {"nodes": [{"id", "name", "state", "epoch", "joins",
 // "rpc_address", "heartbeats", "since_heartbeat_ms", "down_reason", "devices": [{"name", "description",
 // "kind", "memory_total", "memory_free", "max_buffer"}]}]}. Asks c (at most 5 s); throws error when it

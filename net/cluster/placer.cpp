@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 
 #include "actors/errors.h"
+#include "net/cluster/coordinator.h"
 #include "runtime/error.h"
 #include "runtime/llm/fit.h"
 #include "runtime/llm/model.h"
@@ -18,15 +19,7 @@ placer::~placer() {
   if (watcher_.joinable()) watcher_.join();
 }
 
-cluster_view placer::view() {
-  caf::scoped_actor self{sys_};
-  cluster_view v;
-  std::string failure;
-  self->request(coord_, std::chrono::seconds(5), get_atom_v, status_atom_v)
-      .receive([&](const cluster_view& got) { v = got; }, [&](const caf::error& e) { failure = actors::describe(e); });
-  if (!failure.empty()) throw error("cluster: the coordinator did not answer: " + failure);
-  return v;
-}
+cluster_view placer::view() { return ask_view(sys_, coord_); }
 
 std::vector<actors::device_layers> placer::place(const actors::model_settings& s, bool first,
                                                  const std::function<bool()>& stop) {

@@ -238,15 +238,8 @@ TEST_CASE("nodes join `troupe serve`'s coordinator, are down when killed or sile
   }
   // The plan over the cluster before loading: both nodes' CPUs, every layer and the output, in two ranges.
   {
-    auto [pid, out] = test::spawn_piped({TROUPE_BIN, "inspect", model->string(), "--cluster", "127.0.0.1:" + std::to_string(d.port()),
-                                         "--ctx", "256"},
-                                        STDOUT_FILENO);
-    std::string text;
-    char buf[4096];
-    for (ssize_t n; (n = read(out, buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
-    close(out);
-    int st = 0;
-    waitpid(pid, &st, 0);
+    const auto [st, text] = test::run_captured({TROUPE_BIN, "inspect", model->string(), "--cluster",
+                                                "127.0.0.1:" + std::to_string(d.port()), "--ctx", "256"});
     INFO(text);
     CHECK(WIFEXITED(st));
     CHECK(WEXITSTATUS(st) == 0);
@@ -397,28 +390,38 @@ answer complete(int port, const std::string& model) {
   return a;
 }
 
+// A coordinating daemon with a model "stories" placed over the cluster and the same model "local" on its own
+// CPU (the reference answer), with `cluster_extra` and `model_extra` lines in their tables.
+std::string placement_config(const std::string& m, const std::string& cluster_extra, const std::string& model_extra) {
+  return "[server]\nport = 0\n[cluster]\nport = 0\nheartbeat_ms = 100\ncoordinator_devices = false\n" + cluster_extra +
+         "[[model]]\nname = \"stories\"\npath = \"" + m + "\"\nn_ctx = 256\nchat_template = \"raw\"\nplacement = \"cluster\"\n" +
+         model_extra + "[[model]]\nname = \"local\"\npath = \"" + m + "\"\nn_ctx = 256\nchat_template = \"raw\"\n";
+}
+
+// Its HTTP port, once it is ready.
+int http_port_when_ready(test::daemon_process& d) {
+  REQUIRE(d.wait_for_log("info  ready", 60s));
+  std::smatch mt;
+  const std::string log = d.log();
+  REQUIRE(std::regex_search(log, mt, std::regex("listening on http://127\\.0\\.0\\.1:([0-9]+)")));
+  return std::stoi(mt[1]);
+}
+
 }  // namespace
 
 TEST_CASE("a model placed over two nodes answers as on the CPU, moves to the node left when one is killed, is 503 naming the node with none left, and answers again when a node is back", "[cluster][process][placement]") {
   const auto model = test::model_path("stories260K.gguf");
   if (!model) return;
   const std::string m = model->string();
-  test::daemon_process d("[server]\nport = 0\n[cluster]\nport = 0\nheartbeat_ms = 100\ndown_after_ms = 1000\n"
-                         "coordinator_devices = false\n"
-                         "[[model]]\nname = \"stories\"\npath = \"" + m + "\"\nn_ctx = 256\nchat_template = \"raw\"\n"
-                         "placement = \"cluster\"\nmin_nodes = 2\n"
-                         "[[model]]\nname = \"local\"\npath = \"" + m + "\"\nn_ctx = 256\nchat_template = \"raw\"\n",
-                         {}, false);
+  test::daemon_process d(placement_config(m, "down_after_ms = 1000\n", "min_nodes = 2\n"), {}, false);
   REQUIRE(d.wait_for_log("cluster coordinator on", 60s));
   const uint16_t cport = coordinator_port(d);
   CHECK(d.wait_for_log("model 'stories' waits for 2 node(s) up", 30s));
   auto a = std::make_unique<node_process>(node_args(cport, "a"));
   node_process b(node_args(cport, "b"));
-  REQUIRE(d.wait_for_log("info  ready", 60s));
+  const int port = http_port_when_ready(d);
   std::smatch mt;
-  std::string log = d.log();
-  REQUIRE(std::regex_search(log, mt, std::regex("listening on http://127\\.0\\.0\\.1:([0-9]+)")));
-  const int port = std::stoi(mt[1]);
+  const std::string log = d.log();
   // Placed over both nodes' CPUs (coordinator_devices = false: none of its own), every layer and the output.
   REQUIRE(std::regex_search(log, mt, std::regex("model 'stories' placed by free memory: RPC\\[[0-9.:]+\\]#0 \\(node ([ab])\\) ([0-9]) "
                                                 "layer\\(s\\), RPC\\[[0-9.:]+\\]#0 \\(node ([ab])\\) ([0-9]) layer\\(s\\)")));
@@ -515,12 +518,7 @@ TEST_CASE("a model placed over a node behind a slow link (2 ms each way) answers
   const auto model = test::model_path("stories260K.gguf");
   if (!model) return;
   const std::string m = model->string();
-  test::daemon_process d("[server]\nport = 0\n[cluster]\nport = 0\nheartbeat_ms = 100\ndown_after_ms = 2000\n"
-                         "coordinator_devices = false\n"
-                         "[[model]]\nname = \"stories\"\npath = \"" + m + "\"\nn_ctx = 256\nchat_template = \"raw\"\n"
-                         "placement = \"cluster\"\nmin_nodes = 2\n"
-                         "[[model]]\nname = \"local\"\npath = \"" + m + "\"\nn_ctx = 256\nchat_template = \"raw\"\n",
-                         {}, false);
+  test::daemon_process d(placement_config(m, "down_after_ms = 2000\n", "min_nodes = 2\n"), {}, false);
   REQUIRE(d.wait_for_log("cluster coordinator on", 60s));
   const uint16_t cport = coordinator_port(d);
   // Node b's RPC server on a port of its own, reached through the proxy: the address it advertises.
@@ -528,11 +526,8 @@ TEST_CASE("a model placed over a node behind a slow link (2 ms each way) answers
   test::tcp_proxy proxy({.target_port = b_rpc, .latency = std::chrono::milliseconds(2)});
   node_process a(node_args(cport, "a"));
   node_process b(node_args(cport, "b", {"--port", std::to_string(b_rpc), "--advertise", "127.0.0.1:" + std::to_string(proxy.port())}));
-  REQUIRE(d.wait_for_log("info  ready", 60s));
-  std::smatch mt;
+  const int port = http_port_when_ready(d);
   const std::string log = d.log();
-  REQUIRE(std::regex_search(log, mt, std::regex("listening on http://127\\.0\\.0\\.1:([0-9]+)")));
-  const int port = std::stoi(mt[1]);
   CHECK_THAT(log, Catch::Contains("RPC[127.0.0.1:" + std::to_string(proxy.port()) + "]#0 (node b)"));
   const answer ref = complete(port, "local");
   REQUIRE(ref.status == 200);
@@ -545,21 +540,12 @@ TEST_CASE("rebalance = on_join: a node that joins takes part of a placed model, 
   const auto model = test::model_path("stories260K.gguf");
   if (!model) return;
   const std::string m = model->string();
-  test::daemon_process d("[server]\nport = 0\n[cluster]\nport = 0\nheartbeat_ms = 100\ndown_after_ms = 1000\n"
-                         "coordinator_devices = false\nrebalance = \"on_join\"\n"
-                         "[[model]]\nname = \"stories\"\npath = \"" + m + "\"\nn_ctx = 256\nchat_template = \"raw\"\n"
-                         "placement = \"cluster\"\n"
-                         "[[model]]\nname = \"local\"\npath = \"" + m + "\"\nn_ctx = 256\nchat_template = \"raw\"\n",
-                         {}, false);
+  test::daemon_process d(placement_config(m, "down_after_ms = 1000\nrebalance = \"on_join\"\n", ""), {}, false);
   REQUIRE(d.wait_for_log("cluster coordinator on", 60s));
   const uint16_t cport = coordinator_port(d);
   node_process a(node_args(cport, "a"));
-  REQUIRE(d.wait_for_log("info  ready", 60s));
-  std::smatch mt;
-  const std::string log = d.log();
-  REQUIRE(std::regex_search(log, mt, std::regex("listening on http://127\\.0\\.0\\.1:([0-9]+)")));
-  const int port = std::stoi(mt[1]);
-  CHECK_THAT(log, Catch::Contains("(node a) 6 layer(s)"));  // min_nodes = 1: everything on a
+  const int port = http_port_when_ready(d);
+  CHECK_THAT(d.log(), Catch::Contains("(node a) 6 layer(s)"));  // min_nodes = 1: everything on a
   const answer ref = complete(port, "local");
   REQUIRE(ref.status == 200);
   CHECK(complete(port, "stories").text == ref.text);

@@ -49,6 +49,18 @@ inline std::pair<pid_t, int> spawn_piped(std::vector<std::string> args, int fd) 
   return {pid, p[0]};
 }
 
+// Runs args[0] with args to its end: (exit status as waitpid gives it, its stdout).
+inline std::pair<int, std::string> run_captured(std::vector<std::string> args) {
+  auto [pid, out] = spawn_piped(std::move(args), STDOUT_FILENO);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = read(out, buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
+  close(out);
+  int st = 0;
+  REQUIRE(waitpid(pid, &st, 0) == pid);
+  return {st, text};
+}
+
 class daemon_process {
  public:
   // Starts `troupe serve --config <file with config_text> extra_args...`. Waits for "ready" when asked.

@@ -495,15 +495,8 @@ TEST_CASE("troupe bench --rpc: generation with every layer on a troupe peer", "[
   const auto model = test::model_path("stories260K.gguf");
   if (!model) return;
   peer_server peer;
-  auto [pid, out] = test::spawn_piped({TROUPE_BIN, "bench", "-m", model->string(), "-p", "0", "-n", "16", "-r", "2",
-                                       "-t", "1", "-o", "json", "--rpc", peer.address()},
-                                      STDOUT_FILENO);
-  std::string text;
-  char buf[4096];
-  for (ssize_t n; (n = read(out, buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
-  close(out);
-  int st = 0;
-  REQUIRE(waitpid(pid, &st, 0) == pid);
+  const auto [st, text] = test::run_captured({TROUPE_BIN, "bench", "-m", model->string(), "-p", "0", "-n", "16", "-r", "2",
+                                              "-t", "1", "-o", "json", "--rpc", peer.address()});
   INFO(text);
   REQUIRE(WIFEXITED(st));
   REQUIRE(WEXITSTATUS(st) == 0);

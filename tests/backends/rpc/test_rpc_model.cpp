@@ -92,6 +92,13 @@ class peer_process {
   uint16_t port_ = 0;
 };
 
+// A prompt of 100 tokens spread over the vocabulary, every one an output: 7 micro-batches of 16.
+batch hundred_tokens(const model& m) {
+  batch b;
+  for (int32_t i = 0; i < 100; ++i) b.add(static_cast<int32_t>((i * 7919 + 13) % m.hp().n_vocab), i, 0, true);
+  return b;
+}
+
 }  // namespace
 
 TEST_CASE("stories260K with every layer on a loopback peer: the 32 greedy tokens of the reference", "[rpc][llm]") {
@@ -258,10 +265,7 @@ TEST_CASE("a peer failing mid-pipeline fails the decode with its error, keeps th
   const auto devs = rpc::add_peer("127.0.0.1:" + std::to_string(srv->port()));
   REQUIRE(devs.size() == 1);
   auto m = model::load(*path, {.devices = {{devs[0], 3}}});
-  std::vector<int32_t> prompt(100);
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % m->hp().n_vocab);
-  batch b;
-  for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], static_cast<int32_t>(i), 0, true);
+  const batch b = hundred_tokens(*m);
   // What a context that never fails gives, and how many graphs the peer computes per micro-batch.
   llm_context fresh(*m, {.n_ctx = 256, .n_ubatch = 16, .n_threads = 1, .n_pipeline = 1});
   fresh.decode(b);
@@ -314,10 +318,7 @@ TEST_CASE("a prompt pipelined over the CPU and a peer sends the next micro-batch
   const auto devs = rpc::add_peer("127.0.0.1:" + std::to_string(srv->port()));
   REQUIRE(devs.size() == 1);
   auto m = model::load(*path, {.devices = {{devs[0], 3}}});
-  std::vector<int32_t> prompt(100);
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % m->hp().n_vocab);
-  batch b;
-  for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], static_cast<int32_t>(i), 0, true);
+  const batch b = hundred_tokens(*m);
   llm_context serial(*m, {.n_ctx = 256, .n_ubatch = 16, .n_threads = 1, .n_pipeline = 1});
   serial.decode(b);
   llm_context piped(*m, {.n_ctx = 256, .n_ubatch = 16, .n_threads = 1, .n_pipeline = 4});
