@@ -15,11 +15,11 @@ void model_settings::validate() const {
   if (n_pipeline == 0 || n_pipeline > 64) {
     throw settings_error("n_pipeline", "n_pipeline " + std::to_string(n_pipeline) + " is outside 1..64");
   }
-  if (placement != "" && placement != "cluster") {
-    throw settings_error("placement", "placement must be \"cluster\" (or absent), not \"" + placement + "\"");
+  if (placement != "" && placement != "cluster" && placement != "auto") {
+    throw settings_error("placement", "placement must be \"cluster\" or \"auto\" (or absent), not \"" + placement + "\"");
   }
-  if (placement == "cluster" && !devices.empty()) {
-    throw settings_error("placement", "placement = \"cluster\" places the layers itself: give no devices");
+  if (!placement.empty() && !devices.empty()) {
+    throw settings_error("placement", "placement = \"" + placement + "\" places the layers itself: give no devices");
   }
   if (min_nodes == 0 || min_nodes > 1024) {
     throw settings_error("min_nodes", "min_nodes " + std::to_string(min_nodes) + " is outside 1..1024");

@@ -60,8 +60,9 @@ struct model_settings {
   std::string chat_template;           // a template family overriding the model's own ("raw" for base models);
                                        // "": the model's
   std::vector<tensor_override> overrides;  // tensor-name regex -> device
-  // "": `devices` as given; "cluster": the daemon's cluster places the layers over its nodes' devices by free
-  // memory (net/cluster/placer.h), once at least min_nodes nodes are up.
+  // "": `devices` as given; "auto": over this machine's devices by free memory (as -ngl auto); "cluster": the
+  // daemon's cluster places the layers over its nodes' devices by free memory (net/cluster/placer.h), once at
+  // least min_nodes nodes are up.
   std::string placement;
   uint32_t min_nodes = 1;
   friend bool operator==(const model_settings&, const model_settings&) = default;

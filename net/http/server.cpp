@@ -7,6 +7,7 @@
 
 #include "net/http/detail/daemon_internals.h"
 #include "net/http/session_pool.h"
+#include "runtime/llm/offload.h"
 #include "runtime/log.h"
 
 namespace troupe::http {
@@ -61,6 +62,15 @@ void daemon::serve() {
 }
 
 actors::model_settings daemon::placed(const actors::model_settings& s, bool first) {
+  if (s.placement == "auto") {
+    actors::model_settings out = s;
+    // Over the runtime's devices (every device the machine has when it names none).
+    for (const auto& [device, layers] : llm::offload_layers({.devices = cfg_.runtime.devices, .fit = true, .fit_ctx = s.n_ctx}, s.path)) {
+      out.devices.push_back({device, layers});
+    }
+    out.placement.clear();
+    return out;
+  }
   if (s.placement != "cluster") return s;
   if (!placement_) throw error("model '" + s.name + "': placement = \"cluster\" needs a [cluster] table");
   actors::model_settings out = s;

@@ -485,7 +485,7 @@ TEST_CASE("the [cluster] table and placement = \"cluster\" are checked by name",
   CHECK_THROWS_WITH(parse("[cluster]\nheartbeat_ms = 1000\ndown_after_ms = 1000\n" + model),
                     Catch::Contains("d.toml:1") && Catch::Contains("cluster.down_after_ms (1000) must be more than cluster.heartbeat_ms"));
   CHECK_THROWS_WITH(parse("[[model]]\nname = \"m\"\npath = \"m.gguf\"\nplacement = \"everywhere\"\n"),
-                    Catch::Contains("placement must be \"cluster\""));
+                    Catch::Contains("placement must be \"cluster\" or \"auto\""));
   CHECK_THROWS_WITH(parse("[[model]]\nname = \"m\"\npath = \"m.gguf\"\nplacement = \"cluster\"\ndevices = [{ device = \"CPU\", layers = 3 }]\n"),
                     Catch::Contains("give no devices"));
   CHECK_THROWS_WITH(parse("[[model]]\nname = \"m\"\npath = \"m.gguf\"\nplacement = \"cluster\"\nmin_nodes = 0\n"),
@@ -558,4 +558,23 @@ TEST_CASE("rebalance = on_join: a node that joins takes part of a placed model, 
            complete(port, "stories").text == ref.text;
   }, 30s);
   CHECK(spread);
+}
+
+TEST_CASE("placement = auto places a model over the daemon's own devices by free memory", "[http][placement]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  const std::string m = model->string();
+  test::daemon_process d("[server]\nport = 0\n[runtime]\ndevices = [\"CPU\", \"CPU1\"]\ncpu_instances = 1\n"
+                         "[[model]]\nname = \"stories\"\npath = \"" + m + "\"\nn_ctx = 256\nchat_template = \"raw\"\nplacement = \"auto\"\n"
+                         "[[model]]\nname = \"local\"\npath = \"" + m + "\"\nn_ctx = 256\nchat_template = \"raw\"\n");
+  // CPU and CPU1 share the host's free memory: the layers and the output split between them.
+  std::smatch mt;
+  const std::string log = d.log();
+  REQUIRE(std::regex_search(log, mt, std::regex("-ngl auto: layers by free memory: CPU ([0-9]) \\([0-9]+ MiB\\), CPU1 ([0-9]) ")));
+  CHECK(std::stoi(mt[1]) + std::stoi(mt[2]) == 6);
+  const answer ref = complete(d.port(), "local");
+  REQUIRE(ref.status == 200);
+  const answer got = complete(d.port(), "stories");
+  CHECK(got.status == 200);
+  CHECK(got.text == ref.text);
 }
