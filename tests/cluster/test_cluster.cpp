@@ -165,6 +165,19 @@ bool wait_until(const std::function<bool()>& pred, std::chrono::seconds within =
   return true;
 }
 
+// The views a subscriber heard.
+struct view_log {
+  std::mutex mu;
+  std::vector<cluster::cluster_view> views;
+};
+
+cluster::cluster_subscriber::behavior_type collect_views(cluster::cluster_subscriber::pointer, view_log* log) {
+  return {[log](cluster::update_atom, const cluster::cluster_view& v) {
+    std::lock_guard l(log->mu);
+    log->views.push_back(v);
+  }};
+}
+
 struct caf_client {
   caf::actor_system_config cfg;
   std::unique_ptr<caf::actor_system> sys;
@@ -260,14 +273,17 @@ TEST_CASE("nodes join `troupe serve`'s coordinator, are down when killed or sile
   caf_client client;
   auto coord = client.sys->middleman().remote_actor<cluster::coordinator_actor>("127.0.0.1", cport);
   REQUIRE(coord);
-  std::mutex views_mu;
-  std::vector<cluster::cluster_view> views;
-  auto sub = client.sys->spawn([&](cluster::cluster_subscriber::pointer) -> cluster::cluster_subscriber::behavior_type {
-    return {[&](cluster::update_atom, const cluster::cluster_view& v) {
-      std::lock_guard l(views_mu);
-      views.push_back(v);
-    }};
-  });
+  view_log heard_views;
+  std::mutex& views_mu = heard_views.mu;
+  std::vector<cluster::cluster_view>& views = heard_views.views;
+  // (With an argument: CAF 0.17 spawning a function actor without one dereferences an empty pointer, which
+  // UBSan reports.)
+  auto sub = client.sys->spawn(collect_views, &heard_views);
+  // Ended however the test ends (the actor system waits for every actor when it goes).
+  struct end_actor {
+    cluster::cluster_subscriber& a;
+    ~end_actor() { caf::anon_send_exit(a, caf::exit_reason::user_shutdown); }
+  } end_sub{sub};
   {
     caf::scoped_actor self{*client.sys};
     cluster::cluster_view v;
@@ -328,7 +344,6 @@ TEST_CASE("nodes join `troupe serve`'s coordinator, are down when killed or sile
       return e != nullptr && e->state == "down" && e->down_reason.find("connection lost") == 0;
     }));
   }
-  caf::anon_send_exit(sub, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("a join with a wrong key is refused and logged, the right key joins", "[cluster][process]") {
