@@ -128,6 +128,7 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(bool chat, const std:
 bool daemon::write_answer(answer_state& st, httplib::DataSink& sink) {
   const completion_request& req = st.request;
   answer_sink out{sink};
+  const std::string endpoint = req.chat ? "chat" : "completions";
   bool first = true;  // nothing of a streamed answer went out yet
   auto last_beat = clock_type::now();
   const auto on_piece = [&](std::string_view piece) -> bool {
@@ -168,6 +169,8 @@ bool daemon::write_answer(answer_state& st, httplib::DataSink& sink) {
       if (e.is(actors::errc::down) || e.is(actors::errc::busy)) st.claim->broken();
       const api_error ae = error_for(e);
       TROUPE_LOG(warn, "http: " << st.id << ": " << e.what());
+      st.claim.reset();  // the session is free (or closed) before the client hears of it
+      count_request(endpoint, 200);  // the status line went out with the first byte
       out.write(req.stream ? "data: " + dump(ae.body()) + "\n\n" : dump(ae.body()));
       if (!out.gone) sink.done();
       return !out.gone;
@@ -184,6 +187,9 @@ bool daemon::write_answer(answer_state& st, httplib::DataSink& sink) {
     // A timeout or a shutdown: the answer so far, finish "length".
   }
   metrics_.tokens(static_cast<uint64_t>(std::max(0, reply.n_prompt)), reply.tokens.size(), reply.gen_seconds);
+  // Before the answer's last bytes: a client that has them finds its session free and its request counted.
+  st.claim.reset();
+  count_request(endpoint, 200);
   if (req.stream) {
     out.write("data: " + dump(stream_finish(req, st.id, st.created, reply.finish)) + "\n\n");
     if (req.include_usage) out.write("data: " + dump(stream_usage(req, st.id, st.created, reply)) + "\n\n");

@@ -77,6 +77,7 @@ void daemon::middleware() {
   s.set_pre_routing_handler([this, &keys](const httplib::Request& req, httplib::Response& res) {
     detail::request_start = clock_type::now();
     detail::client_gone = false;
+    detail::request_counted = false;
     if (keys.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     constexpr std::string_view bearer = "Bearer ";
@@ -115,15 +116,28 @@ void daemon::middleware() {
     send_error(res, api_error(500, "server_error", what));
   });
 
+  // Before the response is written: a response with its body in hand is counted now (an answer written by
+  // a content provider counts itself before its last chunk, write_answer).
+  s.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.is_chunked_content_provider_) count_request(endpoint_of(req.path), res.status);
+  });
+
   s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     const double secs = std::chrono::duration<double>(clock_type::now() - detail::request_start).count();
     const int status = detail::client_gone ? 499 : res.status;  // 499: the client closed the connection (nginx)
-    metrics_.request_done(endpoint_of(req.path), status, secs);
+    count_request(endpoint_of(req.path), status);  // a no-op unless nothing counted it yet (a client gone)
+    detail::request_counted = false;
     if (cfg_.logging.access_log) {
       TROUPE_LOG(info, "http: " << req.remote_addr << " " << req.method << " " << req.path << " " << status << " "
                                 << static_cast<int64_t>(secs * 1000) << " ms");
     }
   });
+}
+
+void daemon::count_request(const std::string& endpoint, int status) {
+  if (detail::request_counted) return;
+  detail::request_counted = true;
+  metrics_.request_done(endpoint, status, std::chrono::duration<double>(clock_type::now() - detail::request_start).count());
 }
 
 void daemon::health(httplib::Response& res) const {

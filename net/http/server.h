@@ -103,6 +103,9 @@ class daemon {
   void complete(bool chat, const httplib::Request& req, httplib::Response& res);
   std::shared_ptr<answer_state> begin_answer(bool chat, const std::string& body);
   bool write_answer(answer_state& st, httplib::DataSink& sink);
+  // Counts the request being handled on this thread (once): before its response's last byte leaves, so a
+  // client that has its answer finds it in /metrics.
+  void count_request(const std::string& endpoint, int status);
   void finish_stop();
 
   engine& eng_;

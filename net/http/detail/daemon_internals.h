@@ -30,10 +30,13 @@ namespace troupe::http::detail {
 
 using clock_type = std::chrono::steady_clock;
 
-// Per HTTP worker thread: when the request being handled started and whether its client went away (for
-// the access log and the request counters, which run after the response on the same thread).
+// Per HTTP worker thread: when the request being handled started, whether its client went away and
+// whether it was counted yet (for the access log and the request counters: a response is counted just before
+// its last bytes are written, in the post-routing handler or, for an answer written by a content provider,
+// by the provider; the access log runs after the response, on the same thread).
 inline thread_local clock_type::time_point request_start;
 inline thread_local bool client_gone = false;
+inline thread_local bool request_counted = false;
 
 inline int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
