@@ -7,6 +7,12 @@
 
 namespace troupe::actors {
 
+type model_settings::kv_cache_type() const {
+  if (kv_type == "f32") return type::f32;
+  if (kv_type == "q8_0") return type::q8_0;
+  return type::f16;
+}
+
 void model_settings::validate() const {
   if (name.empty() || path.empty()) throw settings_error("", "a model needs a name and a path");
   if (n_ctx == 0 || n_seq_max == 0 || n_batch == 0 || n_ubatch == 0) {

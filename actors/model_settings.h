@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "runtime/types.h"
 
 namespace troupe::actors {
 
@@ -70,6 +71,8 @@ struct model_settings {
   // Throws settings_error for the first field no model can run with (name and path empty, counts of 0,
   // n_ctx_seq above n_ctx, an unknown kv_type or chat template family, an invalid override regex).
   void validate() const;
+  // kv_type as a tensor type (validate() checked the name).
+  type kv_cache_type() const;
   // These settings validated, with the defaults that depend on other fields filled in (n_ctx_seq).
   model_settings resolved() const;
 };

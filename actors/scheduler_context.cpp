@@ -46,13 +46,6 @@ void report_compute(scheduler_ptr self, std::function<void()> done) {
 
 namespace {
 
-// The loader checked the name; anything else is f16.
-type kv_type(const std::string& name) {
-  if (name == "f32") return type::f32;
-  if (name == "q8_0") return type::q8_0;
-  return type::f16;
-}
-
 // The context's split runner, on its pipeline's threads: hands split `index` to the scheduler actor, which
 // hands it on to the device actor owning its device, and waits until that actor has run it (the scheduler
 // actor itself never waits). Without a device actor for the device, the split runs here. A failure comes back
@@ -94,8 +87,8 @@ void create_context(scheduler_ptr self) {
   const model_settings& r = st.model->settings;
   st.ctx = std::make_unique<llm::llm_context>(
       *st.model->model, llm::context_params{.n_ctx = r.n_ctx, .n_batch = r.n_batch, .n_ubatch = r.n_ubatch,
-                                            .n_seq_max = r.n_seq_max, .type_k = kv_type(r.kv_type),
-                                            .type_v = kv_type(r.kv_type), .n_threads = r.n_threads,
+                                            .n_seq_max = r.n_seq_max, .type_k = r.kv_cache_type(),
+                                            .type_v = r.kv_cache_type(), .n_threads = r.n_threads,
                                             .n_pipeline = r.n_pipeline});
   if (st.params.dispatch_splits) {
     std::vector<std::string> names;

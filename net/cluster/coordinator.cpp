@@ -158,12 +158,7 @@ coordinator_actor::behavior_type coordinator(coordinator_ptr self, coordinator_p
                                                    " bytes, expected " + std::to_string(nonce_bytes));
         }
         if (!st.params.key.empty()) {
-          const std::vector<uint8_t> want = node_proof(st.params.key, challenge, r.nonce, r.inventory.name);
-          rpc::mac got{}, expect{};
-          const bool sized = r.proof.size() == got.size();
-          if (sized) std::copy(r.proof.begin(), r.proof.end(), got.begin());
-          std::copy(want.begin(), want.end(), expect.begin());
-          if (!sized || !rpc::equal_macs(got, expect)) {
+          if (!same_proof(r.proof, node_proof(st.params.key, challenge, r.nonce, r.inventory.name))) {
             TROUPE_LOG(warn, "cluster: refused a join of node '" << shown << "': "
                                  << (r.proof.empty() ? "it gave no key" : "wrong key"));
             return make_error(errc::refused, "cluster: join refused: the node does not know the cluster's key");
@@ -285,6 +280,14 @@ std::string status_json(caf::actor_system& sys, const coordinator_actor& c) {
                      {"since_heartbeat_ms", n.since_heartbeat_ms}, {"down_reason", n.down_reason}, {"devices", devices}});
   }
   return nlohmann::json{{"nodes", nodes}}.dump();
+}
+
+bool same_proof(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  rpc::mac x{}, y{};
+  if (a.size() != x.size() || b.size() != y.size()) return false;
+  std::copy(a.begin(), a.end(), x.begin());
+  std::copy(b.begin(), b.end(), y.begin());
+  return rpc::equal_macs(x, y);
 }
 
 std::vector<uint8_t> fresh_nonce() {

@@ -54,5 +54,7 @@ std::vector<uint8_t> node_proof(const std::string& key, const std::vector<uint8_
 std::vector<uint8_t> coordinator_proof(const std::string& key, const std::vector<uint8_t>& node_nonce,
                                        const std::vector<uint8_t>& coordinator_nonce);
 std::vector<uint8_t> fresh_nonce();
+// Whether two proofs are the same HMAC (constant time; a proof of the wrong size is never the same).
+bool same_proof(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b);
 
 }  // namespace troupe::cluster

@@ -8,7 +8,6 @@
 
 #include "actors/errors.h"
 #include "net/cluster/coordinator.h"
-#include "net/rpc/auth.h"
 
 namespace troupe::cluster {
 
@@ -25,14 +24,6 @@ struct node_state {
   std::chrono::milliseconds every{1000};
   static inline const char* name = "cluster node";
 };
-
-bool same_proof(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
-  rpc::mac x{}, y{};
-  if (a.size() != x.size() || b.size() != y.size()) return false;
-  std::copy(a.begin(), a.end(), x.begin());
-  std::copy(b.begin(), b.end(), y.begin());
-  return rpc::equal_macs(x, y);
-}
 
 caf::behavior node(caf::stateful_actor<node_state>* self, coordinator_actor coord, node_params p) {
   self->state.params = std::move(p);

@@ -72,8 +72,7 @@ std::vector<actors::device_layers> placer::place(const actors::model_settings& s
     for (device_i* d : registry::instance().devices()) devices.push_back({std::string(d->name()), d->memory().free});
   }
   const auto model = llm::model::open(s.path);
-  const llm::layer_costs costs = llm::estimate_costs(*model, {.n_ctx = s.n_ctx, .n_ubatch = s.n_ubatch,
-                                                              .kv_type = s.kv_type == "f32" ? type::f32 : s.kv_type == "q8_0" ? type::q8_0 : type::f16});
+  const llm::layer_costs costs = llm::estimate_costs(*model, {.n_ctx = s.n_ctx, .n_ubatch = s.n_ubatch, .kv_type = s.kv_cache_type()});
   const llm::fit_plan plan = llm::fit_layers(costs, devices, p_.margin);
   std::vector<actors::device_layers> out;
   std::vector<use> uses;

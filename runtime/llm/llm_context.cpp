@@ -492,10 +492,7 @@ struct llm_context::pipeline {
       lock.lock();
       at(pick).running = false;
       if (err) {
-        if (pick < failed) {
-          failed = pick;
-          failure = err;
-        }
+        fail_at(pick, err);
       } else {
         ++at(pick).done;
       }
@@ -587,10 +584,7 @@ struct llm_context::pipeline {
     }
     lock.lock();
     if (err) {  // nothing from this one on starts
-      if (k < failed) {
-        failed = k;
-        failure = err;
-      }
+      fail_at(k, err);
       return;
     }
     flight f;
@@ -619,10 +613,7 @@ struct llm_context::pipeline {
     lock.lock();
     if (err) {
       f.done = -1;  // not kept: failed with the rest
-      if (k < failed) {
-        failed = k;
-        failure = err;
-      }
+      fail_at(k, err);
       return;
     }
     fl.pop_front();

@@ -67,8 +67,21 @@ std::vector<std::pair<std::string, int>> offload_layers(const offload_request& r
   if (!r.given()) return {};
   if (!r.fit) return offload_layers(r, static_cast<int>(model::open(path)->hp().n_layer));
   if (r.n_gpu_layers >= 0 || !r.tensor_split.empty()) throw error("-ngl auto: takes neither a layer count nor --tensor-split");
+  std::vector<fit_device> fd;
+  for (device_i* d : auto_devices(r.devices)) fd.push_back({std::string(d->name()), d->memory().free});
+  const fit_plan p = fit_layers(estimate_costs(*model::open(path), {.n_ctx = r.fit_ctx}), fd);
+  std::string said;
+  for (size_t i = 0; i < p.layers.size(); ++i) {
+    said += (i ? ", " : "") + p.layers[i].first + " " + std::to_string(p.layers[i].second) + " (" +
+            std::to_string(p.bytes[i] >> 20) + " MiB)";
+  }
+  TROUPE_LOG(info, "-ngl auto: layers by free memory: " << said);
+  return p.layers;
+}
+
+std::vector<device_i*> auto_devices(const std::vector<std::string>& names) {
   std::vector<device_i*> devices;
-  for (const std::string& n : r.devices) {
+  for (const std::string& n : names) {
     device_i* d = registry::instance().find(n);
     if (d == nullptr) throw error("--device: no device named '" + n + "'");
     devices.push_back(d);
@@ -79,16 +92,7 @@ std::vector<std::pair<std::string, int>> offload_layers(const offload_request& r
     }
     if (device_i* cpu = registry::instance().find("CPU")) devices.push_back(cpu);
   }
-  std::vector<fit_device> fd;
-  for (device_i* d : devices) fd.push_back({std::string(d->name()), d->memory().free});
-  const fit_plan p = fit_layers(estimate_costs(*model::open(path), {.n_ctx = r.fit_ctx}), fd);
-  std::string said;
-  for (size_t i = 0; i < p.layers.size(); ++i) {
-    said += (i ? ", " : "") + p.layers[i].first + " " + std::to_string(p.layers[i].second) + " (" +
-            std::to_string(p.bytes[i] >> 20) + " MiB)";
-  }
-  TROUPE_LOG(info, "-ngl auto: layers by free memory: " << said);
-  return p.layers;
+  return devices;
 }
 
 std::vector<std::pair<device_i*, int>> offload_devices(const offload_request& r, const std::string& path) {

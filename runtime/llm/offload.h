@@ -45,6 +45,9 @@ struct offload_request {
 std::vector<std::pair<std::string, int>> offload_layers(const offload_request& r, int n_layer);
 // The same for the model at `path` (its layer count from the GGUF metadata; nothing else is read).
 std::vector<std::pair<std::string, int>> offload_layers(const offload_request& r, const std::string& path);
+// The devices -ngl auto places over: those named (throws error for an unknown name), or every device the
+// registry has, the CPU last.
+std::vector<device_i*> auto_devices(const std::vector<std::string>& names);
 // The same as the registry's devices, as llm::model_params::devices takes them.
 std::vector<std::pair<device_i*, int>> offload_devices(const offload_request& r, const std::string& path);
 

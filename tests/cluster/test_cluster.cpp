@@ -97,7 +97,9 @@ class node_process {
 };
 
 std::string cluster_config(const std::string& model, const std::string& extra = "") {
-  return "[server]\nport = 0\n[cluster]\nport = 0\nheartbeat_ms = 100\ndown_after_ms = 1000\n" + extra +
+  // down_after well above the heartbeat: on a busy machine a node's heartbeats come late, and a node that is
+  // killed must be found by its dropped connection, not by a silence that a loaded machine causes anyway.
+  return "[server]\nport = 0\n[cluster]\nport = 0\nheartbeat_ms = 100\ndown_after_ms = 4000\n" + extra +
          "[[model]]\nname = \"stories\"\npath = \"" + model + "\"\nn_ctx = 256\n";
 }
 
@@ -428,7 +430,7 @@ TEST_CASE("a model placed over two nodes answers as on the CPU, moves to the nod
   const auto model = test::model_path("stories260K.gguf");
   if (!model) return;
   const std::string m = model->string();
-  test::daemon_process d(placement_config(m, "down_after_ms = 1000\n", "min_nodes = 2\n"), {}, false);
+  test::daemon_process d(placement_config(m, "down_after_ms = 4000\n", "min_nodes = 2\n"), {}, false);
   REQUIRE(d.wait_for_log("cluster coordinator on", 60s));
   const uint16_t cport = coordinator_port(d);
   CHECK(d.wait_for_log("model 'stories' waits for 2 node(s) up", 30s));
@@ -533,7 +535,7 @@ TEST_CASE("a model placed over a node behind a slow link (2 ms each way) answers
   const auto model = test::model_path("stories260K.gguf");
   if (!model) return;
   const std::string m = model->string();
-  test::daemon_process d(placement_config(m, "down_after_ms = 2000\n", "min_nodes = 2\n"), {}, false);
+  test::daemon_process d(placement_config(m, "down_after_ms = 4000\n", "min_nodes = 2\n"), {}, false);
   REQUIRE(d.wait_for_log("cluster coordinator on", 60s));
   const uint16_t cport = coordinator_port(d);
   // Node b's RPC server on a port of its own, reached through the proxy: the address it advertises.
@@ -555,7 +557,7 @@ TEST_CASE("rebalance = on_join: a node that joins takes part of a placed model, 
   const auto model = test::model_path("stories260K.gguf");
   if (!model) return;
   const std::string m = model->string();
-  test::daemon_process d(placement_config(m, "down_after_ms = 1000\nrebalance = \"on_join\"\n", ""), {}, false);
+  test::daemon_process d(placement_config(m, "down_after_ms = 4000\nrebalance = \"on_join\"\n", ""), {}, false);
   REQUIRE(d.wait_for_log("cluster coordinator on", 60s));
   const uint16_t cport = coordinator_port(d);
   node_process a(node_args(cport, "a"));

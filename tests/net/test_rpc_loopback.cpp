@@ -72,6 +72,21 @@ std::vector<float> small_graph(device_i& dev, backend_i& be, uint32_t seed) {
   return out;
 }
 
+// y = factor * a over 256 floats on dev, in a buffer of their own, y flagged as an output (its bytes come back
+// with the graph's reply).
+struct scaled {
+  context ctx{context_params{.max_tensors = 4, .no_alloc = true}};
+  tensor* a = ctx.new_tensor_1d(type::f32, 256);
+  tensor* y;
+  graph g;
+  buffer_ptr buf;
+  scaled(device_i& dev, float factor) : y(scale(ctx, a, factor)) {
+    y->flags |= flag_output;
+    g.build_forward_expand(y);
+    buf = alloc_ctx_tensors(ctx, dev.buffer_type());
+  }
+};
+
 }  // namespace
 
 TEST_CASE("every command over loopback matches the local device", "[rpc][loopback]") {
@@ -254,18 +269,9 @@ TEST_CASE("graphs submitted without waiting: replies in order, a write after a s
   auto rbe = remote.init_backend();
   REQUIRE(rbe->queues_graphs());
   // Two graphs on buffers of their own, as a pipeline's slots: y = 2 a, y2 = 3 a2, both outputs.
-  context ctx({.max_tensors = 4, .no_alloc = true}), ctx2({.max_tensors = 4, .no_alloc = true});
-  tensor* a = ctx.new_tensor_1d(type::f32, 256);
-  tensor* y = scale(ctx, a, 2.0f);
-  tensor* a2 = ctx2.new_tensor_1d(type::f32, 256);
-  tensor* y2 = scale(ctx2, a2, 3.0f);
-  y->flags |= flag_output;
-  y2->flags |= flag_output;
-  graph g, g2;
-  g.build_forward_expand(y);
-  g2.build_forward_expand(y2);
-  buffer_ptr buf = alloc_ctx_tensors(ctx, remote.buffer_type());
-  buffer_ptr buf2 = alloc_ctx_tensors(ctx2, remote.buffer_type());
+  scaled one(remote, 2.0f), two(remote, 3.0f);
+  tensor *a = one.a, *y = one.y, *a2 = two.a, *y2 = two.y;
+  graph &g = one.g, &g2 = two.g;
   const auto in0 = random_floats(256, 400), in1 = random_floats(256, 401);
   std::vector<float> out0(256), out1(256);
   auto check_outputs = [&] {
@@ -365,13 +371,9 @@ TEST_CASE("a wait for a queued graph gives up at its timeout or when woken, and 
   const auto devs = add_peer("127.0.0.1:" + std::to_string(srv->port()));
   REQUIRE(devs.size() == 1);
   auto be = devs[0]->init_backend();
-  context ctx({.max_tensors = 4, .no_alloc = true});
-  tensor* a = ctx.new_tensor_1d(type::f32, 256);
-  tensor* y = scale(ctx, a, 2.0f);
-  y->flags |= flag_output;
-  graph g;
-  g.build_forward_expand(y);
-  buffer_ptr buf = alloc_ctx_tensors(ctx, devs[0]->buffer_type());
+  scaled doubled(*devs[0], 2.0f);
+  tensor *a = doubled.a, *y = doubled.y;
+  graph& g = doubled.g;
   const auto in = random_floats(256, 500);
   tensor_set(*a, in.data(), 0, nbytes(*a));
   be->graph_submit(g);

@@ -12,6 +12,7 @@
 #include "runtime/backend.h"
 #include "runtime/llm/fit.h"
 #include "runtime/llm/model.h"
+#include "runtime/llm/offload.h"
 #include "runtime/memory.h"
 #include "tools/troupe/commands.h"
 
@@ -100,10 +101,7 @@ void print_fit(const inspect_options& o) {
   if (!o.cluster.empty()) {
     devs = cluster_devices(o);
   } else {
-    for (device_i* d : registry::instance().devices()) {
-      if (d->type() != device_type::cpu) devs.push_back({{std::string(d->name()), d->memory().free}, "this machine"});
-    }
-    devs.push_back({{"CPU", device_named("CPU").memory().free}, "this machine"});
+    for (device_i* d : llm::auto_devices({})) devs.push_back({{std::string(d->name()), d->memory().free}, "this machine"});
   }
   auto m = llm::model::open(o.model);
   const llm::layer_costs costs = llm::estimate_costs(*m, {.n_ctx = o.ctx});

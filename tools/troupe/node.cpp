@@ -50,21 +50,11 @@ std::pair<std::string, uint16_t> split_address(const std::string& a) {
   return {a.substr(0, colon), static_cast<uint16_t>(std::stoul(port))};
 }
 
-std::string device_kind(device_type t) {
-  switch (t) {
-    case device_type::cpu: return "cpu";
-    case device_type::gpu: return "gpu";
-    case device_type::igpu: return "igpu";
-    case device_type::accel: return "accel";
-  }
-  return "accel";
-}
-
 std::vector<cluster::node_device> inventory_of(const std::vector<device_i*>& devices) {
   std::vector<cluster::node_device> out;
   for (device_i* d : devices) {
     const device_memory m = d->memory();
-    out.push_back({std::string(d->name()), d->description(), device_kind(d->type()), m.total, std::min(m.free, m.total),
+    out.push_back({std::string(d->name()), d->description(), std::string(device_type_name(d->type())), m.total, std::min(m.free, m.total),
                    d->buffer_type().max_size()});
   }
   return out;

@@ -147,6 +147,7 @@ int run_serve(const serve_options& o) {
   std::unique_ptr<caf::actor_system> sys;
   std::unique_ptr<engine> own_eng;
   cluster::coordinator_actor coordinator;
+  std::string cluster_key;  // the cluster's shared key: the coordinator's and the nodes' RPC servers'
   // Ends the coordinator before its actor system goes (the system waits for every actor).
   struct stop_coordinator {
     cluster::coordinator_actor& c;
@@ -162,7 +163,8 @@ int run_serve(const serve_options& o) {
     if (cfg.runtime.caf_threads > 0) sys_cfg->set("scheduler.max-threads", cfg.runtime.caf_threads);
     sys = std::make_unique<caf::actor_system>(*sys_cfg);
     own_eng = std::make_unique<engine>(*sys, cfg.runtime);
-    const std::string key = cfg.cluster.key_file.empty() ? std::string() : rpc::load_key_file(cfg.cluster.key_file);
+    if (!cfg.cluster.key_file.empty()) cluster_key = rpc::load_key_file(cfg.cluster.key_file);
+    const std::string& key = cluster_key;
     coordinator = cluster::spawn_coordinator(*sys, {.key = key,
                                                     .heartbeat = std::chrono::milliseconds(cfg.cluster.heartbeat_ms),
                                                     .down_after = std::chrono::milliseconds(cfg.cluster.down_after_ms)});
@@ -178,9 +180,8 @@ int run_serve(const serve_options& o) {
   std::unique_ptr<cluster::placer> placer;
   if (coordinator) {
     d.set_cluster_status([&sys, coordinator] { return cluster::status_json(*sys, coordinator); });
-    const std::string key = cfg.cluster.key_file.empty() ? std::string() : rpc::load_key_file(cfg.cluster.key_file);
     placer = std::make_unique<cluster::placer>(*sys, coordinator, eng,
-                                               cluster::placer_params{.rpc_key = key,
+                                               cluster::placer_params{.rpc_key = cluster_key,
                                                                       .margin = uint64_t{cfg.cluster.margin_mib} << 20,
                                                                       .coordinator_devices = cfg.cluster.coordinator_devices,
                                                                       .rebalance_on_join = cfg.cluster.rebalance == "on_join"});
