@@ -2,6 +2,7 @@
 
 #include <caf/all.hpp>
 #include <caf/io/middleman.hpp>
+#include <caf/openssl/publish.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -80,6 +81,7 @@ cluster_view view_of(const coordinator_state& st) {
     e.epoch = n.epoch;
     e.joins = n.joins;
     e.rpc_address = n.inventory.rpc_host + ":" + std::to_string(n.inventory.rpc_port);
+    e.rpc_tls = n.inventory.rpc_tls;
     e.devices = n.inventory.devices;
     e.heartbeats = n.heartbeats;
     if (n.up) e.since_heartbeat_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(now - n.last_beat).count());
@@ -276,7 +278,7 @@ std::string status_json(caf::actor_system& sys, const coordinator_actor& c) {
                          {"memory_free", d.memory_free}, {"max_buffer", d.max_buffer}});
     }
     nodes.push_back({{"id", n.id}, {"name", n.name}, {"state", n.state}, {"epoch", n.epoch}, {"joins", n.joins},
-                     {"rpc_address", n.rpc_address}, {"heartbeats", n.heartbeats},
+                     {"rpc_address", n.rpc_address}, {"rpc_tls", n.rpc_tls}, {"heartbeats", n.heartbeats},
                      {"since_heartbeat_ms", n.since_heartbeat_ms}, {"down_reason", n.down_reason}, {"devices", devices}});
   }
   return nlohmann::json{{"nodes", nodes}}.dump();
@@ -314,12 +316,12 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_params p
 }
 
 uint16_t publish_coordinator(caf::actor_system& sys, const coordinator_actor& c, const std::string& host, uint16_t port,
-                             bool has_key) {
+                             bool has_key, bool tls) {
   if (!has_key && !rpc::is_loopback_host(host)) {
     throw error("cluster: refusing to listen on " + host + " without a key: anyone who can reach it could join. "
                 "Set the [cluster] key_file (or listen on 127.0.0.1)");
   }
-  auto bound = sys.middleman().publish(c, port, host.c_str(), true);
+  auto bound = tls ? caf::openssl::publish(c, port, host.c_str(), true) : sys.middleman().publish(c, port, host.c_str(), true);
   if (!bound) throw error("cluster: cannot listen on " + host + ":" + std::to_string(port) + ": " + sys.render(bound.error()));
   return *bound;
 }

@@ -42,12 +42,14 @@ struct node_device {
   friend bool operator==(const node_device&, const node_device&) = default;
 };
 
-// What a node brings: its name (unique in the cluster), the address of its net/rpc peer server, its devices.
+// What a node brings: its name (unique in the cluster), the address of its net/rpc peer server (and whether it
+// speaks TLS), its devices.
 struct node_inventory {
   std::string name;
   std::string rpc_host;
   uint16_t rpc_port = 0;
   std::vector<node_device> devices;
+  bool rpc_tls = false;
   friend bool operator==(const node_inventory&, const node_inventory&) = default;
 };
 
@@ -89,6 +91,7 @@ struct node_entry {
   uint64_t epoch = 0;       // of its last join
   uint64_t joins = 0;       // how many times it joined
   std::string rpc_address;  // "host:port"
+  bool rpc_tls = false;     // its RPC server wants TLS
   std::vector<node_device> devices;
   uint64_t heartbeats = 0;          // received in this epoch
   uint64_t since_heartbeat_ms = 0;  // up: time since the last one (or since it joined)
@@ -124,7 +127,7 @@ typename Inspector::result_type inspect(Inspector& f, node_device& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_inventory& x) {
-  return f(caf::meta::type_name("node_inventory"), x.name, x.rpc_host, x.rpc_port, x.devices);
+  return f(caf::meta::type_name("node_inventory"), x.name, x.rpc_host, x.rpc_port, x.rpc_tls, x.devices);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, join_challenge& x) {
@@ -144,7 +147,7 @@ typename Inspector::result_type inspect(Inspector& f, node_heartbeat& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_entry& x) {
-  return f(caf::meta::type_name("node_entry"), x.id, x.name, x.state, x.epoch, x.joins, x.rpc_address, x.devices,
+  return f(caf::meta::type_name("node_entry"), x.id, x.name, x.state, x.epoch, x.joins, x.rpc_address, x.rpc_tls, x.devices,
            x.heartbeats, x.since_heartbeat_ms, x.down_reason);
 }
 template <class Inspector>

@@ -50,6 +50,8 @@ std::vector<actors::device_layers> placer::place(const actors::model_settings& s
     pp.host = n.rpc_address.substr(0, colon);
     pp.port = static_cast<uint16_t>(std::stoul(n.rpc_address.substr(colon + 1)));
     pp.key = p_.rpc_key;
+    pp.tls = n.rpc_tls;
+    pp.tls_ca = p_.rpc_tls_ca;
     pp.connect_timeout = std::chrono::milliseconds(3000);
     pp.health_interval = std::chrono::milliseconds(250);
     pp.health_timeout = std::chrono::milliseconds(1000);

@@ -27,6 +27,7 @@ namespace troupe::cluster {
 
 struct placer_params {
   std::string rpc_key;                        // the nodes' RPC servers' key (the cluster's by default)
+  std::string rpc_tls_ca;                     // CA file for the nodes whose RPC is TLS; empty: the system's
   uint64_t margin = uint64_t{512} << 20;      // each device keeps this much free
   bool coordinator_devices = false;           // the daemon's own devices take layers too
   bool rebalance_on_join = false;             // a node that joins (or is back) moves every placed model onto

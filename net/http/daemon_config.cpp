@@ -90,13 +90,22 @@ daemon_config parse_daemon_config(std::string_view text, const std::string& sour
 
   if (root.contains("cluster")) {
     const toml::table& cl = section(root, "cluster", source);
-    check_keys(cl, {"host", "port", "key_file", "heartbeat_ms", "down_after_ms", "coordinator_devices", "margin_mib", "rebalance"}, "[cluster]", source);
+    check_keys(cl, {"host", "port", "key_file", "tls_cert", "tls_key", "tls_ca", "heartbeat_ms", "down_after_ms", "coordinator_devices", "margin_mib", "rebalance"}, "[cluster]", source);
     cluster_config& cc = c.cluster;
     cc.enabled = true;
     cc.host = get<std::string>(cl, "host", cc.host, "cluster", source);
     cc.port = get<uint16_t>(cl, "port", cc.port, "cluster", source, 65535);
     cc.key_file = get<std::string>(cl, "key_file", cc.key_file, "cluster", source);
     if (!cc.key_file.empty()) cc.key_file = resolve(cc.key_file);
+    for (auto [field, value] : {std::pair{"tls_cert", &cc.tls_cert}, {"tls_key", &cc.tls_key}, {"tls_ca", &cc.tls_ca}}) {
+      *value = get<std::string>(cl, field, *value, "cluster", source);
+      if (!value->empty()) *value = resolve(*value);
+    }
+    if ((cc.tls_cert.empty() || cc.tls_key.empty() || cc.tls_ca.empty()) &&
+        !(cc.tls_cert.empty() && cc.tls_key.empty() && cc.tls_ca.empty())) {
+      fail(source, "cluster.tls_cert, cluster.tls_key and cluster.tls_ca go together (TLS on the cluster port is mutual)",
+           cl.source());
+    }
     cc.heartbeat_ms = get<uint32_t>(cl, "heartbeat_ms", cc.heartbeat_ms, "cluster", source, 600000);
     cc.coordinator_devices = get<bool>(cl, "coordinator_devices", cc.coordinator_devices, "cluster", source);
     cc.margin_mib = get<uint32_t>(cl, "margin_mib", cc.margin_mib, "cluster", source, 1u << 20);

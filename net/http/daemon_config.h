@@ -23,6 +23,9 @@
 //   host = "127.0.0.1"            # where `troupe node --join` reaches it (anything but loopback needs key_file)
 //   port = 7070                   # 0: any free port (printed at startup)
 //   key_file = ""                 # the cluster's shared key (at least 16 bytes); relative to this file
+//   tls_cert = ""                 # with tls_key and tls_ca: the cluster port over mutual TLS (nodes join with
+//   tls_key = ""                  #   --tls-ca and a certificate the CA signed); the coordinator checks TLS nodes'
+//   tls_ca = ""                   #   RPC servers against tls_ca too
 //   heartbeat_ms = 1000           # nodes send a heartbeat this often
 //   down_after_ms = 3000          # a node silent this long is down (a dropped connection is down at once)
 //   coordinator_devices = true    # models with placement = "cluster" use this daemon's devices too
@@ -67,6 +70,7 @@ struct cluster_config {
   std::string host = "127.0.0.1";
   uint16_t port = 7070;
   std::string key_file;
+  std::string tls_cert, tls_key, tls_ca;  // all three: the cluster port over mutual TLS (net/cluster/tls.h)
   uint32_t heartbeat_ms = 1000;
   uint32_t down_after_ms = 3000;
   bool coordinator_devices = true;

@@ -1,64 +1,20 @@
 // TLS: a self-signed certificate made here (OpenSSL), a server that requires TLS, clients that verify it.
 #include <catch2/catch.hpp>
 
-#include <openssl/evp.h>
-#include <openssl/pem.h>
-#include <openssl/x509.h>
-#include <openssl/x509v3.h>
-
-#include <cstdio>
-
 #include "backends/rpc/rpc_client.h"
 #include "tests/net/test_server.h"
+#include "tests/support/certificate.h"
 
 using namespace troupe;
 using namespace troupe::rpc;
 using namespace std::chrono_literals;
 
-namespace {
-
-// Writes cert.pem and key.pem (P-256, valid for IP 127.0.0.1 and localhost, self-signed) into dir.
-void make_certificate(const std::filesystem::path& dir) {
-  EVP_PKEY* key = EVP_EC_gen("P-256");
-  REQUIRE(key != nullptr);
-  X509* x = X509_new();
-  X509_set_version(x, 2);
-  ASN1_INTEGER_set(X509_get_serialNumber(x), 1);
-  X509_gmtime_adj(X509_getm_notBefore(x), -60);
-  X509_gmtime_adj(X509_getm_notAfter(x), 3600);
-  X509_set_pubkey(x, key);
-  X509_NAME* name = X509_get_subject_name(x);
-  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("localhost"), -1, -1, 0);
-  X509_set_issuer_name(x, name);
-  X509V3_CTX ctx;
-  X509V3_set_ctx_nodb(&ctx);
-  X509V3_set_ctx(&ctx, x, x, nullptr, nullptr, 0);
-  for (auto [nid, value] : {std::pair{NID_subject_alt_name, "IP:127.0.0.1,DNS:localhost"},
-                            std::pair{NID_basic_constraints, "critical,CA:TRUE"}}) {
-    X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
-    REQUIRE(ext != nullptr);
-    X509_add_ext(x, ext, -1);
-    X509_EXTENSION_free(ext);
-  }
-  REQUIRE(X509_sign(x, key, EVP_sha256()) > 0);
-  FILE* f = std::fopen((dir / "cert.pem").c_str(), "w");
-  PEM_write_X509(f, x);
-  std::fclose(f);
-  f = std::fopen((dir / "key.pem").c_str(), "w");
-  PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr);
-  std::fclose(f);
-  X509_free(x);
-  EVP_PKEY_free(key);
-}
-
-}  // namespace
-
 TEST_CASE("TLS: clients that trust the certificate connect, others are refused", "[rpc][tls]") {
   testing::temp_dir dir("troupe-tls");
-  make_certificate(dir.path());
+  test::make_certificate(dir.path(), "cert");
   auto srv = testing::start_server({.key = "a shared key of sufficient length",
                                     .tls_cert = dir.path() / "cert.pem",
-                                    .tls_key = dir.path() / "key.pem",
+                                    .tls_key = dir.path() / "cert.key",
                                     .hello_timeout = 500ms});
   CHECK(srv->tls());
   client_options o{.host = "127.0.0.1", .port = srv->port(), .key = "a shared key of sufficient length",

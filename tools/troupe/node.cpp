@@ -5,7 +5,8 @@
 //   troupe node --join 10.0.0.1:7070 --key-file cluster.key --name box-2 --host 0.0.0.0 --advertise 10.0.0.2
 //
 // The first line printed names the node's RPC address; each join prints "troupe node: joined ... (id N,
-// epoch E)". A refused join (a wrong key, a malformed inventory) ends it with status 1. SIGINT or SIGTERM
+// epoch E)". With --tls-ca the join goes over mutual TLS (caf_openssl): the node presents --tls-cert and
+// checks the coordinator's against the CA. A refused join (a wrong key, a malformed inventory) ends it with status 1. SIGINT or SIGTERM
 // stop it.
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -22,6 +23,7 @@
 #include "actors/type_ids.h"
 #include "net/cluster/coordinator.h"
 #include "net/cluster/node.h"
+#include "net/cluster/tls.h"
 #include "net/cluster/type_ids.h"
 #include "net/rpc/auth.h"
 #include "runtime/error.h"
@@ -37,6 +39,7 @@ struct node_options {
   std::string name;           // default: the host name
   std::string advertise;      // the RPC host in the inventory; default: --host
   std::string cluster_key_file;  // default: --auth-key-file (one key for both)
+  std::string tls_ca;            // the cluster's CA: the join over mutual TLS with --tls-cert / --tls-key
 };
 
 std::pair<std::string, uint16_t> split_address(const std::string& a) {
@@ -93,6 +96,13 @@ int run_node(const node_options& o) {
   const auto& [coord_host, coord_port] = coordinator_address;
   const std::string key_file = o.cluster_key_file.empty() ? o.peer.key_file : o.cluster_key_file;
   const std::string key = key_file.empty() ? std::string() : rpc::load_key_file(key_file);
+  caf::actor_system_config cfg;
+  actors::add_message_types(cfg);
+  cluster::add_message_types(cfg);
+  cfg.load<caf::io::middleman>();
+  cfg.set("logger.verbosity", caf::atom("quiet"));
+  const bool tls = !o.tls_ca.empty();
+  if (tls) cluster::use_tls(cfg, {o.peer.tls_cert, o.peer.tls_key, o.tls_ca}, {"--tls-cert", "--tls-key", "--tls-ca"});
   const rpc::server_options so = server_options_for(o.peer, "node");
   rpc::server srv(so);
   srv.start();
@@ -100,6 +110,7 @@ int run_node(const node_options& o) {
   inv.name = o.name.empty() ? host_name() : o.name;
   inv.rpc_host = o.peer.host;
   inv.rpc_port = srv.port();
+  inv.rpc_tls = srv.tls();
   if (!o.advertise.empty()) {  // HOST, or HOST:PORT (a forwarded port, a proxy)
     const auto colon = o.advertise.rfind(':');
     if (colon != std::string::npos && o.advertise.find(':') == colon) {
@@ -115,20 +126,15 @@ int run_node(const node_options& o) {
   }
   inv.devices = inventory_of(so.devices);
   if (const std::string bad = cluster::check_inventory(inv); !bad.empty()) throw error("node: " + bad);
-  std::printf("troupe node: '%s' serving on %s (%zu device(s)), joining %s\n", inv.name.c_str(), srv.address().c_str(),
-              inv.devices.size(), o.join.c_str());
+  std::printf("troupe node: '%s' serving on %s (%zu device(s)%s), joining %s%s\n", inv.name.c_str(), srv.address().c_str(),
+              inv.devices.size(), inv.rpc_tls ? ", TLS" : "", o.join.c_str(), tls ? " over TLS" : "");
   std::fflush(stdout);
 
-  caf::actor_system_config cfg;
-  actors::add_message_types(cfg);
-  cluster::add_message_types(cfg);
-  cfg.load<caf::io::middleman>();
-  cfg.set("logger.verbosity", caf::atom("quiet"));
   caf::actor_system sys{cfg};
   int status = 0;
   bool said_waiting = false;
   while (!stopping) {
-    auto coord = sys.middleman().remote_actor<cluster::coordinator_actor>(coord_host, coord_port);
+    auto coord = cluster::join_remote(sys, coord_host, coord_port, tls);
     if (!coord) {
       if (!said_waiting) {
         std::printf("troupe node: the coordinator at %s does not answer (%s); trying every second\n", o.join.c_str(),
@@ -180,6 +186,8 @@ command_fn add_node(CLI::App& app) {
   app.add_option("--auth-key-file", o->peer.key_file, "the key RPC clients must know (and the cluster's, by default)");
   app.add_option("--tls-cert", o->peer.tls_cert, "PEM certificate chain: RPC over TLS (with --tls-key)");
   app.add_option("--tls-key", o->peer.tls_key, "PEM private key for --tls-cert");
+  app.add_option("--tls-ca", o->tls_ca,
+                 "the cluster's CA (PEM): join over mutual TLS, presenting --tls-cert (the coordinator's [cluster] tls_*)");
   app.add_flag("--insecure", o->peer.insecure, "allow a non-loopback RPC address without a key");
   app.add_option("-t,--threads", o->peer.threads, "CPU threads per client graph (0: all)");
   return [o] { return run_node(*o); };

@@ -23,6 +23,7 @@
 #include "actors/runtime.h"
 #include "net/cluster/coordinator.h"
 #include "net/cluster/placer.h"
+#include "net/cluster/tls.h"
 #include "net/cluster/type_ids.h"
 #include "net/rpc/auth.h"
 #include "net/http/daemon_config.h"
@@ -160,6 +161,11 @@ int run_serve(const serve_options& o) {
     actors::add_message_types(*sys_cfg);
     cluster::add_message_types(*sys_cfg);
     sys_cfg->load<caf::io::middleman>();
+    const bool tls = !cfg.cluster.tls_cert.empty();
+    if (tls) {
+      cluster::use_tls(*sys_cfg, {cfg.cluster.tls_cert, cfg.cluster.tls_key, cfg.cluster.tls_ca},
+                       {"cluster.tls_cert", "cluster.tls_key", "cluster.tls_ca"});
+    }
     if (cfg.runtime.caf_threads > 0) sys_cfg->set("scheduler.max-threads", cfg.runtime.caf_threads);
     sys = std::make_unique<caf::actor_system>(*sys_cfg);
     own_eng = std::make_unique<engine>(*sys, cfg.runtime);
@@ -168,10 +174,10 @@ int run_serve(const serve_options& o) {
     coordinator = cluster::spawn_coordinator(*sys, {.key = key,
                                                     .heartbeat = std::chrono::milliseconds(cfg.cluster.heartbeat_ms),
                                                     .down_after = std::chrono::milliseconds(cfg.cluster.down_after_ms)});
-    const uint16_t cport = cluster::publish_coordinator(*sys, coordinator, cfg.cluster.host, cfg.cluster.port, !key.empty());
+    const uint16_t cport = cluster::publish_coordinator(*sys, coordinator, cfg.cluster.host, cfg.cluster.port, !key.empty(), tls);
     TROUPE_LOG(info, "cluster coordinator on " << cfg.cluster.host << ":" << cport << " (nodes join with troupe node --join "
                                                << cfg.cluster.host << ":" << cport << "; key: " << (key.empty() ? "none" : "shared")
-                                               << ")");
+                                               << (tls ? "; mutual TLS" : "") << ")");
   } else {
     own_eng = std::make_unique<engine>(cfg.runtime);
   }
@@ -182,6 +188,7 @@ int run_serve(const serve_options& o) {
     d.set_cluster_status([&sys, coordinator] { return cluster::status_json(*sys, coordinator); });
     placer = std::make_unique<cluster::placer>(*sys, coordinator, eng,
                                                cluster::placer_params{.rpc_key = cluster_key,
+                                                                      .rpc_tls_ca = cfg.cluster.tls_ca,
                                                                       .margin = uint64_t{cfg.cluster.margin_mib} << 20,
                                                                       .coordinator_devices = cfg.cluster.coordinator_devices,
                                                                       .rebalance_on_join = cfg.cluster.rebalance == "on_join"});
