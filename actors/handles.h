@@ -167,6 +167,9 @@ using peer_actor = caf::typed_actor<
     // A model placed weights on the peer's devices / no longer does (the supervisor sends these).
     caf::reacts_to<attach_atom, std::string>,
     caf::reacts_to<detach_atom, std::string>,
+    // Stop trying to reach it (a cluster node that went away, or moved to another address): the state is
+    // "parked" (the client marked down, no retries, no health checks) until a check asks to connect now.
+    caf::reacts_to<park_atom, std::string>,
     // Subscribers receive (update_atom, peer_status) whenever the state, epoch or models change.
     caf::replies_to<subscribe_atom, peer_subscriber>::with<bool>,
     caf::reacts_to<unsubscribe_atom, peer_subscriber>,

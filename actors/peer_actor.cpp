@@ -110,6 +110,7 @@ struct peer_state {
   bool busy = false;        // an attempt or a check is in flight on the worker
   std::vector<caf::typed_response_promise<peer_status>> waiting;  // check requests, answered after it
   std::mt19937_64 rng{std::random_device{}()};
+  std::string parked;       // why it was told to stop trying; empty: not parked
 
   ~peer_state() {
     if (client) client->set_on_lost(nullptr);
@@ -159,6 +160,11 @@ void attempt(peer_ptr self);
 
 void schedule_retry(peer_ptr self) {
   auto& st = self->state;
+  if (!st.parked.empty()) {  // no more attempts: parked until a check asks for one
+    st.status.state = "parked";
+    ++st.generation;
+    return;
+  }
   const auto d = backoff_delay(st.params.backoff, std::max<uint32_t>(1, st.status.failures),
                                std::uniform_real_distribution<double>(0.0, 1.0)(st.rng));
   st.retry_at = clock::now() + d;
@@ -173,7 +179,7 @@ void schedule_check(peer_ptr self) {
 // The peer stopped answering or its connection dropped: requests on it fail from now on, retry later.
 void went_down(peer_ptr self, const std::string& why) {
   auto& st = self->state;
-  if (st.status.state == "down") return;
+  if (st.status.state == "down" || st.status.state == "parked") return;
   TROUPE_LOG(warn, "peer " << st.status.name << " (" << st.status.address << ") is down: " << why
                             << (st.models.empty() ? std::string() : "; models using it: " + [&] {
                                  std::string m;
@@ -293,6 +299,7 @@ peer_actor::behavior_type peer(peer_ptr self, peer_params p) {
         auto& st = self->state;
         auto rp = self->make_response_promise<peer_status>();
         st.waiting.push_back(rp);
+        st.parked.clear();  // asked to connect: no longer parked
         if (!st.busy) {
           if (st.status.state == "up") {
             ++st.generation;  // the periodic check restarts after this one
@@ -320,6 +327,19 @@ peer_actor::behavior_type peer(peer_ptr self, peer_params p) {
       },
       [self](detach_atom, const std::string& model) {
         if (self->state.models.erase(model) > 0) publish(self);
+      },
+      [self](park_atom, const std::string& why) {
+        auto& st = self->state;
+        if (!st.parked.empty()) return;
+        st.parked = why.empty() ? std::string("parked") : why;
+        TROUPE_LOG(info, "peer " << st.status.name << " (" << st.status.address << ") parked: " << st.parked
+                                 << "; no more connection attempts");
+        st.client->mark_down(st.parked);
+        st.status.last_error = st.parked;
+        if (st.busy && st.status.state == "connecting") return;  // the attempt in flight parks it when it fails
+        st.status.state = "parked";
+        ++st.generation;  // cancels the pending retry or health check
+        publish(self);
       },
       [self](subscribe_atom, const peer_subscriber& a) {
         auto& subs = self->state.subscribers;

@@ -7,7 +7,8 @@
 //   self->request(p, t, get_atom_v, status_atom_v).then([](const peer_status& s) { ... });  // s.state "up"
 //
 // States: "connecting" (an attempt is in flight), "up" (health checks pass), "down" (the last attempt or
-// health check failed; the next attempt is due in retry_in_ms). Going down marks the client down
+// health check failed; the next attempt is due in retry_in_ms), "parked" (told to stop trying, with the
+// reason: no attempts until a check asks for one). Going down marks the client down
 // (rpc::client::mark_down): a request in flight on the connection fails at once with a backend_error naming
 // the peer, and every later use of its devices fails the same way without touching the network, until a
 // reconnect succeeds (epoch + 1). Buffers of the old connection are gone with it (the peer freed them): a

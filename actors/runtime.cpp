@@ -87,9 +87,30 @@ void engine::start() {
                                           .reload_on_reconnect = cfg_.reload_on_peer_reconnect});
 }
 
+// The peer actor at address ("host:port"), or an empty handle.
+actors::peer_actor engine::peer_at(const std::string& address) {
+  const auto dir = ask<actors::actor_directory>(*sys_, supervisor_, actors::get_atom_v, actors::directory_atom_v);
+  for (const actors::peer_actor& p : dir.peers) {
+    if (ask<actors::peer_status>(*sys_, p, actors::get_atom_v, actors::status_atom_v).address == address) return p;
+  }
+  return {};
+}
+
+bool engine::park_peer(const std::string& address, const std::string& why) {
+  const actors::peer_actor p = peer_at(address);
+  if (!p) return false;
+  caf::anon_send(p, actors::park_atom_v, why);
+  return true;
+}
+
 std::vector<std::string> engine::add_peer(const actors::peer_params& pp) {
-  actors::peer_actor p = actors::spawn_peer_actor(*sys_, pp);
-  ask<bool>(*sys_, supervisor_, actors::connect_atom_v, p);
+  actors::peer_actor p = peer_at(pp.host + ":" + std::to_string(pp.port));
+  if (p) {
+    ask<actors::peer_status>(*sys_, p, actors::check_atom_v);  // connect now (or check now, when up)
+  } else {
+    p = actors::spawn_peer_actor(*sys_, pp);
+    ask<bool>(*sys_, supervisor_, actors::connect_atom_v, p);
+  }
   actors::peer_status s;
   const auto until = std::chrono::steady_clock::now() + pp.connect_timeout + std::chrono::seconds(1);
   do {

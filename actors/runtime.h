@@ -109,8 +109,13 @@ class engine {
   // Connects to a peer (as a configured [[peer]]) after the start, and waits up to its connect timeout for it
   // to be up; returns its devices' names ("RPC[host:port]#0", ...), which models may then use. The runtime
   // watches it like the configured ones (a model on it is marked down while it is down). Throws
-  // actors::request_error (errc::down) naming the peer when it does not come up in time.
+  // actors::request_error (errc::down) naming the peer when it does not come up in time. A peer at an
+  // address the runtime already has is that one, asked to connect now (parked or down) and waited for.
   std::vector<std::string> add_peer(const actors::peer_params& p);
+  // Tells the peer at host:port to stop trying to reach it (state "parked", `why` as its last error) until
+  // add_peer asks for it again: a cluster node that went away. Its devices stay known (and fail fast).
+  // False when no peer has that address.
+  bool park_peer(const std::string& address, const std::string& why);
   session open_session(const std::string& model);
   // The memory breakdown now (table, JSON, numbers).
   actors::memory_breakdown memory();
@@ -129,6 +134,7 @@ class engine {
 
  private:
   void start();
+  actors::peer_actor peer_at(const std::string& address);  // the peer actor at "host:port", or none
 
   actors::runtime_config cfg_;
   std::unique_ptr<caf::actor_system_config> own_cfg_;

@@ -2,7 +2,6 @@
 
 #include <caf/all.hpp>
 #include <caf/io/middleman.hpp>
-#include <caf/openssl/publish.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -315,13 +314,17 @@ coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_params p
   return sys.spawn(coordinator, std::move(p));
 }
 
-uint16_t publish_coordinator(caf::actor_system& sys, const coordinator_actor& c, const std::string& host, uint16_t port,
-                             bool has_key, bool tls) {
+void check_listen_host(const std::string& host, bool has_key) {
   if (!has_key && !rpc::is_loopback_host(host)) {
     throw error("cluster: refusing to listen on " + host + " without a key: anyone who can reach it could join. "
                 "Set the [cluster] key_file (or listen on 127.0.0.1)");
   }
-  auto bound = tls ? caf::openssl::publish(c, port, host.c_str(), true) : sys.middleman().publish(c, port, host.c_str(), true);
+}
+
+uint16_t publish_coordinator(caf::actor_system& sys, const coordinator_actor& c, const std::string& host, uint16_t port,
+                             bool has_key) {
+  check_listen_host(host, has_key);
+  auto bound = sys.middleman().publish(c, port, host.c_str(), true);
   if (!bound) throw error("cluster: cannot listen on " + host + ":" + std::to_string(port) + ": " + sys.render(bound.error()));
   return *bound;
 }

@@ -30,11 +30,12 @@ struct coordinator_params {
 
 coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_params p);
 
-// Publishes c on host:port through the middleman (port 0: any; returns the one bound), over TLS when tls
-// (the system configured by use_tls, net/cluster/tls.h). Throws error when the host is not loopback and
-// has_key is false, or when publishing fails (naming the address).
+// Publishes c on host:port through the middleman (port 0: any; returns the one bound); behind TLS:
+// publish_coordinator_tls (net/cluster/tls.h). Throws error when the host is not loopback and has_key is
+// false (check_listen_host), or when publishing fails (naming the address).
 uint16_t publish_coordinator(caf::actor_system& sys, const coordinator_actor& c, const std::string& host, uint16_t port,
-                             bool has_key, bool tls = false);
+                             bool has_key);
+void check_listen_host(const std::string& host, bool has_key);
 
 // The coordinator's view, asked from this process (at most 5 s). Throws error when it does not answer.
 cluster_view ask_view(caf::actor_system& sys, const coordinator_actor& c);

@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 
 #include "actors/errors.h"
+#include "backends/rpc/rpc.h"
 #include "net/cluster/coordinator.h"
 #include "runtime/error.h"
 #include "runtime/llm/fit.h"
@@ -55,15 +56,12 @@ std::vector<actors::device_layers> placer::place(const actors::model_settings& s
     pp.connect_timeout = std::chrono::milliseconds(3000);
     pp.health_interval = std::chrono::milliseconds(250);
     pp.health_timeout = std::chrono::milliseconds(1000);
-    std::vector<std::string> names;
+    // A new peer, or the one the engine has at that address asked to connect now (it was parked when the
+    // node went away, or it reconnects to a node that restarted there).
+    const std::vector<std::string> names = eng_.add_peer(pp);
     {
       std::lock_guard l(mu_);
-      if (!peers_.count(n.rpc_address)) {
-        names = eng_.add_peer(pp);
-        peers_.insert(n.rpc_address);
-      } else {
-        for (size_t i = 0; i < n.devices.size(); ++i) names.push_back("RPC[" + n.rpc_address + "]#" + std::to_string(i));
-      }
+      peers_[n.rpc_address] = n.name;
     }
     for (size_t i = 0; i < names.size() && i < n.devices.size(); ++i) {
       devices.push_back({names[i], n.devices[i].memory_free});
@@ -71,7 +69,10 @@ std::vector<actors::device_layers> placer::place(const actors::model_settings& s
     }
   }
   if (p_.coordinator_devices) {
-    for (device_i* d : registry::instance().devices()) devices.push_back({std::string(d->name()), d->memory().free});
+    for (device_i* d : registry::instance().devices()) {
+      if (rpc::client_of(*d)) continue;  // a peer's (a node's above, or one gone)
+      devices.push_back({std::string(d->name()), d->memory().free});
+    }
   }
   const auto model = llm::model::open(s.path);
   const llm::layer_costs costs = llm::estimate_costs(*model, {.n_ctx = s.n_ctx, .n_ubatch = s.n_ubatch, .kv_type = s.kv_cache_type()});
@@ -112,6 +113,7 @@ void placer::watch_loop() {
       continue;
     }
     std::vector<std::pair<std::string, std::string>> losses;
+    std::vector<std::pair<std::string, std::string>> parks;  // peers to stop: address, why
     {
       std::lock_guard l(mu_);
       for (auto it = placed_.begin(); it != placed_.end();) {
@@ -142,11 +144,33 @@ void placer::watch_loop() {
         losses.emplace_back(it->first, why);
         it = placed_.erase(it);  // watched again once placed again
       }
-      // A node that is gone or back in another epoch has a new RPC server: connect to it afresh when used.
       seen_up_.clear();
       for (const node_entry& n : v.nodes) {
-        if (n.state != "up") peers_.erase(n.rpc_address);
         if (n.state == "up") seen_up_[n.name] = n.epoch;
+      }
+      // The peer of a node that is down, or that is up at another address now, stops trying its old address
+      // (a placement that uses the node again asks it to connect).
+      for (auto it = peers_.begin(); it != peers_.end();) {
+        const auto n = std::find_if(v.nodes.begin(), v.nodes.end(), [&](const node_entry& e) { return e.name == it->second; });
+        std::string why;
+        if (n == v.nodes.end() || n->state != "up") {
+          why = "node '" + it->second + "' is down";
+        } else if (n->rpc_address != it->first) {
+          why = "node '" + it->second + "' is at " + n->rpc_address + " now";
+        }
+        if (why.empty()) {
+          ++it;
+          continue;
+        }
+        parks.emplace_back(it->first, why);
+        it = peers_.erase(it);
+      }
+    }
+    for (const auto& [address, why] : parks) {
+      try {
+        eng_.park_peer(address, why);
+      } catch (const std::exception& e) {
+        TROUPE_LOG(warn, "cluster: cannot park the peer at " << address << ": " << e.what());
       }
     }
     for (const auto& [model, why] : losses) {

@@ -68,7 +68,7 @@ class placer {
   placer_params p_;
   std::mutex mu_;
   std::map<std::string, std::vector<use>> placed_;  // model -> the nodes (and their epochs) it uses
-  std::set<std::string> peers_;                     // RPC addresses the engine has as peers
+  std::map<std::string, std::string> peers_;        // RPC addresses the engine has as live peers -> node name
   std::map<std::string, uint64_t> seen_up_;          // the nodes up at the last look, by name: their epochs
   std::function<void(const std::string&, const std::string&)> lost_;
   std::atomic<bool> stop_{false};

@@ -1,21 +1,26 @@
-// TLS on the cluster port, through CAF's caf_openssl module: mutual TLS, every side presenting a certificate
-// that the other verifies against the cluster's CA (caf_openssl verifies the chain; it checks no host name,
-// so the CA should sign only the cluster's certificates). One set of files per process:
+// TLS on the cluster port: CAF's middleman traffic (BASP) inside mutual TLS, every side presenting a
+// certificate that the other verifies against the cluster's CA (and, on a node, against the coordinator's
+// host name or IP). The coordinator is published on 127.0.0.1 (any port) and reached through a server
+// tunnel on the cluster port; a node joins through a client tunnel on 127.0.0.1 (any port).
 //
 //   cluster::tls_files t{.cert = "node.pem", .key = "node.key", .ca = "cluster-ca.pem"};
-//   cluster::use_tls(cfg, t, {"--tls-cert", "--tls-key", "--tls-ca"});   // before the actor_system
-//   publish_coordinator(sys, c, host, port, has_key, /*tls=*/true);       // or join_remote(sys, host, port, true)
+//   cluster::check_tls_files(t, {"--tls-cert", "--tls-key", "--tls-ca"});   // throws error naming the option
+//   auto up = cluster::publish_coordinator_tls(sys, c, "0.0.0.0", 7070, true, t);   // the coordinator's side
+//   auto tunnel = cluster::tls_tunnel::client(t, "10.0.0.1", 7070);                 // a node's side
+//   sys.middleman().remote_actor<coordinator_actor>("127.0.0.1", tunnel->port());
 //
-// caf_openssl reads the files again for every connection and has no way to report a bad one but to throw
-// in its I/O thread (which ends the process): use_tls loads them first, with the same OpenSSL calls, and
-// throws error naming the option and the file.
+// Not CAF's caf_openssl: in 0.17 it does not clear OpenSSL's per-thread error queue, so one failed
+// handshake on its I/O thread (anyone connecting without the right certificate) drops every other TLS
+// connection on it, and a certificate file it cannot read ends the process. The tunnels are Asio and
+// OpenSSL, as the RPC server's TLS is: a failed handshake closes that connection only (and is logged with
+// the address and OpenSSL's reason), a handshake must finish within 10 s.
 #pragma once
 
 #include <caf/actor_system.hpp>
-#include <caf/actor_system_config.hpp>
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "net/cluster/messages.h"
@@ -23,20 +28,44 @@
 namespace troupe::cluster {
 
 struct tls_files {
-  std::string cert;  // PEM certificate chain (unencrypted key below)
+  std::string cert;  // PEM certificate chain
   std::string key;   // PEM private key, not encrypted
   std::string ca;    // PEM CA certificates the other side's certificate must chain to
   bool any() const { return !cert.empty() || !key.empty() || !ca.empty(); }
 };
 
-// Checks t (all three files, readable, the key unencrypted and matching the certificate, the CA loadable;
-// names: the options' names for messages, in the order cert, key, ca) and loads caf_openssl into cfg with
-// them. Throws error naming the option and the file. cfg must have the middleman loaded.
-void use_tls(caf::actor_system_config& cfg, const tls_files& t, const std::array<std::string, 3>& names);
+// Checks t: all three files, readable, the key unencrypted and matching the certificate, the CA loadable.
+// names: the options' names for messages, in the order cert, key, ca. Throws error naming the option and
+// the file.
+void check_tls_files(const tls_files& t, const std::array<std::string, 3>& names);
 
-// The coordinator at host:port as a node joins it: over TLS when tls (the system must have use_tls's
-// configuration), else plain. An error says what failed (a TLS handshake refused reads as
-// "disconnect_during_handshake").
-caf::expected<coordinator_actor> join_remote(caf::actor_system& sys, const std::string& host, uint16_t port, bool tls);
+class tls_tunnel {
+ public:
+  // Accepts TLS on host:port (0: any), requiring a client certificate that chains to t.ca, and forwards each
+  // connection to 127.0.0.1:inner_port. Throws error when it cannot listen or t is unusable.
+  static std::unique_ptr<tls_tunnel> server(const tls_files& t, const std::string& host, uint16_t port, uint16_t inner_port);
+  // Listens on 127.0.0.1 (any port); each connection to it goes on to host:port over TLS, presenting t.cert
+  // and checking the server's certificate against t.ca and host.
+  static std::unique_ptr<tls_tunnel> client(const tls_files& t, const std::string& host, uint16_t port);
+  ~tls_tunnel();  // closes every connection and stops its thread
+  tls_tunnel(const tls_tunnel&) = delete;
+  tls_tunnel& operator=(const tls_tunnel&) = delete;
+
+  uint16_t port() const;          // where it listens
+  uint64_t refused() const;       // handshakes that failed
+  std::string last_error() const;  // the last failed handshake or connection ("" : none)
+
+  struct impl;
+
+ private:
+  explicit tls_tunnel(std::unique_ptr<impl> m);
+  std::unique_ptr<impl> m_;
+};
+
+// The coordinator published on 127.0.0.1 and a server tunnel on host:port in front of it (the same key rule
+// as publish_coordinator: a host that is not loopback needs has_key). Keep the tunnel as long as the
+// coordinator serves; its port() is the cluster port.
+std::unique_ptr<tls_tunnel> publish_coordinator_tls(caf::actor_system& sys, const coordinator_actor& c, const std::string& host,
+                                                    uint16_t port, bool has_key, const tls_files& t);
 
 }  // namespace troupe::cluster

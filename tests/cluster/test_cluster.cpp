@@ -154,6 +154,19 @@ std::vector<std::string> node_args(uint16_t coord, const std::string& name, std:
   return a;
 }
 
+// A free TCP port on 127.0.0.1 (bound and released: the caller binds it next).
+uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t n = sizeof a;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) == 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
 const cluster::node_entry* entry_named(const cluster::cluster_view& v, const std::string& name) {
   for (const cluster::node_entry& n : v.nodes) {
     if (n.name == name) return &n;
@@ -437,7 +450,9 @@ TEST_CASE("a model placed over two nodes answers as on the CPU, moves to the nod
   REQUIRE(d.wait_for_log("cluster coordinator on", 60s));
   const uint16_t cport = coordinator_port(d);
   CHECK(d.wait_for_log("model 'stories' waits for 2 node(s) up", 30s));
-  auto a = std::make_unique<node_process>(node_args(cport, "a"));
+  const uint16_t a_rpc = free_port();  // a comes back at the same address (its peer is asked to reconnect)
+  const std::string a_address = "127.0.0.1:" + std::to_string(a_rpc);
+  auto a = std::make_unique<node_process>(node_args(cport, "a", {"--port", std::to_string(a_rpc)}));
   node_process b(node_args(cport, "b"));
   const int port = http_port_when_ready(d);
   std::smatch mt;
@@ -460,6 +475,8 @@ TEST_CASE("a model placed over two nodes answers as on the CPU, moves to the nod
                                 30s);
   CHECK(moved);
   CHECK(d.wait_for_log("cluster: model 'stories' lost its placement: node 'a' is down", 5s));
+  // a's peer stops trying its address (no retries for a node that is gone).
+  CHECK(d.wait_for_log("peer a (" + a_address + ") parked: node 'a' is down", 5s));
 
   // b killed too: nowhere to go; requests get 503 naming it (the model waits for a node).
   b.kill9();
@@ -472,13 +489,18 @@ TEST_CASE("a model placed over two nodes answers as on the CPU, moves to the nod
   CHECK(refused);
   CHECK_THAT(got.text, Catch::Contains("node 'b' is down"));
   CHECK(complete(port, "local").text == ref.text);  // the daemon's other model is not touched
+  CHECK(d.wait_for_log("parked: node 'b' is down", 5s));
 
-  // a restarted: it rejoins in epoch 2, the model is placed on it, the same answer.
-  node_process a2(node_args(cport, "a"));
+  // a restarted at its old address: it rejoins in epoch 2, its parked peer connects again (a second
+  // connection to it would find its devices taken), the model is placed on it, the same answer.
+  node_process a2(node_args(cport, "a", {"--port", std::to_string(a_rpc)}));
   const bool back = wait_until([&] { return complete(port, "stories").text == ref.text; }, 30s);
   CHECK(back);
   const json cl = cluster_at(port);
   CHECK(is_up(cl, "a", 2));
+  CHECK(node_named(cl, "a")["rpc_address"] == a_address);
+  CHECK_THAT(d.log(), Catch::Contains("peer a (" + a_address + ") is up (connection 2") &&
+                          !Catch::Contains("not using them twice"));
   httplib::Client c("127.0.0.1", port);
   const auto metrics = c.Get("/metrics");
   REQUIRE(metrics);
@@ -520,23 +542,6 @@ TEST_CASE("the [cluster] table and placement = \"cluster\" are checked by name",
   http::daemon_config c = parse("[[model]]\nname = \"m\"\npath = \"" + path->string() + "\"\nplacement = \"cluster\"\n");
   CHECK_THROWS_WITH(http::validate_daemon_config(c), Catch::Contains("placement = \"cluster\" needs a [cluster] table"));
 }
-
-namespace {
-
-// A free TCP port on 127.0.0.1 (bound and released: the caller binds it next).
-uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t n = sizeof a;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) == 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-}  // namespace
 
 TEST_CASE("a model placed over a node behind a slow link (2 ms each way) answers as on the CPU", "[cluster][process][placement][proxy]") {
   const auto model = test::model_path("stories260K.gguf");
@@ -611,13 +616,8 @@ TEST_CASE("cluster TLS files are checked before CAF reads them, naming the optio
   std::ofstream(dir / "junk.pem") << "not a certificate\n";
   const std::array<std::string, 3> names{"--tls-cert", "--tls-key", "--tls-ca"};
   const auto f = [&](const char* n) { return (dir / n).string(); };
-  const auto use = [&](cluster::tls_files t) {
-    caf::actor_system_config cfg;
-    cfg.load<caf::io::middleman>();
-    cluster::use_tls(cfg, t, names);
-    return cfg.openssl_cafile;
-  };
-  CHECK(use({f("a.pem"), f("a.key"), f("b.pem")}) == f("b.pem"));
+  const auto use = [&](cluster::tls_files t) { cluster::check_tls_files(t, names); };
+  CHECK_NOTHROW(use({f("a.pem"), f("a.key"), f("b.pem")}));
   CHECK_THROWS_WITH(use({f("a.pem"), "", f("a.pem")}), Catch::Contains("--tls-key is missing"));
   CHECK_THROWS_WITH(use({f("none.pem"), f("a.key"), f("a.pem")}), Catch::Contains("--tls-cert '" + f("none.pem") + "' is not a readable file"));
   CHECK_THROWS_WITH(use({f("junk.pem"), f("a.key"), f("a.pem")}), Catch::Contains("--tls-cert '" + f("junk.pem") + "' is not a PEM certificate chain"));
@@ -659,12 +659,18 @@ TEST_CASE("mutual TLS on the cluster port: a node with a certificate the cluster
   const answer got = complete(port, "stories");
   CHECK(got.status == 200);
   CHECK(got.text == ref.text);
-  // The handshakes of the other two failed (they keep trying, as a node does while its coordinator is away).
+  // The handshakes of the other two failed (they keep trying, as a node does while its coordinator is away),
+  // each logged with the address; the member's connection is not touched by them: still epoch 1.
   CHECK(wait_until([&] { return plain.output().find("does not answer") != std::string::npos; }));
   CHECK(wait_until([&] { return other.output().find("does not answer") != std::string::npos; }));
+  CHECK(d.wait_for_log("cluster TLS: refused a connection from 127.0.0.1:", 10s));
+  std::this_thread::sleep_for(2s);  // more failed attempts (one a second from each)
   const json after = cluster_at(port);
   CHECK(node_named(after, "plain").is_null());
   CHECK(node_named(after, "other").is_null());
   CHECK(after["nodes"].size() == 1);
+  CHECK(is_up(after, "member", 1));
+  CHECK_THAT(d.log(), !Catch::Contains("is down"));
+  CHECK(complete(port, "stories").text == ref.text);
   std::filesystem::remove_all(dir);
 }

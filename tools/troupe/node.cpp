@@ -5,8 +5,8 @@
 //   troupe node --join 10.0.0.1:7070 --key-file cluster.key --name box-2 --host 0.0.0.0 --advertise 10.0.0.2
 //
 // The first line printed names the node's RPC address; each join prints "troupe node: joined ... (id N,
-// epoch E)". With --tls-ca the join goes over mutual TLS (caf_openssl): the node presents --tls-cert and
-// checks the coordinator's against the CA. A refused join (a wrong key, a malformed inventory) ends it with status 1. SIGINT or SIGTERM
+// epoch E)". With --tls-ca the join goes over mutual TLS (net/cluster/tls.h): the node presents --tls-cert
+// and checks the coordinator's against the CA and the --join host. A refused join (a wrong key, a malformed inventory) ends it with status 1. SIGINT or SIGTERM
 // stop it.
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -102,7 +102,8 @@ int run_node(const node_options& o) {
   cfg.load<caf::io::middleman>();
   cfg.set("logger.verbosity", caf::atom("quiet"));
   const bool tls = !o.tls_ca.empty();
-  if (tls) cluster::use_tls(cfg, {o.peer.tls_cert, o.peer.tls_key, o.tls_ca}, {"--tls-cert", "--tls-key", "--tls-ca"});
+  const cluster::tls_files tls_files{o.peer.tls_cert, o.peer.tls_key, o.tls_ca};
+  if (tls) cluster::check_tls_files(tls_files, {"--tls-cert", "--tls-key", "--tls-ca"});
   const rpc::server_options so = server_options_for(o.peer, "node");
   rpc::server srv(so);
   srv.start();
@@ -131,14 +132,18 @@ int run_node(const node_options& o) {
   std::fflush(stdout);
 
   caf::actor_system sys{cfg};
+  // With --tls-ca the middleman connects to a tunnel on 127.0.0.1 that goes on to the coordinator over TLS.
+  const std::unique_ptr<cluster::tls_tunnel> tunnel = tls ? cluster::tls_tunnel::client(tls_files, coord_host, coord_port) : nullptr;
   int status = 0;
   bool said_waiting = false;
   while (!stopping) {
-    auto coord = cluster::join_remote(sys, coord_host, coord_port, tls);
+    auto coord = tunnel ? sys.middleman().remote_actor<cluster::coordinator_actor>("127.0.0.1", tunnel->port())
+                        : sys.middleman().remote_actor<cluster::coordinator_actor>(coord_host, coord_port);
     if (!coord) {
       if (!said_waiting) {
+        const std::string why = tunnel && !tunnel->last_error().empty() ? tunnel->last_error() : sys.render(coord.error());
         std::printf("troupe node: the coordinator at %s does not answer (%s); trying every second\n", o.join.c_str(),
-                    sys.render(coord.error()).c_str());
+                    why.c_str());
         std::fflush(stdout);
         said_waiting = true;
       }

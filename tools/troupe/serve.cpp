@@ -149,6 +149,7 @@ int run_serve(const serve_options& o) {
   std::unique_ptr<engine> own_eng;
   cluster::coordinator_actor coordinator;
   std::string cluster_key;  // the cluster's shared key: the coordinator's and the nodes' RPC servers'
+  std::unique_ptr<cluster::tls_tunnel> cluster_tls;  // the cluster port with [cluster] tls_*
   // Ends the coordinator before its actor system goes (the system waits for every actor).
   struct stop_coordinator {
     cluster::coordinator_actor& c;
@@ -162,10 +163,8 @@ int run_serve(const serve_options& o) {
     cluster::add_message_types(*sys_cfg);
     sys_cfg->load<caf::io::middleman>();
     const bool tls = !cfg.cluster.tls_cert.empty();
-    if (tls) {
-      cluster::use_tls(*sys_cfg, {cfg.cluster.tls_cert, cfg.cluster.tls_key, cfg.cluster.tls_ca},
-                       {"cluster.tls_cert", "cluster.tls_key", "cluster.tls_ca"});
-    }
+    const cluster::tls_files tls_files{cfg.cluster.tls_cert, cfg.cluster.tls_key, cfg.cluster.tls_ca};
+    if (tls) cluster::check_tls_files(tls_files, {"cluster.tls_cert", "cluster.tls_key", "cluster.tls_ca"});
     if (cfg.runtime.caf_threads > 0) sys_cfg->set("scheduler.max-threads", cfg.runtime.caf_threads);
     sys = std::make_unique<caf::actor_system>(*sys_cfg);
     own_eng = std::make_unique<engine>(*sys, cfg.runtime);
@@ -174,7 +173,13 @@ int run_serve(const serve_options& o) {
     coordinator = cluster::spawn_coordinator(*sys, {.key = key,
                                                     .heartbeat = std::chrono::milliseconds(cfg.cluster.heartbeat_ms),
                                                     .down_after = std::chrono::milliseconds(cfg.cluster.down_after_ms)});
-    const uint16_t cport = cluster::publish_coordinator(*sys, coordinator, cfg.cluster.host, cfg.cluster.port, !key.empty(), tls);
+    uint16_t cport = 0;
+    if (tls) {
+      cluster_tls = cluster::publish_coordinator_tls(*sys, coordinator, cfg.cluster.host, cfg.cluster.port, !key.empty(), tls_files);
+      cport = cluster_tls->port();
+    } else {
+      cport = cluster::publish_coordinator(*sys, coordinator, cfg.cluster.host, cfg.cluster.port, !key.empty());
+    }
     TROUPE_LOG(info, "cluster coordinator on " << cfg.cluster.host << ":" << cport << " (nodes join with troupe node --join "
                                                << cfg.cluster.host << ":" << cport << "; key: " << (key.empty() ? "none" : "shared")
                                                << (tls ? "; mutual TLS" : "") << ")");
