@@ -626,7 +626,7 @@ TEST_CASE("cluster TLS files are checked before CAF reads them, naming the optio
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("mutual TLS on the cluster port: a node with a certificate the cluster's CA trusts joins and holds a placed model over TLS RPC; a plain node and one with another certificate never join", "[cluster][process][placement][tls]") {
+TEST_CASE("mutual TLS on the cluster port: a node with a certificate the cluster's CA trusts joins and holds a placed model over TLS RPC, while a plain node and one with another certificate never join", "[cluster][process][placement][tls]") {
   const auto model = test::model_path("stories260K.gguf");
   if (!model) return;
   const auto dir = std::filesystem::temp_directory_path() / ("troupe-cluster-tls-" + std::to_string(getpid()));
