@@ -28,6 +28,7 @@
 
 #include "actors/errors.h"
 #include "backends/rpc/rpc_client.h"
+#include "net/cluster/cluster_engine.h"
 #include "net/cluster/coordinator.h"
 #include "net/cluster/tls.h"
 #include "net/cluster/type_ids.h"
@@ -673,4 +674,63 @@ TEST_CASE("mutual TLS on the cluster port: a node with a certificate the cluster
   CHECK_THAT(d.log(), !Catch::Contains("is down"));
   CHECK(complete(port, "stories").text == ref.text);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the embedding API coordinates a cluster: a cluster_engine places a model over a node process, answers as its own CPU, and places it again by itself when the node is killed", "[cluster][process][placement][embed]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  actors::runtime_config rc;
+  rc.devices = {"CPU"};
+  cluster::cluster_engine ce(rc, {.port = 0,
+                                  .heartbeat = std::chrono::milliseconds(100),
+                                  .down_after = std::chrono::milliseconds(4000),
+                                  .coordinator_devices = false});
+  REQUIRE(ce.port() != 0);
+  node_process a(node_args(ce.port(), "a"));
+  ce.keep_placed();
+  actors::model_settings local;
+  local.name = "local";
+  local.path = model->string();
+  local.n_ctx = 256;
+  actors::model_settings placed = local;
+  placed.name = "stories";
+  placed.placement = "cluster";
+  ce.load_model(local);
+  ce.load_model(placed);  // waits for one node
+  const auto answer_of = [&](const std::string& m) {
+    session s = ce.engine().open_session(m);
+    return s.generate("Once upon a time", actors::generation_params::greedy(16)).tokens;
+  };
+  const std::vector<int32_t> ref = answer_of("local");
+  REQUIRE(ref.size() == 16);
+  CHECK(answer_of("stories") == ref);
+  const cluster::cluster_view v = ce.view();
+  REQUIRE(v.nodes.size() == 1);
+  CHECK(v.nodes[0].name == "a");
+  CHECK(v.nodes[0].state == "up");
+  // Its layers are on the node: the engine's peer named after it holds the model.
+  const actors::runtime_status st = ce.engine().status();
+  REQUIRE(st.peers.size() == 1);
+  CHECK(st.peers[0].name == "a");
+  CHECK(std::find(st.peers[0].models.begin(), st.peers[0].models.end(), "stories") != st.peers[0].models.end());
+
+  // a killed, b joins: the engine places the model on b by itself, and it answers the same.
+  node_process b(node_args(ce.port(), "b"));
+  REQUIRE(wait_until([&] { return ce.view().nodes.size() == 2; }));
+  a.kill9();
+  REQUIRE(wait_until([&] { return ce.recoveries() == 1; }, 30s));
+  std::vector<int32_t> again;
+  CHECK(wait_until([&] {
+    try {
+      again = answer_of("stories");
+    } catch (const std::exception&) {
+      return false;
+    }
+    return true;
+  }, 10s));
+  CHECK(again == ref);
+  const actors::runtime_status after = ce.engine().status();
+  const auto on_b = std::find_if(after.peers.begin(), after.peers.end(), [](const actors::peer_status& p) { return p.name == "b"; });
+  REQUIRE(on_b != after.peers.end());
+  CHECK(std::find(on_b->models.begin(), on_b->models.end(), "stories") != on_b->models.end());
 }

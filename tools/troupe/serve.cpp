@@ -18,13 +18,8 @@
 #include <mutex>
 #include <thread>
 
-#include <caf/io/middleman.hpp>
-
 #include "actors/runtime.h"
-#include "net/cluster/coordinator.h"
-#include "net/cluster/placer.h"
-#include "net/cluster/tls.h"
-#include "net/cluster/type_ids.h"
+#include "net/cluster/cluster_engine.h"
 #include "net/rpc/auth.h"
 #include "net/http/daemon_config.h"
 #include "net/http/server.h"
@@ -142,63 +137,31 @@ int run_serve(const serve_options& o) {
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  // A cluster's coordinator: the engine runs in an actor system with the middleman and the cluster's types,
-  // and the coordinator actor is published on [cluster] host:port.
-  std::unique_ptr<caf::actor_system_config> sys_cfg;
-  std::unique_ptr<caf::actor_system> sys;
+  // A cluster's coordinator (net/cluster/cluster_engine.h): the engine in an actor system with the middleman
+  // and the cluster's types, the coordinator published on [cluster] host:port, the placer.
+  std::unique_ptr<cluster::cluster_engine> coordinating;
   std::unique_ptr<engine> own_eng;
-  cluster::coordinator_actor coordinator;
-  std::string cluster_key;  // the cluster's shared key: the coordinator's and the nodes' RPC servers'
-  std::unique_ptr<cluster::tls_tunnel> cluster_tls;  // the cluster port with [cluster] tls_*
-  // Ends the coordinator before its actor system goes (the system waits for every actor).
-  struct stop_coordinator {
-    cluster::coordinator_actor& c;
-    ~stop_coordinator() {
-      if (c) caf::anon_send_exit(c, caf::exit_reason::user_shutdown);
-    }
-  } stop_it{coordinator};
   if (cfg.cluster.enabled) {
-    sys_cfg = std::make_unique<caf::actor_system_config>();
-    actors::add_message_types(*sys_cfg);
-    cluster::add_message_types(*sys_cfg);
-    sys_cfg->load<caf::io::middleman>();
-    const bool tls = !cfg.cluster.tls_cert.empty();
-    const cluster::tls_files tls_files{cfg.cluster.tls_cert, cfg.cluster.tls_key, cfg.cluster.tls_ca};
-    if (tls) cluster::check_tls_files(tls_files, {"cluster.tls_cert", "cluster.tls_key", "cluster.tls_ca"});
-    if (cfg.runtime.caf_threads > 0) sys_cfg->set("scheduler.max-threads", cfg.runtime.caf_threads);
-    sys = std::make_unique<caf::actor_system>(*sys_cfg);
-    own_eng = std::make_unique<engine>(*sys, cfg.runtime);
-    if (!cfg.cluster.key_file.empty()) cluster_key = rpc::load_key_file(cfg.cluster.key_file);
-    const std::string& key = cluster_key;
-    coordinator = cluster::spawn_coordinator(*sys, {.key = key,
-                                                    .heartbeat = std::chrono::milliseconds(cfg.cluster.heartbeat_ms),
-                                                    .down_after = std::chrono::milliseconds(cfg.cluster.down_after_ms)});
-    uint16_t cport = 0;
-    if (tls) {
-      cluster_tls = cluster::publish_coordinator_tls(*sys, coordinator, cfg.cluster.host, cfg.cluster.port, !key.empty(), tls_files);
-      cport = cluster_tls->port();
-    } else {
-      cport = cluster::publish_coordinator(*sys, coordinator, cfg.cluster.host, cfg.cluster.port, !key.empty());
-    }
-    TROUPE_LOG(info, "cluster coordinator on " << cfg.cluster.host << ":" << cport << " (nodes join with troupe node --join "
-                                               << cfg.cluster.host << ":" << cport << "; key: " << (key.empty() ? "none" : "shared")
-                                               << (tls ? "; mutual TLS" : "") << ")");
+    const http::cluster_config& cc = cfg.cluster;
+    coordinating = std::make_unique<cluster::cluster_engine>(
+        cfg.runtime, cluster::coordinator_settings{.host = cc.host,
+                                                   .port = cc.port,
+                                                   .key = cc.key_file.empty() ? std::string() : rpc::load_key_file(cc.key_file),
+                                                   .tls = {cc.tls_cert, cc.tls_key, cc.tls_ca},
+                                                   .heartbeat = std::chrono::milliseconds(cc.heartbeat_ms),
+                                                   .down_after = std::chrono::milliseconds(cc.down_after_ms),
+                                                   .coordinator_devices = cc.coordinator_devices,
+                                                   .margin = uint64_t{cc.margin_mib} << 20,
+                                                   .rebalance_on_join = cc.rebalance == "on_join"});
   } else {
     own_eng = std::make_unique<engine>(cfg.runtime);
   }
-  engine& eng = *own_eng;
+  engine& eng = coordinating ? coordinating->engine() : *own_eng;
   http::daemon d(eng, cfg);
-  std::unique_ptr<cluster::placer> placer;
-  if (coordinator) {
-    d.set_cluster_status([&sys, coordinator] { return cluster::status_json(*sys, coordinator); });
-    placer = std::make_unique<cluster::placer>(*sys, coordinator, eng,
-                                               cluster::placer_params{.rpc_key = cluster_key,
-                                                                      .rpc_tls_ca = cfg.cluster.tls_ca,
-                                                                      .margin = uint64_t{cfg.cluster.margin_mib} << 20,
-                                                                      .coordinator_devices = cfg.cluster.coordinator_devices,
-                                                                      .rebalance_on_join = cfg.cluster.rebalance == "on_join"});
-    d.set_placement([&placer, &d](const actors::model_settings& s, bool first) {
-      return placer->place(s, first, [&d] { return d.stopping(); });
+  if (coordinating) {
+    d.set_cluster_status([&coordinating] { return coordinating->status_json(); });
+    d.set_placement([&coordinating, &d](const actors::model_settings& s, bool first) {
+      return coordinating->placement().place(s, first, [&d] { return d.stopping(); });
     });
   }
   const int port = d.bind();
@@ -215,7 +178,9 @@ int run_serve(const serve_options& o) {
   int rc = 0;
   try {
     d.load_models();
-    if (placer) placer->watch([&d](const std::string& model, const std::string& why) { d.replace_model(model, why); });
+    if (coordinating) {
+      coordinating->placement().watch([&d](const std::string& model, const std::string& why) { d.replace_model(model, why); });
+    }
     const actors::memory_breakdown mem = eng.memory();
     std::fprintf(stderr, "%s", mem.table.c_str());
     TROUPE_LOG(info, "listening on http://" << cfg.server.host << ":" << port << " (OpenAI API at /v1)");
@@ -226,7 +191,7 @@ int run_serve(const serve_options& o) {
     d.stop();
   }
   server.join();
-  placer.reset();  // (its watcher may be placing a model again: stop() ends that)
+  if (coordinating) coordinating->stop_placing();  // (its watcher may be placing a model again: stop() ends that)
   const unsigned char none = 0;  // ends the watcher when no signal came
   (void)!write(signal_pipe[1], &none, 1);
   watcher.join();
