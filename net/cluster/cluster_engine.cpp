@@ -1,6 +1,7 @@
 #include "net/cluster/cluster_engine.h"
 
 #include <caf/io/middleman.hpp>
+#include <nlohmann/json.hpp>
 
 #include "actors/type_ids.h"
 #include "net/cluster/coordinator.h"
@@ -63,7 +64,12 @@ void cluster_engine::stop_placing() {
   for (std::thread& t : threads) {
     if (t.joinable()) t.join();
   }
-  placer_.reset();  // joins its watcher (a lost() callback in it sees its caller stopping)
+  std::unique_ptr<placer> gone;
+  {
+    std::lock_guard l(mu_);  // (status_json reads it under the lock)
+    gone = std::move(placer_);
+  }
+  gone.reset();  // joins its watcher (a lost() callback in it sees its caller stopping)
 }
 
 placer& cluster_engine::placement() {
@@ -73,7 +79,27 @@ placer& cluster_engine::placement() {
 
 cluster_view cluster_engine::view() { return ask_view(*sys_, coord_); }
 
-std::string cluster_engine::status_json() { return cluster::status_json(*sys_, coord_); }
+std::string cluster_engine::status_json() {
+  nlohmann::json j = nlohmann::json::parse(cluster::status_json(*sys_, coord_));
+  nlohmann::json models = nlohmann::json::array();
+  std::vector<model_placement> ps;
+  {
+    std::lock_guard l(mu_);
+    if (placer_) ps = placer_->placements();
+  }
+  for (const model_placement& m : ps) {
+    nlohmann::json devices = nlohmann::json::array();
+    for (const placed_device& d : m.devices) {
+      nlohmann::json layers = nlohmann::json::array();
+      if (d.n_layers > 0) layers = {d.first_layer, d.first_layer + d.n_layers - 1};
+      devices.push_back({{"device", d.device}, {"node", d.node.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.node)},
+                         {"layers", layers}, {"output", d.output}});
+    }
+    models.push_back({{"name", m.model}, {"state", m.state}, {"devices", devices}});
+  }
+  j["models"] = models;
+  return j.dump();
+}
 
 actors::model_info cluster_engine::load_model(const actors::model_settings& s) {
   if (s.placement != "cluster") return eng_->load_model(s);

@@ -58,7 +58,10 @@ class cluster_engine {
   placer& placement();  // throws error after stop_placing
   uint16_t port() const { return port_; }  // the cluster port nodes join
   cluster_view view();                      // the nodes now
-  std::string status_json();                // GET /v1/cluster's body
+  // GET /v1/cluster's body: {"nodes": [...] (cluster::status_json), "models": [{"name", "state": "placed" or
+  // "placing", "devices": [{"device", "node" (null: this engine's own), "layers": [first, last] ([]: none),
+  // "output": true when it holds the output layer}]}]}.
+  std::string status_json();
 
   // s as loaded: placement = "cluster" is placed first (the first time: waiting for s.min_nodes nodes),
   // anything else is loaded as engine::load_model does. Remembered for keep_placed.

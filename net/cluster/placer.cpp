@@ -80,17 +80,36 @@ std::vector<actors::device_layers> placer::place(const actors::model_settings& s
   std::vector<actors::device_layers> out;
   std::vector<use> uses;
   std::string said_plan;
+  // Devices take the last layers (loader/placement.h): the first device's range starts n_layer - (their
+  // total, capped at n_layer); the output goes with the last one when the total is more than n_layer.
+  const auto n_layer = static_cast<int64_t>(costs.weights.size());
+  int64_t total = 0;
+  for (const auto& dl : plan.layers) total += dl.second;
+  int64_t next = n_layer - std::min(total, n_layer);
+  model_placement layout{s.name, "placed", {}};
   for (size_t i = 0; i < plan.layers.size(); ++i) {
     const auto& [name, k] = plan.layers[i];
     out.push_back({name, k});
     const auto it = node_of.find(name);
     if (it != node_of.end()) uses.push_back(it->second);
+    const int64_t n = std::min<int64_t>(k, n_layer - next);
+    layout.devices.push_back({name, it != node_of.end() ? it->second.node : std::string(), static_cast<uint32_t>(next),
+                              static_cast<uint32_t>(n), i + 1 == plan.layers.size() && total > n_layer});
+    next += n;
     said_plan += (i ? ", " : "") + name + (it != node_of.end() ? " (node " + it->second.node + ")" : std::string()) + " " +
                  std::to_string(k) + " layer(s)";
   }
   TROUPE_LOG(info, "cluster: model '" << s.name << "' placed by free memory: " << said_plan);
   std::lock_guard l(mu_);
   placed_[s.name] = uses;
+  layout_[s.name] = std::move(layout);
+  return out;
+}
+
+std::vector<model_placement> placer::placements() {
+  std::lock_guard l(mu_);
+  std::vector<model_placement> out;
+  for (const auto& [name, m] : layout_) out.push_back(m);
   return out;
 }
 
@@ -142,6 +161,7 @@ void placer::watch_loop() {
           continue;
         }
         losses.emplace_back(it->first, why);
+        layout_[it->first] = {it->first, "placing", {}};
         it = placed_.erase(it);  // watched again once placed again
       }
       seen_up_.clear();

@@ -35,6 +35,21 @@ struct placer_params {
   std::chrono::milliseconds poll{100};        // how often the cluster's state is read
 };
 
+// Where a placed model's layers are: per device, its node ("" for the coordinator's own devices) and its
+// range of layers (the output layer goes with the last device when it is offloaded).
+struct placed_device {
+  std::string device;
+  std::string node;
+  uint32_t first_layer = 0;
+  uint32_t n_layers = 0;     // repeating layers from first_layer
+  bool output = false;       // the output layer too
+};
+struct model_placement {
+  std::string model;
+  std::string state;         // "placed", or "placing" (it lost a node and is being placed again)
+  std::vector<placed_device> devices;
+};
+
 class placer {
  public:
   placer(caf::actor_system& sys, coordinator_actor c, engine& eng, placer_params p);
@@ -54,6 +69,7 @@ class placer {
   void watch(std::function<void(const std::string& model, const std::string& why)> lost);
 
   cluster_view view();  // the coordinator's, now
+  std::vector<model_placement> placements();  // the models it placed, by name
 
  private:
   struct use {
@@ -68,6 +84,7 @@ class placer {
   placer_params p_;
   std::mutex mu_;
   std::map<std::string, std::vector<use>> placed_;  // model -> the nodes (and their epochs) it uses
+  std::map<std::string, model_placement> layout_;   // model -> where its layers are (or "placing")
   std::map<std::string, std::string> peers_;        // RPC addresses the engine has as live peers -> node name
   std::map<std::string, uint64_t> seen_up_;          // the nodes up at the last look, by name: their epochs
   std::function<void(const std::string&, const std::string&)> lost_;

@@ -463,6 +463,21 @@ TEST_CASE("a model placed over two nodes answers as on the CPU, moves to the nod
                                                 "layer\\(s\\), RPC\\[[0-9.:]+\\]#0 \\(node ([ab])\\) ([0-9]) layer\\(s\\)")));
   CHECK(mt[1] != mt[3]);
   CHECK(std::stoi(mt[2]) + std::stoi(mt[4]) == 6);  // stories260K: 5 layers and the output
+  {  // GET /v1/cluster: the placement, per device its node and its layer range
+    const json cl = cluster_at(port);
+    REQUIRE(cl["models"].size() == 1);
+    const json& pm = cl["models"][0];
+    CHECK(pm["name"] == "stories");
+    CHECK(pm["state"] == "placed");
+    REQUIRE(pm["devices"].size() == 2);
+    const int k = std::stoi(mt[2]);
+    CHECK(pm["devices"][0]["node"] == mt[1].str());
+    CHECK(pm["devices"][0]["layers"] == json::array({0, k - 1}));
+    CHECK(pm["devices"][0]["output"] == false);
+    CHECK(pm["devices"][1]["node"] == mt[3].str());
+    CHECK(pm["devices"][1]["layers"] == json::array({k, 4}));
+    CHECK(pm["devices"][1]["output"] == true);
+  }
   const answer ref = complete(port, "local");
   REQUIRE(ref.status == 200);
   REQUIRE_FALSE(ref.text.empty());

@@ -183,7 +183,7 @@ command_fn add_node(CLI::App& app) {
   app.add_option("--name", o->name, "this node's name in the cluster (default: the host name)");
   app.add_option("--advertise", o->advertise,
                  "HOST or HOST:PORT that others reach this node's RPC server at (default: --host and the bound port)");
-  app.add_option("--cluster-key-file", o->cluster_key_file, "the cluster's shared key (default: --auth-key-file)");
+  app.add_option("--key-file,--cluster-key-file", o->cluster_key_file, "the cluster's shared key (default: --auth-key-file)");
   app.add_option("--host", o->peer.host, "address the RPC server listens on (anything but loopback needs a key)");
   app.add_option("--port", o->peer.port, "the RPC server's TCP port (0: any free port)");
   app.add_option("--device", o->peer.devices, "devices to serve: cpu, vulkan or cuda (repeatable; default: all)");
