@@ -115,9 +115,12 @@ void llm_context::account(memory_ledger& ledger, int sign) const {
 }
 
 void llm_context::reserve(scheduler& s) {
-  // The worst case: a full micro-batch attending to the whole cache, every token with logits.
+  // The worst case: a full micro-batch attending to the whole cache, with the logits a decode asks for (one
+  // row per sequence, unless told more): [n_vocab, n_ubatch] floats would be most of the compute memory
+  // (96 MiB for a 49k vocabulary and 512 tokens, 512 MiB for 262k) for batches that output one row.
+  const uint32_t rows = params_.n_outputs_reserved > 0 ? params_.n_outputs_reserved : std::max(1u, params_.n_seq_max);
   troupe::context ctx(graph_ctx_params(m_.hp()));
-  graph_builder b(ctx, m_, *kv_, {.n_tokens = params_.n_ubatch, .n_kv = kv_->size(), .n_outputs = params_.n_ubatch});
+  graph_builder b(ctx, m_, *kv_, {.n_tokens = params_.n_ubatch, .n_kv = kv_->size(), .n_outputs = std::min(rows, params_.n_ubatch)});
   tensor* logits = build_graph(b);
   graph g(graph_tensors(m_.hp()) * 2);
   g.build_forward_expand(logits);

@@ -5,7 +5,8 @@
 //   std::span<const float> l = ctx.logits(0);   // [n_vocab] for the first token that asked for logits
 //
 // A batch is split into micro-batches of at most n_ubatch tokens; the graph's compute memory is reserved
-// once for the worst case (n_ubatch tokens over the whole cache) and reused. Errors (a full cache, a token
+// once for the worst case (n_ubatch tokens over the whole cache, n_outputs_reserved rows of logits) and
+// reused; a micro-batch that needs more grows it. Errors (a full cache, a token
 // id outside the vocabulary, a bad sequence id, a device failure) throw troupe::error; the cache keeps only
 // the micro-batches that completed.
 //
@@ -53,6 +54,9 @@ struct context_params {
   type type_v = type::f16;
   int n_threads = 0;         // CPU threads; 0: all hardware threads
   uint32_t n_pipeline = 4;   // micro-batches in flight at once over several backends; 1: one at a time
+  // Rows of logits the compute memory is reserved for; 0: n_seq_max (a decode outputs one row per
+  // sequence; a batch that asks for more, as perplexity's every token, grows the compute memory once).
+  uint32_t n_outputs_reserved = 0;
 };
 
 struct decode_stats {

@@ -112,3 +112,43 @@ TEST_CASE("llama-2-tiny-random: F16 weights, 32000-token vocabulary, determinist
   CHECK(ta == tb);
   CHECK(std::all_of(ta.begin(), ta.end(), [](int32_t t) { return t >= 0 && t < 32000; }));
 }
+
+TEST_CASE("compute memory is reserved for the rows of logits a decode outputs; a batch with every row grows it and gets the same logits", "[llm][generation][memory]") {
+  const auto path = test::model_path("llama-2-tiny-random.gguf");  // a 32000-token vocabulary
+  if (!path) return;
+  auto m = model::load(*path);
+  const auto compute_bytes = [](const llm_context& c) {
+    size_t n = 0;
+    for (const auto& [bt, bytes] : c.compute_bytes_by_buft()) n += bytes;
+    return n;
+  };
+  const llm::context_params one_row{.n_ctx = 256, .n_ubatch = 128, .n_threads = 2};  // one sequence: one row
+  llm::context_params every_row = one_row;
+  every_row.n_outputs_reserved = 128;
+  llm_context one(*m, one_row);
+  llm_context all(*m, every_row);
+  const size_t before = compute_bytes(one);
+  const size_t rows = size_t{127} * m->hp().n_vocab * sizeof(float);  // the logits of 127 more rows
+  INFO("compute bytes: one row " << before << ", every row " << compute_bytes(all));
+  CHECK(compute_bytes(all) >= rows);  // (the logits reuse memory that earlier nodes freed)
+  CHECK(before < rows / 10);
+  // Greedy decoding outputs one row per step: no growth, the same tokens.
+  const std::vector<int32_t> prompt = {1, 450, 4996, 17354, 1701, 29916};
+  CHECK(greedy(one, prompt, 8) == greedy(all, prompt, 8));
+  CHECK(compute_bytes(one) == before);
+  // Every token with logits: the compute memory grows, and each row equals the context reserved for all.
+  batch b;
+  for (size_t i = 0; i < 100; ++i) b.add(static_cast<int32_t>((i * 37) % 32000), static_cast<int32_t>(i), 0, true);
+  llm_context grown(*m, one_row);
+  llm_context reserved(*m, every_row);
+  grown.decode(b);
+  reserved.decode(b);
+  CHECK(compute_bytes(grown) >= size_t{99} * m->hp().n_vocab * sizeof(float));
+  REQUIRE(grown.n_outputs() == 100);
+  REQUIRE(reserved.n_outputs() == 100);
+  for (size_t i = 0; i < 100; ++i) {
+    const auto x = grown.logits(i);
+    const auto y = reserved.logits(i);
+    REQUIRE(std::equal(x.begin(), x.end(), y.begin()));
+  }
+}

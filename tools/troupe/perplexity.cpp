@@ -30,7 +30,8 @@ int run_perplexity(const ppl_options& o) {
   text << in.rdbuf();
   auto m = llm::model::load(o.model, {.devices = llm::offload_devices(o.offload, o.model)});
   llm::vocab v(m->meta());
-  llm::llm_context ctx(*m, {.n_ctx = o.n_ctx, .n_batch = o.n_ctx, .n_threads = o.n_threads});
+  // Every token of a chunk has logits: the compute memory reserved for all of a micro-batch's rows.
+  llm::llm_context ctx(*m, {.n_ctx = o.n_ctx, .n_batch = o.n_ctx, .n_threads = o.n_threads, .n_outputs_reserved = llm::context_params{}.n_ubatch});
   const auto tokens = v.tokenize(text.str(), true);
   std::fprintf(stderr, "%s: %zu tokens, chunks of %u\n", o.file.c_str(), tokens.size(), ctx.params().n_ctx);
   const llm::perplexity_result r = llm::perplexity(ctx, v, tokens, o.n_ctx);
