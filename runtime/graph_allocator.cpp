@@ -117,6 +117,9 @@ void graph_allocator::release(tensor& t) {
 void graph_allocator::plan(const graph& g) {
   state_.clear();
   plan_.clear();
+  // Every tensor of the graph (twice over, for any view source outside it): no growing below, so the
+  // references allocate() holds stay valid.
+  state_.reserve(2 * (g.nodes().size() + g.leafs().size()));
   for (auto& d : dyn_) d.reset();
 
   // Count consumers and views.

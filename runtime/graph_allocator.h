@@ -24,12 +24,12 @@
 
 #include <cstddef>
 #include <functional>
-#include <unordered_map>
 #include <vector>
 
 #include "runtime/backend.h"
 #include "runtime/dyn_allocator.h"
 #include "runtime/graph.h"
+#include "runtime/pointer_map.h"
 
 namespace troupe {
 
@@ -69,7 +69,7 @@ class graph_allocator {
     dyn_allocator::address addr;
     size_t size = 0;
   };
-  const std::unordered_map<const tensor*, placement>& last_plan() const { return plan_; }
+  const pointer_map<const tensor*, placement>& last_plan() const { return plan_; }
 
  private:
   struct node_state {
@@ -92,9 +92,9 @@ class graph_allocator {
   std::vector<dyn_allocator> dyn_;
   std::vector<std::vector<buffer_ptr>> buffers_;  // [buft][chunk]
   assign_fn assign_;
-  std::unordered_map<const tensor*, node_state> state_;
-  std::unordered_map<const tensor*, placement> plan_;
-  std::unordered_map<const tensor*, const buffer_i*> placed_;  // what the last alloc_graph placed, and where
+  pointer_map<const tensor*, node_state> state_;  // reserved for the graph's tensors: references stay valid
+  pointer_map<const tensor*, placement> plan_;
+  pointer_map<const tensor*, const buffer_i*> placed_;  // what the last alloc_graph placed, and where
   size_t n_reallocations_ = 0;
 };
 

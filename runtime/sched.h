@@ -24,13 +24,13 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
 #include "runtime/backend.h"
 #include "runtime/context.h"
 #include "runtime/graph.h"
 #include "runtime/graph_allocator.h"
+#include "runtime/pointer_map.h"
 
 namespace troupe {
 
@@ -137,8 +137,8 @@ class scheduler {
   std::vector<split_record> last_run_;
   size_t graph_capacity_;
   std::unique_ptr<graph_allocator> galloc_;
-  std::unordered_map<const tensor*, int> pins_;
-  std::unordered_map<const tensor*, int> assigned_;
+  pointer_map<const tensor*, int> pins_;
+  pointer_map<const tensor*, int> assigned_;
   std::vector<split> splits_;
   std::unique_ptr<context> copies_ctx_;                       // copy tensors of the current splits
   std::vector<std::pair<tensor*, std::array<tensor*, max_src>>> original_srcs_;
