@@ -113,7 +113,7 @@ TEST_CASE("llama-2-tiny-random: F16 weights, 32000-token vocabulary, determinist
   CHECK(std::all_of(ta.begin(), ta.end(), [](int32_t t) { return t >= 0 && t < 32000; }));
 }
 
-TEST_CASE("compute memory is reserved for the rows of logits a decode outputs; a batch with every row grows it and gets the same logits", "[llm][generation][memory]") {
+TEST_CASE("compute memory is reserved for the rows of logits a decode outputs, and a batch with every row grows it and gets the same logits", "[llm][generation][memory]") {
   const auto path = test::model_path("llama-2-tiny-random.gguf");  // a 32000-token vocabulary
   if (!path) return;
   auto m = model::load(*path);
