@@ -1,5 +1,6 @@
 #include "runtime/graph.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -9,6 +10,7 @@ namespace troupe {
 
 graph::graph(size_t capacity) : capacity_(capacity) {
   nodes_.reserve(capacity);
+  visited_.reserve(std::min<size_t>(capacity, 4096));
 }
 
 void graph::clear() {
@@ -22,7 +24,7 @@ void graph::append(tensor* t) {
   if (nodes_.size() + leafs_.size() >= capacity_) {
     throw capacity_error("graph: more than " + std::to_string(capacity_) + " tensors; while appending " + describe(*t));
   }
-  visited_.insert(t);
+  visited_[t] = true;
   (t->op == op::none ? leafs_ : nodes_).push_back(t);
 }
 
@@ -33,7 +35,7 @@ void graph::build_forward_expand(tensor* root) {
   std::vector<std::pair<tensor*, int>> stack;
   std::vector<const tensor*> added;  // visited by this call: forgotten again if it fails
   auto visit = [&](tensor* t) {
-    visited_.insert(t);
+    visited_[t] = true;
     added.push_back(t);
     stack.emplace_back(t, 0);
   };

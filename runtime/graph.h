@@ -9,9 +9,9 @@
 
 #include <cstddef>
 #include <span>
-#include <unordered_set>
 #include <vector>
 
+#include "runtime/pointer_map.h"
 #include "runtime/tensor.h"
 
 namespace troupe {
@@ -44,7 +44,7 @@ class graph {
   size_t capacity_;
   std::vector<tensor*> nodes_;
   std::vector<tensor*> leafs_;
-  std::unordered_set<const tensor*> visited_;
+  pointer_map<const tensor*, bool> visited_;
 };
 
 }  // namespace troupe

@@ -88,6 +88,25 @@ class pointer_map {
     assert(it != end());
     return it->second;
   }
+  // Removes k (backward-shift deletion: the entries after it in its probe run move up). Returns 1 when it
+  // was there.
+  size_t erase(K k) {
+    if (n_ == 0) return 0;
+    const size_t mask = slots_.size() - 1;
+    size_t i = probe(k);
+    if (slots_[i].first == nullptr) return 0;
+    for (size_t j = (i + 1) & mask; slots_[j].first != nullptr; j = (j + 1) & mask) {
+      const size_t home = (hash(slots_[j].first) >> 16) & mask;
+      // The entry at j may fill the hole at i unless its home lies cyclically in (i, j].
+      const bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+      if (stays) continue;
+      slots_[i] = std::move(slots_[j]);
+      i = j;
+    }
+    slots_[i] = slot{};
+    --n_;
+    return 1;
+  }
   // Empties the map, keeping its slots (values are reset when their slot is used again).
   void clear() {
     if (n_ == 0) return;

@@ -50,3 +50,28 @@ TEST_CASE("pointer_map: references stay valid up to the reserved size", "[runtim
   CHECK(&first == &m.find(&objects[0])->second);
   CHECK(m.size() == objects.size());
 }
+
+TEST_CASE("pointer_map: erase keeps every other entry findable", "[runtime][pointer_map]") {
+  std::vector<int> objects(3000);
+  std::mt19937 rng(11);
+  pointer_map<const int*, int> m;
+  std::unordered_map<const int*, int> ref;
+  for (int i = 0; i < 40000; ++i) {
+    const int* k = &objects[rng() % objects.size()];
+    if (rng() % 3 == 0) {
+      CHECK(m.erase(k) == ref.erase(k));
+    } else {
+      m[k] = i;
+      ref[k] = i;
+    }
+  }
+  REQUIRE(m.size() == ref.size());
+  for (const int& o : objects) {
+    const auto it = ref.find(&o);
+    if (it == ref.end()) {
+      REQUIRE(m.find(&o) == m.end());
+    } else {
+      REQUIRE(m.at(&o) == it->second);
+    }
+  }
+}
