@@ -104,7 +104,13 @@ struct tls_tunnel::impl {
       std::lock_guard l(mu);
       last_error = what;
     }
-    TROUPE_LOG(warn, "cluster TLS: " << what);
+    // A refused client is the coordinator's to report; a node's own failures it retries every second, and
+    // says once (its "does not answer" line carries last_error).
+    if (serving) {
+      TROUPE_LOG(warn, "cluster TLS: " << what);
+    } else {
+      TROUPE_LOG(debug, "cluster TLS: " << what);
+    }
   }
 
   const bool serving;

@@ -688,6 +688,11 @@ TEST_CASE("mutual TLS on the cluster port: a node with a certificate the cluster
   CHECK(is_up(after, "member", 1));
   CHECK_THAT(d.log(), !Catch::Contains("is down"));
   CHECK(complete(port, "stories").text == ref.text);
+  // SIGTERM stops a node (status 0), however many threads it runs (its tunnel's, the BLAS library's).
+  member.signal(SIGTERM);
+  CHECK(member.wait_exit(10s) == 0);
+  plain.signal(SIGTERM);
+  CHECK(plain.wait_exit(10s) == 0);
   std::filesystem::remove_all(dir);
 }
 

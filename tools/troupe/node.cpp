@@ -73,19 +73,21 @@ std::string host_name() {
   return s.substr(0, 64);
 }
 
+// Set by SIGINT / SIGTERM. A handler, not only a blocked mask and sigwait: threads started before
+// run_node (the BLAS library's, a device driver's) do not block the signals, and one of them taking it with
+// the default action would end the process at once (status 143) instead of stopping the node.
+std::atomic<bool> stop_requested{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+extern "C" void on_stop_signal(int) { stop_requested.store(true); }
+
 int run_node(const node_options& o) {
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  std::atomic<bool> stopping{false};
-  std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    stopping = true;
-  });
-  waiter.detach();
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  std::atomic<bool>& stopping = stop_requested;
 
   std::pair<std::string, uint16_t> coordinator_address;
   try {
