@@ -85,7 +85,7 @@ void check_tls_files(const tls_files& t, const std::array<std::string, 3>& names
 struct tls_tunnel::impl {
   impl(bool serving, const tls_files& t)
       : serving(serving), ssl(serving ? asio::ssl::context::tls_server : asio::ssl::context::tls_client) {
-    check_tls_files(t, {"tls_cert", "tls_key", "tls_ca"});
+    // (The callers checked t with their options' names: check_tls_files. What Asio still refuses is an error.)
     try {
       ssl.set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 | asio::ssl::context::no_sslv3 |
                       asio::ssl::context::no_tlsv1 | asio::ssl::context::no_tlsv1_1);
