@@ -279,7 +279,13 @@ void scheduler::run_split(const split& sp, bool sync_sources, bool submit) {
     for (auto& [src, copy] : sp.inputs) {
       const int from = tensor_backend(src->view_src ? src->view_src : src);
       if (sync_sources && from >= 0 && from != sp.backend) backend(from).synchronize();
-      tensor_copy(*src, *copy);
+      if (submit && src->buffer != nullptr && src->buffer->is_host() && copy->buffer != nullptr && !copy->buffer->is_host()) {
+        // Into the backend's stream, ahead of the split's graph: a backend that queues graphs (Vulkan) takes
+        // the bytes now and copies them once what it runs before is done, so the upload overlaps that work.
+        be.set_tensor_async(*copy, src->data, 0, nbytes(*src));
+      } else {
+        tensor_copy(*src, *copy);
+      }
     }
   }
   graph sg(sp.nodes.size() + 1);

@@ -39,8 +39,13 @@ buffer_ptr buffer_type::alloc_buffer(size_t size) {
   VkDeviceMemory mem = VK_NULL_HANDLE;
   uint32_t mem_type = 0;
   bool reserved = false;
+  void* mapped = nullptr;
   try {
-    mem_type = dev_.memory_type(req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+    constexpr VkMemoryPropertyFlags host_access = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    // Host access preferred only where device memory is host memory (a CPU driver, an integrated GPU): on a
+    // discrete GPU the host-visible device-local type is the small BAR window, kept for what needs it.
+    const bool unified = dev_.is_cpu() || dev_.type() != device_type::gpu;
+    mem_type = dev_.memory_type(req.memoryTypeBits, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, unified ? host_access : 0);
     dev_.reserve(mem_type, req.size);
     reserved = true;
     VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
@@ -48,20 +53,25 @@ buffer_ptr buffer_type::alloc_buffer(size_t size) {
     ai.memoryTypeIndex = mem_type;
     check(vkAllocateMemory(d, &ai, nullptr, &mem), name_, ("vkAllocateMemory of " + std::to_string(size) + " bytes").c_str());
     check(vkBindBufferMemory(d, buf, mem, 0), name_, "vkBindBufferMemory");
+    if (unified && (dev_.memory_flags(mem_type) & host_access) == host_access &&
+        vkMapMemory(d, mem, 0, VK_WHOLE_SIZE, 0, &mapped) != VK_SUCCESS) {
+      mapped = nullptr;  // not mappable after all (address space): read through staging
+    }
   } catch (...) {
     if (mem != VK_NULL_HANDLE) vkFreeMemory(d, mem, nullptr);
     if (reserved) dev_.release(mem_type, req.size);
     vkDestroyBuffer(d, buf, nullptr);
     throw;
   }
-  return std::make_unique<vulkan::buffer>(*this, dev_, buf, mem, size, mem_type, req.size);
+  return std::make_unique<vulkan::buffer>(*this, dev_, buf, mem, size, mem_type, req.size, mapped);
 }
 
 buffer::buffer(buffer_type& type, vulkan::device& dev, VkBuffer buf, VkDeviceMemory mem, size_t size, uint32_t mem_type,
-               size_t mem_size)
-    : buffer_i(type, size), dev_(dev), buf_(buf), mem_(mem), mem_type_(mem_type), mem_size_(mem_size) {}
+               size_t mem_size, void* mapped)
+    : buffer_i(type, size), dev_(dev), buf_(buf), mem_(mem), mem_type_(mem_type), mem_size_(mem_size), mapped_(mapped) {}
 
 buffer::~buffer() {
+  if (mapped_ != nullptr) vkUnmapMemory(dev_.handle(), mem_);
   vkDestroyBuffer(dev_.handle(), buf_, nullptr);
   vkFreeMemory(dev_.handle(), mem_, nullptr);
   dev_.release(mem_type_, mem_size_);
@@ -94,6 +104,10 @@ void buffer::write(size_t at, const void* data, size_t size) {
 }
 
 void buffer::read(size_t at, void* data, size_t size) {
+  if (mapped_ != nullptr) {  // coherent: what finished graphs wrote (their last barrier makes it host-visible)
+    std::memcpy(data, static_cast<const uint8_t*>(mapped_) + at, size);
+    return;
+  }
   std::lock_guard l(dev_.transfer_mutex());
   auto* dst = static_cast<uint8_t*>(data);
   for (size_t done = 0; done < size;) {

@@ -1,5 +1,9 @@
-// Device-local Vulkan buffers: one VkBuffer over its own VkDeviceMemory per troupe buffer, reached by the
-// host through the device's staging memory (copies recorded, submitted and waited for).
+// Device-local Vulkan buffers: one VkBuffer over its own VkDeviceMemory per troupe buffer. The host writes
+// them through the device's staging memory (copies recorded, submitted and waited for: ordered after the
+// graphs queued before). It reads them the same way, or, where the device-local memory is also host-visible
+// and coherent (lavapipe, integrated GPUs, resizable BAR), straight from the memory mapped once: a read then
+// never waits behind graphs queued since (the caller reads what a finished graph wrote, as on the CPU), which
+// is what lets a CPU split read a Vulkan split's output while the device runs the next micro-batch.
 //
 //   buffer_ptr b = dev.buffer_type().alloc_buffer(1 << 20);   // out_of_memory_error when the driver refuses,
 //                                                             // or the heap it reports cannot hold it
@@ -33,8 +37,9 @@ class buffer_type final : public buffer_type_i {
 class buffer final : public buffer_i {
  public:
   // mem: mem_size bytes of memory type mem_type, reserved on dev (released when the buffer goes).
+  // mapped: mem mapped whole (host-visible and coherent memory), or null.
   buffer(buffer_type& type, vulkan::device& dev, VkBuffer buf, VkDeviceMemory mem, size_t size, uint32_t mem_type,
-         size_t mem_size);
+         size_t mem_size, void* mapped);
   ~buffer() override;
 
   void* base() override;
@@ -44,6 +49,8 @@ class buffer final : public buffer_i {
   void clear(uint8_t value) override;
 
   VkBuffer handle() const { return buf_; }
+  // Whether reads are straight from mapped memory.
+  bool mapped() const { return mapped_ != nullptr; }
   // The byte offset of t's data in this buffer (t must lie in it).
   size_t offset_of(const tensor& t) const;
 
@@ -58,6 +65,7 @@ class buffer final : public buffer_i {
   VkDeviceMemory mem_;
   uint32_t mem_type_;
   size_t mem_size_;
+  void* mapped_;
 };
 
 }  // namespace troupe::vulkan

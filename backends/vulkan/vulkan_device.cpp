@@ -227,15 +227,17 @@ void device::end_and_wait() {
   submit_and_wait(cmd_, fence_);
 }
 
-void device::submit_and_wait(VkCommandBuffer cmd, VkFence fence) {
+void device::submit(VkCommandBuffer cmd, VkFence fence) {
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   si.commandBufferCount = 1;
   si.pCommandBuffers = &cmd;
   check(vkResetFences(device_, 1, &fence), name_, "vkResetFences");
-  {
-    std::lock_guard l(queue_mu_);
-    check(vkQueueSubmit(queue_, 1, &si, fence), name_, "vkQueueSubmit");
-  }
+  std::lock_guard l(queue_mu_);
+  check(vkQueueSubmit(queue_, 1, &si, fence), name_, "vkQueueSubmit");
+}
+
+void device::submit_and_wait(VkCommandBuffer cmd, VkFence fence) {
+  submit(cmd, fence);
   check(vkWaitForFences(device_, 1, &fence, VK_TRUE, UINT64_MAX), name_, "vkWaitForFences");
 }
 

@@ -88,6 +88,10 @@ class device final : public device_i {
   // The index of a memory type allowed by `type_bits` with all of `want` (and, when possible, `prefer`).
   // Throws backend_error when none has `want`.
   uint32_t memory_type(uint32_t type_bits, VkMemoryPropertyFlags want, VkMemoryPropertyFlags prefer = 0) const;
+  VkMemoryPropertyFlags memory_flags(uint32_t type) const { return memory_props_.memoryTypes[type].propertyFlags; }
+  // Submits a recorded command buffer with a fence to signal, not waiting (the queue is shared: submits are
+  // serialized).
+  void submit(VkCommandBuffer cmd, VkFence fence);
   // Records commands with `record` into the transfer command buffer, submits them and waits (one transfer
   // at a time per device). Throws backend_error (out_of_memory_error, device lost) naming the device.
   template <class Record>
