@@ -48,7 +48,7 @@ void client::impl::notify_lost(const std::string& why) {
 }
 
 void client::impl::close_locked() {
-  if (up) TROUPE_LOG(debug, "rpc client: closing the connection to " << addr);
+  if (up && opts.debug) TROUPE_LOG(debug, "rpc client " << addr << ": close");
   up = false;
   established = false;
   last_graph.clear();
@@ -89,9 +89,11 @@ void client::impl::connect_locked() {
     throw backend_error("peer " + who + ": " + e.what());
   }
   up = true;  // from here on, fail() closes
+  if (opts.debug) TROUPE_LOG(debug, "rpc client " << addr << ": connected" << (opts.tls ? " (TLS)" : ""));
   try {
     handshake_locked();
-  } catch (...) {
+  } catch (const std::exception& e) {
+    if (opts.debug) TROUPE_LOG(debug, "rpc client " << addr << ": hello failed: " << e.what());
     close_locked();
     throw;
   }
@@ -153,6 +155,10 @@ void client::impl::handshake_locked() {
     }
     if (!opts.key.empty() && !equal_macs(sp, server_proof(opts.key, cn, server_nonce))) {
       fail("the peer did not prove that it knows the shared key; refusing it");
+    }
+    if (opts.debug) {
+      TROUPE_LOG(debug, "rpc client " << addr << ": hello client " << to_string(opts.client_version) << " -> ok, server "
+                                      << to_string(v) << (opts.key.empty() ? "" : ", authenticated"));
     }
   } catch (const protocol_error& e) {
     fail(std::string("bad hello reply: ") + e.what());

@@ -5,6 +5,7 @@
 
 #include "backends/rpc/detail/client_impl.h"
 #include "net/rpc/cache.h"
+#include "runtime/log.h"
 
 namespace troupe::rpc {
 namespace {
@@ -63,12 +64,22 @@ remote_buffer client::alloc_buffer(uint32_t device, uint64_t size) {
   try {
     rep = impl_->call(command::alloc_buffer, p, 16);
   } catch (const remote_error& e) {
+    if (impl_->opts.debug) {
+      TROUPE_LOG(debug, "rpc client " << impl_->addr << ": alloc_buffer device " << device << ", size " << size << " -> failed: " << e.what());
+    }
     // The peer checked the request (device index, sizes); a refusal after that is its memory or its limits.
     if (e.code() == status::failed) throw out_of_memory_error(e.what());
     throw;
   }
   if (rep.size() != 16) impl_->fail("bad alloc_buffer reply");
-  return {impl_->epoch, read_u64(rep)};
+  const uint64_t handle = read_u64(rep);
+  if (impl_->opts.debug) {
+    reader r(rep);
+    (void)r.u64();
+    TROUPE_LOG(debug, "rpc client " << impl_->addr << ": alloc_buffer device " << device << ", size " << size << " -> handle "
+                                    << handle << ", remote_ptr 0x" << std::hex << r.u64());
+  }
+  return {impl_->epoch, handle};
 }
 
 uint64_t client::alignment(uint32_t device) {

@@ -40,6 +40,7 @@ struct client_options {
   bool tls = false;
   std::filesystem::path tls_ca_file;                  // CA certificates to verify the peer; empty: system's
   bool tls_verify = true;                             // false: accept any certificate (tests only)
+  bool debug = debug_from_env();                      // debug lines: connect, hello, alloc, close (TROUPE_RPC_DEBUG)
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds io_timeout{300000};       // one request, bulk transfers included
   // How long a read polls the socket before sleeping on it (plain TCP; see net/rpc/busy_poll.h): a reply

@@ -1,5 +1,6 @@
 #include "net/rpc/protocol.h"
 
+#include <cstdlib>
 #include <cstring>
 
 namespace troupe::rpc {
@@ -10,6 +11,17 @@ bool compatible(const version& client, const version& server) {
 
 std::string to_string(const version& v) {
   return std::to_string(v.major) + "." + std::to_string(v.minor) + "." + std::to_string(v.patch);
+}
+
+bool debug_from_env() {
+  static const bool on = [] {
+    for (const char* name : {"TROUPE_RPC_DEBUG", "GGML_RPC_DEBUG"}) {
+      const char* v = std::getenv(name);
+      if (v != nullptr && *v != '\0' && std::string_view(v) != "0") return true;
+    }
+    return false;
+  }();
+  return on;
 }
 
 std::string_view command_name(command c) {

@@ -72,6 +72,11 @@ enum class command : uint8_t {
 std::string_view command_name(command c);
 std::optional<command> command_from_code(uint8_t code);
 
+// The RPC debug switch: TROUPE_RPC_DEBUG, or the seed's GGML_RPC_DEBUG, set to anything but "" or "0" (read
+// once). With it, the server logs a line per command with its arguments and result, and the client its
+// connects, hellos, allocations and closes, at debug level; without it nothing is formatted.
+bool debug_from_env();
+
 enum class status : uint8_t {
   ok = 0,
   bad_request = 1,       // malformed payload or a field out of range

@@ -46,11 +46,6 @@ void tune(tcp::socket& s) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
 }
 
-bool debug_from_env() {
-  const char* v = std::getenv("TROUPE_RPC_DEBUG");
-  return v != nullptr && *v != '\0' && std::string_view(v) != "0";
-}
-
 // What one connection shares with its watchdog and with server::stop(), all on the connection's strand.
 struct conn_state {
   explicit conn_state(const asio::any_io_executor& ex) : timer(ex) {}
@@ -192,6 +187,7 @@ awaitable<void> serve_frames(Stream& stream, session& s, conn_state& st, server_
         co_await in.read(stream, staging.data(), staging.size());
         s.end_set_tensor(t, staging);
       }
+      s.debug_set_tensor(prefix, t.size, true);
       continue;
     }
     payload.resize(h.size);  // bounded by check_header
@@ -357,7 +353,7 @@ server::server(server_options opts) : impl_(std::make_unique<impl>()) {
   m.cfg.max_buffer_size = m.opts.max_buffer_size;
   m.cfg.max_connection_bytes = m.opts.max_connection_bytes;
   m.cfg.max_buffers = m.opts.max_buffers;
-  m.cfg.debug = debug_from_env();
+  m.cfg.debug = m.opts.debug;
   m.cfg.server_version = m.opts.server_version;
   m.cfg.stats = &m.stats;
 

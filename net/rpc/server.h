@@ -46,6 +46,7 @@ struct server_options {
   uint64_t max_connection_bytes = 0;                  // bytes per connection; 0: no limit
   uint32_t max_buffers = 65536;                       // buffers per connection
   version server_version = protocol_version;          // tests: pretend another version
+  bool debug = debug_from_env();                      // a debug line per command (TROUPE_RPC_DEBUG / GGML_RPC_DEBUG)
 };
 
 class server {

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <new>
+#include <sstream>
 #include <string>
 
 #include "net/rpc/auth.h"
@@ -51,8 +52,8 @@ session::~session() {
   backends_.clear();
   count(&server_stats::buffers, -static_cast<int64_t>(buffers_.size()));
   count(&server_stats::buffer_bytes, -static_cast<int64_t>(bytes_));
-  if (cfg_.debug && !buffers_.empty()) {
-    log_message(log_level::info, "rpc " + peer_ + ": closed; freeing " + std::to_string(buffers_.size()) +
+  if (debugging()) {
+    log_message(log_level::debug, "rpc " + peer_ + ": closed; freeing " + std::to_string(buffers_.size()) +
                                      " buffers (" + std::to_string(bytes_) + " bytes)");
   }
   buffers_.clear();
@@ -79,13 +80,10 @@ reply session::handle(uint8_t code, std::span<const uint8_t> payload) {
   count(&server_stats::frames, 1);
   if (auto bad_header = check_header(code, payload.size())) return std::move(*bad_header);
   const command c = *command_from_code(code);
-  if (cfg_.debug) {
-    log_message(log_level::info, "rpc " + peer_ + ": " + std::string(command_name(c)) + " (" +
-                                     std::to_string(payload.size()) + " bytes)");
-  }
   if (c == command::hello) {
-    if (hello_done_) return error_reply(status::protocol, "hello sent twice", true);
-    return hello(payload);
+    reply r = hello_done_ ? error_reply(status::protocol, "hello sent twice", true) : hello(payload);
+    if (debugging()) debug_line(describe(c, payload, r));
+    return r;
   }
   if (c == command::set_tensor) {
     reply r;
@@ -100,12 +98,14 @@ reply session::handle(uint8_t code, std::span<const uint8_t> payload) {
       TROUPE_LOG(error, "rpc " << peer_ << ": " << e.what());
       if (!pending_error_) pending_error_ = e.what();
     }
+    if (debugging()) debug_set_tensor(payload.first(std::min(payload.size(), set_tensor_prefix)), payload.size() - std::min(payload.size(), set_tensor_prefix), false);
     return r;
   }
   if (pending_error_) {
     reply r = error_reply(status::bad_request, "an earlier set_tensor failed: " + *pending_error_);
     pending_error_.reset();
     count(&server_stats::error_replies, 1);
+    if (debugging()) debug_line(describe(c, payload, r));
     return r;
   }
   reply r;
@@ -122,9 +122,177 @@ reply session::handle(uint8_t code, std::span<const uint8_t> payload) {
   }
   if (r.st != status::ok && r.st != status::no_graph) {
     count(&server_stats::error_replies, 1);
-    TROUPE_LOG(error, "rpc " << peer_ << ": " << std::string(r.body.begin(), r.body.end()));
+    // A malformed request may be an attack: a warning. A request the device could not serve (no memory, an
+    // unknown handle after a reconnect) is the client's to report: debug, as the seed does.
+    if (r.st == status::bad_request || r.st == status::protocol) {
+      TROUPE_LOG(warn, "rpc " << peer_ << ": " << std::string(r.body.begin(), r.body.end()));
+    } else {
+      TROUPE_LOG(debug, "rpc " << peer_ << ": " << std::string(r.body.begin(), r.body.end()));
+    }
   }
+  if (debugging()) debug_line(describe(c, payload, r));
   return r;
+}
+
+bool session::debugging() const { return cfg_.debug && log_level::debug >= get_log_level(); }
+
+void session::debug_line(const std::string& line) {
+  count(&server_stats::debug_lines, 1);
+  log_message(log_level::debug, "rpc " + peer_ + ": " + line);
+}
+
+void session::debug_set_tensor(std::span<const uint8_t> prefix, uint64_t data_size, bool streamed) {
+  if (!debugging()) return;
+  std::ostringstream os;
+  os << "set_tensor ";
+  try {
+    reader r(prefix);
+    const uint64_t h = r.u64();
+    const uint64_t offset = r.u64();
+    const uint32_t flags = r.u32();
+    os << "handle " << h << ", offset " << offset << ", size " << data_size << (streamed ? " (streamed)" : "")
+       << ((flags & set_flag_cacheable) ? ", cacheable" : "");
+  } catch (const protocol_error& e) {
+    os << "(malformed: " << e.what() << ")";
+  }
+  if (pending_error_) os << " -> failed: " << *pending_error_;
+  debug_line(os.str());
+}
+
+namespace {
+
+std::string hex(uint64_t v) {
+  std::ostringstream os;
+  os << "0x" << std::hex << v;
+  return os.str();
+}
+
+void describe_outputs(std::ostringstream& os, reader& r) {
+  const uint32_t n = r.u32();
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < n && r.remaining() >= 24; ++i) {
+    (void)r.u64();
+    (void)r.u64();
+    bytes += r.u64();
+  }
+  os << ", " << n << (n == 1 ? " output" : " outputs") << " (" << bytes << " bytes)";
+}
+
+}  // namespace
+
+std::string session::describe(command c, std::span<const uint8_t> payload, const reply& rep) const {
+  std::ostringstream os;
+  os << command_name(c);
+  reader r(payload);
+  try {
+    switch (c) {
+      case command::hello: {
+        const uint16_t a = r.u16(), b = r.u16(), p = r.u16();
+        os << " client " << a << "." << b << "." << p;
+        break;
+      }
+      case command::alloc_buffer: {
+        const uint32_t d = r.u32();
+        os << " device " << d << ", size " << r.u64();
+        break;
+      }
+      case command::get_alignment:
+      case command::get_max_size:
+      case command::get_device_memory: os << " device " << r.u32(); break;
+      case command::buffer_get_base:
+      case command::free_buffer: os << " handle " << r.u64(); break;
+      case command::buffer_clear: {
+        const uint64_t h = r.u64();
+        os << " handle " << h << ", value " << int(r.u8());
+        break;
+      }
+      case command::set_tensor_hash: {
+        const uint64_t h = r.u64(), off = r.u64(), size = r.u64(), hash = r.u64();
+        os << " handle " << h << ", offset " << off << ", size " << size << ", hash " << hex(hash);
+        break;
+      }
+      case command::get_tensor: {
+        const uint64_t h = r.u64(), off = r.u64();
+        os << " handle " << h << ", offset " << off << ", size " << r.u64();
+        break;
+      }
+      case command::copy_tensor: {
+        const uint64_t hs = r.u64(), os_ = r.u64(), hd = r.u64(), od = r.u64();
+        os << " handle " << hs << " offset " << os_ << " -> handle " << hd << " offset " << od << ", size " << r.u64();
+        break;
+      }
+      case command::graph_compute: {
+        const uint32_t d = r.u32();
+        const uint32_t n = r.u32();
+        os << " device " << d << ", " << n << " nodes";
+        if (r.remaining() >= static_cast<size_t>(n) * wire_tensor::wire_size) {
+          (void)r.bytes(static_cast<size_t>(n) * wire_tensor::wire_size);
+          describe_outputs(os, r);
+        }
+        break;
+      }
+      case command::graph_recompute: {
+        os << " device " << r.u32();
+        describe_outputs(os, r);
+        break;
+      }
+      case command::init_tensor: {
+        const wire_tensor w = wire_tensor::read(r);
+        os << " handle " << w.buffer << ", offset " << w.offset << ", type " << w.type;
+        break;
+      }
+      case command::get_alloc_size: {
+        const uint32_t d = r.u32();
+        const wire_tensor w = wire_tensor::read(r);
+        os << " device " << d << ", type " << w.type << ", ne [" << w.ne[0] << ", " << w.ne[1] << ", " << w.ne[2] << ", "
+           << w.ne[3] << "]";
+        break;
+      }
+      case command::device_count:
+      case command::set_tensor:
+      case command::count: break;
+    }
+  } catch (const protocol_error& e) {
+    os << " (malformed: " << e.what() << ")";
+  }
+  os << " -> ";
+  if (rep.st != status::ok) {
+    os << status_name(rep.st) << ": " << std::string(rep.body.begin(), rep.body.end());
+    return os.str();
+  }
+  reader out(rep.body);
+  try {
+    switch (c) {
+      case command::hello: {
+        const uint16_t a = out.u16(), b = out.u16(), p = out.u16();
+        os << "ok, server " << a << "." << b << "." << p;
+        break;
+      }
+      case command::device_count: os << out.u32() << " devices"; break;
+      case command::alloc_buffer: {
+        const uint64_t h = out.u64();
+        os << "handle " << h << ", remote_ptr " << hex(out.u64());
+        break;
+      }
+      case command::get_alignment:
+      case command::get_max_size:
+      case command::get_alloc_size: os << out.u64(); break;
+      case command::buffer_get_base: os << "remote_ptr " << hex(out.u64()); break;
+      case command::get_device_memory: {
+        const uint64_t free = out.u64();
+        os << "free " << free << ", total " << out.u64();
+        break;
+      }
+      case command::set_tensor_hash: os << (out.u8() != 0 ? "hit" : "miss"); break;
+      case command::get_tensor:
+      case command::graph_compute:
+      case command::graph_recompute: os << "ok, " << rep.size() << " bytes back"; break;
+      default: os << "ok"; break;
+    }
+  } catch (const protocol_error&) {
+    os << "ok";
+  }
+  return os.str();
 }
 
 std::optional<reply> session::check_header(uint8_t code, uint64_t size) const {

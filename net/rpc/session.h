@@ -43,6 +43,7 @@ struct server_stats {
   std::atomic<uint64_t> bytes_received{0};
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> polled_reads{0};       // requests that arrived while the connection polled (busy_poll)
+  std::atomic<uint64_t> debug_lines{0};        // command lines formatted (session_config::debug)
 };
 
 struct session_config {
@@ -95,6 +96,9 @@ class session {
   };
   set_target begin_set_tensor(std::span<const uint8_t> prefix, uint64_t data_size);
   void end_set_tensor(const set_target& t, std::span<const uint8_t> staged);
+  // The debug line of a set_tensor (streamed: its bytes read by the connection, not in a frame), when
+  // debugging (session_config::debug and the logger at debug level; nothing is formatted otherwise).
+  void debug_set_tensor(std::span<const uint8_t> prefix, uint64_t data_size, bool streamed);
   // Whether frames may be streamed (hello done, nothing pending that closes the connection).
   bool ready() const { return hello_done_; }
 
@@ -137,6 +141,11 @@ class session {
   void write_bytes(buffer_i& buf, uint64_t offset, const uint8_t* data, uint64_t size);
   void read_bytes(buffer_i& buf, uint64_t offset, uint8_t* out, uint64_t size);
   void count(std::atomic<uint64_t> server_stats::*field, int64_t delta);
+  bool debugging() const;
+  void debug_line(const std::string& line);
+  // "alloc_buffer device 0, size 4096 -> handle 3, remote_ptr 0x300000000": a command's arguments (from its
+  // payload) and result (from its reply).
+  std::string describe(command c, std::span<const uint8_t> payload, const reply& r) const;
 
   const session_config& cfg_;
   std::string peer_;

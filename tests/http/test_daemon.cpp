@@ -11,6 +11,8 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <regex>
 #include <thread>
 
@@ -508,6 +510,92 @@ TEST_CASE("troupe bench --rpc: generation with every layer on a troupe peer", "[
   // One round trip per token: inputs travel with the graph, the logits with the reply.
   CHECK(j[0]["round_trips_per_token"].get<double>() == 1.0);
   CHECK(j[0]["graphs_sent_per_token"].get<double>() < 0.5);
+}
+
+TEST_CASE("TROUPE_RPC_DEBUG=1 troupe peer serving troupe bench --rpc on SmolLM2: a debug line for every request it received, streamed uploads included", "[http][peer][bench][debug]") {
+  const auto model = test::smollm2_path();
+  if (!model) return;
+  // The peer with the switch in its environment, its stdout and stderr into one pipe.
+  std::vector<std::string> args = {TROUPE_BIN, "peer", "--port", "0", "-t", "1", "--device", "cpu"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string_view(*e).rfind("TROUPE_RPC_DEBUG=", 0) != 0 && std::string_view(*e).rfind("TROUPE_LOG_LEVEL=", 0) != 0) env_text.emplace_back(*e);
+  }
+  env_text.emplace_back("TROUPE_RPC_DEBUG=1");
+  std::vector<char*> envp;
+  for (std::string& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  int p[2];
+  REQUIRE(pipe(p) == 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, p[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, p[1], STDERR_FILENO);
+  posix_spawn_file_actions_addclose(&fa, p[0]);
+  pid_t pid = -1;
+  REQUIRE(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data()) == 0);
+  posix_spawn_file_actions_destroy(&fa);
+  close(p[1]);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string out;
+  std::thread reader([&, fd = p[0]] {
+    char buf[4096];
+    for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) {
+      std::lock_guard l(mu);
+      out.append(buf, static_cast<size_t>(n));
+      cv.notify_all();
+    }
+    close(fd);
+  });
+  const auto wait_for_text = [&](const std::regex& re, std::smatch* m) {
+    std::unique_lock l(mu);
+    return cv.wait_for(l, std::chrono::seconds(60), [&] {
+      std::smatch local;
+      return std::regex_search(out, m != nullptr ? *m : local, re);
+    });
+  };
+  std::smatch addr;
+  const bool listening = wait_for_text(std::regex("listening on (127\\.0\\.0\\.1:[0-9]+)"), &addr);
+  std::string address;
+  if (listening) address = addr[1];
+  if (listening) {
+    const auto [st, text] = test::run_captured({TROUPE_BIN, "bench", "-m", model->string(), "-p", "32", "-n", "4", "-r", "1",
+                                                "-t", "1", "-o", "json", "--rpc", address});
+    INFO(text);
+    REQUIRE(WIFEXITED(st));
+    REQUIRE(WEXITSTATUS(st) == 0);
+    const json j = json::parse(text);
+    REQUIRE(j.size() == 2);
+    const uint64_t requests = j[1]["rpc_requests"].get<uint64_t>();
+    // The bench's connection has closed: the peer's session logged it after its last command.
+    CHECK(wait_for_text(std::regex("\\[debug\\] rpc 127\\.0\\.0\\.1:[0-9]+: closed; freeing"), nullptr));
+    std::string log;
+    {
+      std::lock_guard l(mu);
+      log = out;
+    }
+    const std::regex line("\\[debug\\] rpc 127\\.0\\.0\\.1:[0-9]+: (hello|device_count|alloc_buffer|get_alignment|get_max_size|"
+                          "buffer_get_base|free_buffer|buffer_clear|set_tensor|set_tensor_hash|get_tensor|copy_tensor|graph_compute|"
+                          "graph_recompute|get_device_memory|init_tensor|get_alloc_size) ");
+    const auto n_lines = static_cast<uint64_t>(std::distance(std::sregex_iterator(log.begin(), log.end(), line), std::sregex_iterator()));
+    const std::regex streamed("set_tensor handle [0-9]+, offset [0-9]+, size [0-9]+ \\(streamed\\)");
+    const auto n_streamed = std::distance(std::sregex_iterator(log.begin(), log.end(), streamed), std::sregex_iterator());
+    INFO(log.substr(0, 20000));
+    CHECK(requests > 100);
+    CHECK(n_lines == requests);
+    CHECK(n_streamed > 0);  // the weight uploads over 1 MiB
+    CHECK(log.find("graph_compute device 0, ") != std::string::npos);
+  }
+  ::kill(pid, SIGTERM);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  reader.join();
+  REQUIRE(listening);
+  CHECK(WIFEXITED(st));
 }
 
 TEST_CASE("daemon: load test, 16 clients and 200 requests on stories260K, none fails", "[http][daemon][load]") {

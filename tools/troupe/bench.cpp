@@ -168,13 +168,15 @@ int run_bench(const bench_options& o) {
   }
   auto m = llm::model::load(o.model, mp);
   const uint32_t n_ctx = static_cast<uint32_t>(std::max(o.n_prompt, o.n_gen * o.n_parallel) + 32);
-  llm::llm_context ctx(*m, {.n_ctx = n_ctx, .n_batch = static_cast<uint32_t>(std::max({o.n_prompt, o.n_parallel, 1})),
+  auto ctx_owner = std::make_unique<llm::llm_context>(*m, llm::context_params{.n_ctx = n_ctx, .n_batch = static_cast<uint32_t>(std::max({o.n_prompt, o.n_parallel, 1})),
                             .n_ubatch = static_cast<uint32_t>(o.n_batch), .n_seq_max = static_cast<uint32_t>(o.n_parallel),
                             .n_threads = o.n_threads,
                             .n_pipeline = o.pipeline == "on" ? 4u : 1u});
+  llm::llm_context& ctx = *ctx_owner;
   const int threads = o.n_threads > 0 ? o.n_threads : cpu::hardware_threads();
 
   std::vector<result> results;
+  uint64_t requests_before = 0;  // peers' requests counted before their stats were reset
   if (!o.trace.empty()) trace::enable(true);
   if (o.n_prompt > 0) {
     result r{"pp" + std::to_string(o.n_prompt), o.n_prompt, {}};
@@ -188,7 +190,10 @@ int run_bench(const bench_options& o) {
     const auto toks = random_tokens(o.n_gen, m->hp().n_vocab, 2);
     const bool ring = o.pipeline == "on";
     run_tg(ctx, toks, o.n_parallel, ring);
-    for (auto& p : peers) p->reset_stats();
+    for (auto& p : peers) {
+      requests_before += p->stats().requests;
+      p->reset_stats();
+    }
     for (int i = 0; i < o.reps; ++i) r.tps.push_back(o.n_gen * o.n_parallel / run_tg(ctx, toks, o.n_parallel, ring));
     for (auto& p : peers) {
       r.round_trips += static_cast<double>(p->stats().round_trips);
@@ -204,6 +209,14 @@ int run_bench(const bench_options& o) {
     trace::write(o.trace);
   }
   const std::string model_desc = m->hp().name + " " + human_params(m->n_params());
+  const uint64_t model_bytes = m->n_bytes(), model_params = m->n_params();
+  const bool pipelined = ctx.pipelines();
+  // The context and the model go before the peers' frames are counted: their buffers' frees are frames too
+  // (every frame the peers were sent, as the server logs one line each with TROUPE_RPC_DEBUG).
+  ctx_owner.reset();
+  m.reset();
+  uint64_t requests = requests_before;
+  for (auto& p : peers) requests += p->stats().requests;
   if (o.output == "json") {
     std::printf("[\n");
     for (size_t i = 0; i < results.size(); ++i) {
@@ -212,15 +225,16 @@ int run_bench(const bench_options& o) {
                   "\"backend\": \"%s\", \"n_threads\": %d, \"n_batch\": %d, \"test\": \"%s\", \"n_prompt\": %d, "
                   "\"n_gen\": %d, \"n_ubatch\": %d, \"devices\": \"%s\", \"n_parallel\": %d, \"pipeline\": %s, \"avg_ts\": %.3f, "
                   "\"stddev_ts\": %.3f, \"samples_ts\": [",
-                  o.model.c_str(), model_desc.c_str(), static_cast<unsigned long long>(m->n_bytes()),
-                  static_cast<unsigned long long>(m->n_params()), backend.c_str(), threads, o.n_batch, r.test.c_str(),
+                  o.model.c_str(), model_desc.c_str(), static_cast<unsigned long long>(model_bytes),
+                  static_cast<unsigned long long>(model_params), backend.c_str(), threads, o.n_batch, r.test.c_str(),
                   r.test[0] == 'p' ? r.n_tokens : 0, r.test[0] == 't' ? r.n_tokens : 0, o.n_batch, backend.c_str(),
-                  o.n_parallel, ctx.pipelines() ? "true" : "false", r.mean(), r.stddev());
+                  o.n_parallel, pipelined ? "true" : "false", r.mean(), r.stddev());
       for (size_t k = 0; k < r.tps.size(); ++k) std::printf("%s%.3f", k ? ", " : "", r.tps[k]);
       std::printf("]");
       if (!peers.empty() && r.test[0] == 't') {
         std::printf(", \"round_trips_per_token\": %.3f, \"graphs_sent_per_token\": %.3f", r.round_trips, r.graphs_sent);
       }
+      if (!peers.empty()) std::printf(", \"rpc_requests\": %llu", static_cast<unsigned long long>(requests));
       std::printf("}%s\n", i + 1 < results.size() ? "," : "");
     }
     std::printf("]\n");
@@ -234,14 +248,15 @@ int run_bench(const bench_options& o) {
   for (const result& r : results) {
     char tps[48];
     std::snprintf(tps, sizeof tps, "%.2f ± %.2f", r.mean(), r.stddev());
-    std::printf("| %-24s | %10s | %10s | %-7s | %7d | %8s | %21s |\n", model_desc.c_str(), human_size(m->n_bytes()).c_str(),
-                human_params(m->n_params()).c_str(), backend.c_str(), threads, r.test.c_str(), tps);
+    std::printf("| %-24s | %10s | %10s | %-7s | %7d | %8s | %21s |\n", model_desc.c_str(), human_size(model_bytes).c_str(),
+                human_params(model_params).c_str(), backend.c_str(), threads, r.test.c_str(), tps);
   }
   for (const result& r : results) {
     if (peers.empty() || r.test[0] != 't') continue;
     std::printf("\n%s on %zu peer(s): %.2f round trips and %.3f graphs sent per generated token\n", r.test.c_str(),
                 peers.size(), r.round_trips, r.graphs_sent);
   }
+  if (!peers.empty()) std::printf("%llu requests sent to the peers in all\n", static_cast<unsigned long long>(requests));
   return 0;
 }
 

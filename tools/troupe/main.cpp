@@ -15,6 +15,8 @@
 #include <map>
 
 #include "backends/registry.h"
+#include "net/rpc/protocol.h"
+#include "runtime/log.h"
 #include "tools/common/offload_options.h"
 #include "tools/troupe/commands.h"
 
@@ -43,6 +45,10 @@ int main(int argc, char** argv) {
     app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  // The RPC debug switch asks for lines at debug level: the logger lets them through.
+  if (troupe::rpc::debug_from_env() && troupe::get_log_level() > troupe::log_level::debug) {
+    troupe::set_log_level(troupe::log_level::debug);
   }
   try {
     troupe::register_builtin_backends();
