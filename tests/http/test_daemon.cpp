@@ -512,90 +512,132 @@ TEST_CASE("troupe bench --rpc: generation with every layer on a troupe peer", "[
   CHECK(j[0]["graphs_sent_per_token"].get<double>() < 0.5);
 }
 
+namespace {
+
+// `troupe peer --port 0 -t 1` with `env` (NAME=VALUE) in its environment (TROUPE_RPC_DEBUG and
+// TROUPE_LOG_LEVEL taken out of the rest), its stdout and stderr read into one text.
+class logged_peer {
+ public:
+  explicit logged_peer(const std::string& env) {
+    std::vector<std::string> args = {TROUPE_BIN, "peer", "--port", "0", "-t", "1", "--device", "cpu"};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env_text;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string_view v(*e);
+      if (v.rfind("TROUPE_RPC_DEBUG=", 0) != 0 && v.rfind("GGML_RPC_DEBUG=", 0) != 0 && v.rfind("TROUPE_LOG_LEVEL=", 0) != 0) {
+        env_text.emplace_back(v);
+      }
+    }
+    env_text.push_back(env);
+    std::vector<char*> envp;
+    for (std::string& e : env_text) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    int p[2];
+    REQUIRE(pipe(p) == 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, p[1], STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&fa, p[1], STDERR_FILENO);
+    posix_spawn_file_actions_addclose(&fa, p[0]);
+    const int rc = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&fa);
+    close(p[1]);
+    if (rc != 0) {
+      close(p[0]);
+      FAIL("cannot start troupe peer");
+    }
+    reader_ = std::thread([this, fd = p[0]] {
+      char buf[4096];
+      for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) {
+        std::lock_guard l(mu_);
+        out_.append(buf, static_cast<size_t>(n));
+        cv_.notify_all();
+      }
+      close(fd);
+    });
+    std::smatch m;
+    if (wait_for(std::regex("listening on (127\\.0\\.0\\.1:[0-9]+)"), &m)) address_ = m[1];
+  }
+  ~logged_peer() {
+    ::kill(pid_, SIGTERM);
+    waitpid(pid_, nullptr, 0);
+    reader_.join();
+  }
+  // Waits (at most a minute) until the output matches re.
+  bool wait_for(const std::regex& re, std::smatch* m = nullptr) {
+    std::unique_lock l(mu_);
+    return cv_.wait_for(l, std::chrono::seconds(60), [&] {
+      std::smatch local;
+      return std::regex_search(out_, m != nullptr ? *m : local, re);
+    });
+  }
+  std::string text() {
+    std::lock_guard l(mu_);
+    return out_;
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string out_;
+  std::string address_;
+  std::thread reader_;
+};
+
+size_t count_matches(const std::string& text, const std::regex& re) {
+  return static_cast<size_t>(std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
+}
+
+}  // namespace
+
 TEST_CASE("TROUPE_RPC_DEBUG=1 troupe peer serving troupe bench --rpc on SmolLM2: a debug line for every request it received, streamed uploads included", "[http][peer][bench][debug]") {
   const auto model = test::smollm2_path();
   if (!model) return;
-  // The peer with the switch in its environment, its stdout and stderr into one pipe.
-  std::vector<std::string> args = {TROUPE_BIN, "peer", "--port", "0", "-t", "1", "--device", "cpu"};
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env_text;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (std::string_view(*e).rfind("TROUPE_RPC_DEBUG=", 0) != 0 && std::string_view(*e).rfind("TROUPE_LOG_LEVEL=", 0) != 0) env_text.emplace_back(*e);
-  }
-  env_text.emplace_back("TROUPE_RPC_DEBUG=1");
-  std::vector<char*> envp;
-  for (std::string& e : env_text) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  int p[2];
-  REQUIRE(pipe(p) == 0);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, p[1], STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&fa, p[1], STDERR_FILENO);
-  posix_spawn_file_actions_addclose(&fa, p[0]);
-  pid_t pid = -1;
-  REQUIRE(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data()) == 0);
-  posix_spawn_file_actions_destroy(&fa);
-  close(p[1]);
-  std::mutex mu;
-  std::condition_variable cv;
-  std::string out;
-  std::thread reader([&, fd = p[0]] {
-    char buf[4096];
-    for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) {
-      std::lock_guard l(mu);
-      out.append(buf, static_cast<size_t>(n));
-      cv.notify_all();
-    }
-    close(fd);
-  });
-  const auto wait_for_text = [&](const std::regex& re, std::smatch* m) {
-    std::unique_lock l(mu);
-    return cv.wait_for(l, std::chrono::seconds(60), [&] {
-      std::smatch local;
-      return std::regex_search(out, m != nullptr ? *m : local, re);
-    });
-  };
-  std::smatch addr;
-  const bool listening = wait_for_text(std::regex("listening on (127\\.0\\.0\\.1:[0-9]+)"), &addr);
-  std::string address;
-  if (listening) address = addr[1];
-  if (listening) {
-    const auto [st, text] = test::run_captured({TROUPE_BIN, "bench", "-m", model->string(), "-p", "32", "-n", "4", "-r", "1",
-                                                "-t", "1", "-o", "json", "--rpc", address});
-    INFO(text);
+  logged_peer peer("TROUPE_RPC_DEBUG=1");
+  REQUIRE_FALSE(peer.address().empty());
+  const auto [st, text] = test::run_captured({TROUPE_BIN, "bench", "-m", model->string(), "-p", "32", "-n", "4", "-r", "1",
+                                              "-t", "1", "-o", "json", "--rpc", peer.address()});
+  INFO(text);
+  REQUIRE(WIFEXITED(st));
+  REQUIRE(WEXITSTATUS(st) == 0);
+  const json j = json::parse(text);
+  REQUIRE(j.size() == 2);
+  const uint64_t requests = j[1]["rpc_requests"].get<uint64_t>();
+  // The bench's connection has closed: the peer's session logged it after its last command.
+  CHECK(peer.wait_for(std::regex("\\[debug\\] rpc 127\\.0\\.0\\.1:[0-9]+: closed; freeing")));
+  const std::string log = peer.text();
+  const std::regex line("\\[debug\\] rpc 127\\.0\\.0\\.1:[0-9]+: (hello|device_count|alloc_buffer|get_alignment|get_max_size|"
+                        "buffer_get_base|free_buffer|buffer_clear|set_tensor|set_tensor_hash|get_tensor|copy_tensor|graph_compute|"
+                        "graph_recompute|get_device_memory|init_tensor|get_alloc_size) ");
+  INFO(log.substr(0, 20000));
+  CHECK(requests > 100);
+  CHECK(count_matches(log, line) == requests);
+  CHECK(count_matches(log, std::regex("set_tensor handle [0-9]+, offset [0-9]+, size [0-9]+ \\(streamed\\)")) > 0);  // weights over 1 MiB
+  CHECK(log.find("graph_compute device 0, ") != std::string::npos);
+}
+
+TEST_CASE("GGML_RPC_DEBUG, the seed's name, switches the peer's debug lines on too", "[http][peer][debug]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  for (const std::string value : {"1", "0"}) {
+    INFO("GGML_RPC_DEBUG=" << value);
+    logged_peer peer("GGML_RPC_DEBUG=" + value);
+    REQUIRE_FALSE(peer.address().empty());
+    const auto [st, text] = test::run_captured({TROUPE_BIN, "bench", "-m", model->string(), "-p", "0", "-n", "2", "-r", "1",
+                                                "-t", "1", "-o", "json", "--rpc", peer.address()});
     REQUIRE(WIFEXITED(st));
     REQUIRE(WEXITSTATUS(st) == 0);
-    const json j = json::parse(text);
-    REQUIRE(j.size() == 2);
-    const uint64_t requests = j[1]["rpc_requests"].get<uint64_t>();
-    // The bench's connection has closed: the peer's session logged it after its last command.
-    CHECK(wait_for_text(std::regex("\\[debug\\] rpc 127\\.0\\.0\\.1:[0-9]+: closed; freeing"), nullptr));
-    std::string log;
-    {
-      std::lock_guard l(mu);
-      log = out;
+    if (value == "1") {
+      CHECK(peer.wait_for(std::regex("\\[debug\\] rpc 127\\.0\\.0\\.1:[0-9]+: hello client [0-9.]+ -> ok")));
+      CHECK(peer.wait_for(std::regex("\\[debug\\] rpc 127\\.0\\.0\\.1:[0-9]+: device_count -> 1 devices")));
+    } else {
+      CHECK(peer.text().find("[debug]") == std::string::npos);
     }
-    const std::regex line("\\[debug\\] rpc 127\\.0\\.0\\.1:[0-9]+: (hello|device_count|alloc_buffer|get_alignment|get_max_size|"
-                          "buffer_get_base|free_buffer|buffer_clear|set_tensor|set_tensor_hash|get_tensor|copy_tensor|graph_compute|"
-                          "graph_recompute|get_device_memory|init_tensor|get_alloc_size) ");
-    const auto n_lines = static_cast<uint64_t>(std::distance(std::sregex_iterator(log.begin(), log.end(), line), std::sregex_iterator()));
-    const std::regex streamed("set_tensor handle [0-9]+, offset [0-9]+, size [0-9]+ \\(streamed\\)");
-    const auto n_streamed = std::distance(std::sregex_iterator(log.begin(), log.end(), streamed), std::sregex_iterator());
-    INFO(log.substr(0, 20000));
-    CHECK(requests > 100);
-    CHECK(n_lines == requests);
-    CHECK(n_streamed > 0);  // the weight uploads over 1 MiB
-    CHECK(log.find("graph_compute device 0, ") != std::string::npos);
   }
-  ::kill(pid, SIGTERM);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  reader.join();
-  REQUIRE(listening);
-  CHECK(WIFEXITED(st));
 }
 
 TEST_CASE("daemon: load test, 16 clients and 200 requests on stories260K, none fails", "[http][daemon][load]") {
