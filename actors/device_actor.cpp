@@ -232,7 +232,13 @@ device_actor::behavior_type device(device_ptr self, runtime_env_ptr env, device_
         }
         return compute_timed(st, r.microbatch, r.split, [&] { sched.compute_split(static_cast<int>(r.split)); });
       },
-      [self](memory_atom) { return self->state.status(); },
+      [self](memory_atom) {
+        // The accountant's row of this device is refreshed too (what the driver reports free now: buffers
+        // allocated past this actor, a model context's compute and KV cache, change it).
+        const device_status s = self->state.status();
+        self->send(self->state.accountant, device_atom_v, s);
+        return s;
+      },
   };
 }
 

@@ -406,8 +406,26 @@ void free_all_buffers(supervisor_ptr self, std::function<void()> done) {
   }
 }
 
+void finish_shutdown_now(supervisor_ptr self, caf::typed_response_promise<memory_breakdown> rp);
+
+// Asks every device actor for its memory now, which it also sends the accountant (before its reply, so the
+// accountant has it before anything this actor sends it after); `done` runs after. A breakdown then shows
+// what the drivers report free at the time it is asked for, as the seed's (which asks them as it prints).
+void refresh_devices(supervisor_ptr self, std::function<void()> done) {
+  auto& st = self->state;
+  fan_in join(st.devices.size(), std::move(done));
+  for (auto& [n, e] : st.devices) {
+    self->request(e.actor, caf::infinite, memory_atom_v).then([join](const device_status&) { join(); },
+                                                             [join](const caf::error&) { join(); });
+  }
+}
+
 // Replies the final breakdown, stops every actor and terminates.
 void finish_shutdown(supervisor_ptr self, caf::typed_response_promise<memory_breakdown> rp) {
+  refresh_devices(self, [self, rp]() mutable { finish_shutdown_now(self, rp); });
+}
+
+void finish_shutdown_now(supervisor_ptr self, caf::typed_response_promise<memory_breakdown> rp) {
   self->request(self->state.accountant, caf::infinite, get_atom_v, breakdown_atom_v)
       .then(
           [self, rp](const memory_breakdown& b) mutable {
@@ -508,9 +526,11 @@ supervisor_actor::behavior_type supervisor(supervisor_ptr self, runtime_env_ptr 
       },
       [self](get_atom, breakdown_atom) -> caf::result<memory_breakdown> {
         auto rp = self->make_response_promise<memory_breakdown>();
-        self->request(self->state.accountant, caf::infinite, get_atom_v, breakdown_atom_v)
-            .then([rp](const memory_breakdown& b) mutable { rp.deliver(b); },
-                  [rp](const caf::error& e) mutable { rp.deliver(e); });
+        refresh_devices(self, [self, rp]() mutable {
+          self->request(self->state.accountant, caf::infinite, get_atom_v, breakdown_atom_v)
+              .then([rp](const memory_breakdown& b) mutable { rp.deliver(b); },
+                    [rp](const caf::error& e) mutable { rp.deliver(e); });
+        });
         return rp;
       },
       [self](get_atom, status_atom) {

@@ -33,9 +33,19 @@ bool same_layout(const tensor& a, const tensor& b) { return a.type == b.type && 
 
 graph_allocator::graph_allocator(std::vector<buffer_type_i*> bufts) : bufts_(std::move(bufts)) {
   if (bufts_.empty()) throw backend_error("graph_allocator: no buffer types");
-  for (buffer_type_i* b : bufts_) {
-    if (b == nullptr) throw backend_error("graph_allocator: null buffer type");
-    dyn_.emplace_back(b->alignment(), b->max_size());
+  for (size_t i = 0; i < bufts_.size(); ++i) {
+    if (bufts_[i] == nullptr) throw backend_error("graph_allocator: null buffer type");
+    // A buffer type listed again shares the first entry's planner and chunks (as ggml's allocator, since
+    // its leak fix): one set of buffers, not two of which one would never be freed or counted twice.
+    size_t first = i;
+    for (size_t j = 0; j < i; ++j) {
+      if (bufts_[j] == bufts_[i]) {
+        first = slot_[j];
+        break;
+      }
+    }
+    slot_.push_back(first);
+    dyn_.emplace_back(bufts_[i]->alignment(), bufts_[i]->max_size());  // (unused for a repeated entry)
   }
   buffers_.resize(bufts_.size());
 }
@@ -89,6 +99,7 @@ void graph_allocator::allocate(tensor& t, int buft_id) {
     }
   }
   const size_t size = bufts_[static_cast<size_t>(buft_id)]->alloc_size(t);
+  buft_id = static_cast<int>(slot_[static_cast<size_t>(buft_id)]);
   s.where.buft_id = buft_id;
   s.where.size = size;
   s.where.addr = dyn_[static_cast<size_t>(buft_id)].alloc(size);
@@ -167,6 +178,7 @@ void graph_allocator::plan(const graph& g) {
 bool graph_allocator::ensure_buffers() {
   bool grew = false;
   for (size_t b = 0; b < bufts_.size(); ++b) {
+    if (slot_[b] != b) continue;  // a repeated buffer type: its first entry's chunks
     const dyn_allocator& d = dyn_[b];
     auto& chunks = buffers_[b];
     if (chunks.size() < static_cast<size_t>(d.n_chunks())) chunks.resize(static_cast<size_t>(d.n_chunks()));
@@ -215,6 +227,8 @@ bool graph_allocator::alloc_graph(graph& g) {
 }
 
 size_t graph_allocator::buffer_size(int buft_id) const {
+  // A repeated buffer type's bytes are its first entry's: counted once, there.
+  if (slot_[static_cast<size_t>(buft_id)] != static_cast<size_t>(buft_id)) return 0;
   size_t total = 0;
   for (const auto& b : buffers_[static_cast<size_t>(buft_id)]) {
     if (b) total += b->size();
@@ -222,10 +236,10 @@ size_t graph_allocator::buffer_size(int buft_id) const {
   return total;
 }
 
-int graph_allocator::n_chunks(int buft_id) const { return static_cast<int>(buffers_[static_cast<size_t>(buft_id)].size()); }
+int graph_allocator::n_chunks(int buft_id) const { return static_cast<int>(buffers_[slot_[static_cast<size_t>(buft_id)]].size()); }
 
 buffer_i* graph_allocator::chunk_buffer(int buft_id, int chunk) const {
-  return buffers_[static_cast<size_t>(buft_id)][static_cast<size_t>(chunk)].get();
+  return buffers_[slot_[static_cast<size_t>(buft_id)]][static_cast<size_t>(chunk)].get();
 }
 
 }  // namespace troupe

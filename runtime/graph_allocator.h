@@ -54,7 +54,8 @@ class graph_allocator {
 
   size_t n_bufts() const { return bufts_.size(); }
   buffer_type_i& buft(int id) const { return *bufts_[static_cast<size_t>(id)]; }
-  // Bytes of all chunk buffers of a buffer type.
+  // Bytes of all chunk buffers of a buffer type (0 for a buffer type listed again: an entry repeating an
+  // earlier one's shares its planner and chunks, counted at the first).
   size_t buffer_size(int buft_id) const;
   int n_chunks(int buft_id) const;
   buffer_i* chunk_buffer(int buft_id, int chunk) const;
@@ -89,6 +90,7 @@ class graph_allocator {
   void place(graph& g);
 
   std::vector<buffer_type_i*> bufts_;
+  std::vector<size_t> slot_;  // per entry: the first entry of the same buffer type (its planner and chunks)
   std::vector<dyn_allocator> dyn_;
   std::vector<std::vector<buffer_ptr>> buffers_;  // [buft][chunk]
   assign_fn assign_;

@@ -56,13 +56,11 @@ memory_usage memory_ledger::total() const {
 }
 
 std::string strip_vendor(const std::string& description) {
-  static const char* const vendor_words[] = {"NVIDIA", "GeForce", "Tesla", "AMD", "Radeon", "Instinct"};
-  std::istringstream in(description);
-  std::string word, out;
-  while (in >> word) {
-    if (std::find(std::begin(vendor_words), std::end(vendor_words), word) != std::end(vendor_words)) continue;
-    if (!out.empty()) out += ' ';
-    out += word;
+  // As the seed: each word in turn, only where the description (what is left of it) starts with it.
+  static const char* const vendor_prefixes[] = {"NVIDIA ", "GeForce ", "Tesla ", "AMD ", "Radeon ", "Instinct "};
+  std::string out = description;
+  for (const char* prefix : vendor_prefixes) {
+    if (out.rfind(prefix, 0) == 0) out.erase(0, std::string_view(prefix).size());
   }
   return out;
 }
@@ -78,8 +76,7 @@ std::vector<memory_row> memory_rows(const memory_ledger& ledger, const std::vect
   for (const device_memory_info& d : devices) {
     memory_row r;
     r.what = memory_row::kind::device;
-    const std::string desc = strip_vendor(d.description);
-    r.label = desc.empty() ? d.name : d.name + " (" + desc + ")";
+    r.label = d.name + " (" + strip_vendor(d.description) + ")";
     r.total = d.total;
     r.free = d.free;
     size_t i = 0;
@@ -96,17 +93,15 @@ std::vector<memory_row> memory_rows(const memory_ledger& ledger, const std::vect
   memory_row host;
   host.what = memory_row::kind::host;
   host.label = "Host";
-  bool any_host = false;
   size_t i = 0;
   for (const auto& [k, u] : ledger.entries()) {
     if (k.is_host) {
       add_usage(host.self, u);
       shown[i] = true;
-      any_host = true;
     }
     ++i;
   }
-  if (any_host || !devices.empty()) rows.push_back(host);
+  rows.push_back(host);  // always, as the seed prints it
   i = 0;
   for (const auto& [k, u] : ledger.entries()) {
     if (!shown[i] && u.self() > 0) {
@@ -123,73 +118,68 @@ std::vector<memory_row> memory_rows(const memory_ledger& ledger, const std::vect
 
 namespace {
 
-constexpr size_t mib = 1024 * 1024;
+constexpr int64_t mib = 1024 * 1024;
 
-std::string to_mib(size_t bytes) { return std::to_string((bytes + mib / 2) / mib); }
-std::string to_mib_signed(int64_t bytes) {
-  return bytes < 0 ? "-" + to_mib(static_cast<size_t>(-bytes)) : to_mib(static_cast<size_t>(bytes));
-}
-
-std::string pad_left(const std::string& s, size_t w) { return s.size() >= w ? s : std::string(w - s.size(), ' ') + s; }
-std::string pad_right(const std::string& s, size_t w) { return s.size() >= w ? s : s + std::string(w - s.size(), ' '); }
+// Whole MiB, truncated (as the seed prints them); negative values toward zero.
+std::string to_mib(int64_t bytes) { return std::to_string(bytes / mib); }
 
 }  // namespace
 
-std::string format_memory_table(const memory_ledger& ledger, const std::vector<device_memory_info>& devices) {
+std::string format_memory_table(const memory_ledger& ledger, const std::vector<device_memory_info>& devices,
+                                std::string_view prefix) {
   const std::vector<memory_row> rows = memory_rows(ledger, devices);
-  // Columns: total, free, self, model, context, compute, unaccounted; separators between them.
-  static const char* const names[7] = {"total", "free", "self", "model", "context", "compute", "unaccounted"};
-  static const char* const seps[6] = {" = ", " + (", " = ", " + ", " + ", ") + "};
-  std::vector<std::array<std::string, 7>> cells;
+  // The seed's layout: per line the prefix, then "| label | ... |": the label left-aligned, every number
+  // right-aligned in its column (as wide as its widest cell or name); device rows read
+  // "total = free + (self = model + context + compute) + unaccounted", the others leave total, free and
+  // unaccounted blank and read "self = model + context + compute"; the header puts blanks where the
+  // separators go.
+  struct line_cells {
+    enum class shape : uint8_t { header, device, other } form;
+    std::array<std::string, 8> c;  // label, total, free, self, model, context, compute, unaccounted
+  };
+  std::vector<line_cells> lines;
+  lines.push_back({line_cells::shape::header,
+                   {"memory breakdown [MiB]", "total", "free", "self", "model", "context", "compute", "unaccounted"}});
   for (const memory_row& r : rows) {
-    std::array<std::string, 7> c;
-    if (r.what == memory_row::kind::device) {
-      c[0] = to_mib(r.total);
-      c[1] = to_mib(r.free);
-      c[6] = to_mib_signed(r.unaccounted);
+    line_cells l{r.what == memory_row::kind::device ? line_cells::shape::device : line_cells::shape::other, {}};
+    l.c[0] = "  - " + r.label;
+    if (l.form == line_cells::shape::device) {
+      l.c[1] = to_mib(static_cast<int64_t>(r.total));
+      l.c[2] = to_mib(static_cast<int64_t>(r.free));
+      l.c[7] = to_mib(r.unaccounted);  // signed: the seed's wraps around below zero
     }
-    c[2] = to_mib(r.self.self());
-    c[3] = to_mib(r.self.model);
-    c[4] = to_mib(r.self.context);
-    c[5] = to_mib(r.self.compute);
-    cells.push_back(c);
+    l.c[3] = to_mib(static_cast<int64_t>(r.self.self()));
+    l.c[4] = to_mib(static_cast<int64_t>(r.self.model));
+    l.c[5] = to_mib(static_cast<int64_t>(r.self.context));
+    l.c[6] = to_mib(static_cast<int64_t>(r.self.compute));
+    lines.push_back(l);
   }
-  size_t w[7];
-  for (int j = 0; j < 7; ++j) {
-    w[j] = std::string(names[j]).size();
-    for (const auto& c : cells) w[j] = std::max(w[j], c[static_cast<size_t>(j)].size());
-  }
-  const std::string title = "memory breakdown [MiB]";
-  size_t label_w = title.size();
-  for (const memory_row& r : rows) label_w = std::max(label_w, r.label.size() + 4);
-
-  std::ostringstream out;
-  // Header: each name right-aligned over its column; separators become blanks.
-  std::string line = pad_right(title, label_w) + " |";
-  for (int j = 0; j < 7; ++j) {
-    if (j > 0) line += std::string(std::string(seps[j - 1]).size(), ' ');
-    else line += ' ';
-    line += pad_left(names[j], w[j]);
-  }
-  out << line << '\n';
-  for (size_t r = 0; r < rows.size(); ++r) {
-    const auto& c = cells[r];
-    line = pad_right("  - " + rows[r].label, label_w) + " |";
-    const bool device = rows[r].what == memory_row::kind::device;
-    line += ' ';
-    if (device) {
-      line += pad_left(c[0], w[0]) + seps[0] + pad_left(c[1], w[1]) + seps[1];
-    } else {
-      line += std::string(w[0] + std::string(seps[0]).size() + w[1] + std::string(seps[1]).size(), ' ');
+  for (size_t j = 0; j < 8; ++j) {
+    size_t w = 0;
+    for (const line_cells& l : lines) w = std::max(w, l.c[j].size());
+    for (line_cells& l : lines) {
+      const std::string pad(w - l.c[j].size(), ' ');
+      l.c[j] = j == 0 ? l.c[j] + pad : pad + l.c[j];
     }
-    line += pad_left(c[2], w[2]) + seps[2] + pad_left(c[3], w[3]) + seps[3] + pad_left(c[4], w[4]) + seps[4] +
-            pad_left(c[5], w[5]);
-    if (device) line += std::string(seps[5]) + pad_left(c[6], w[6]);
-    // Trailing blanks would make the table fragile to compare and to paste.
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    out << line << '\n';
   }
-  return out.str();
+  std::string out;
+  for (const line_cells& l : lines) {
+    const auto& c = l.c;
+    out += std::string(prefix) + ": | " + c[0] + " | ";
+    switch (l.form) {
+      case line_cells::shape::header:
+        out += c[1] + "   " + c[2] + "    " + c[3] + "   " + c[4] + "   " + c[5] + "   " + c[6] + "    " + c[7];
+        break;
+      case line_cells::shape::device:
+        out += c[1] + " = " + c[2] + " + (" + c[3] + " = " + c[4] + " + " + c[5] + " + " + c[6] + ") + " + c[7];
+        break;
+      case line_cells::shape::other:
+        out += c[1] + "   " + c[2] + "    " + c[3] + " = " + c[4] + " + " + c[5] + " + " + c[6] + "    " + c[7];
+        break;
+    }
+    out += " |\n";
+  }
+  return out;
 }
 
 namespace {

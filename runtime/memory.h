@@ -6,10 +6,12 @@
 //   ledger.add({"CPU", "", true}, memory_kind::compute, 64 << 20);
 //   std::cout << format_memory_table(ledger, {{"CUDA0", "NVIDIA GeForce RTX 4090", total, free}});
 //
-//   memory breakdown [MiB] | total   free    self   model   context   compute   unaccounted
-//     - CUDA0 (RTX 4090)   | 24080 = 18000 + (5980 =  5000 +     880 +     100) +         100
-//     - Host               |                   64 =      0 +       0 +      64
+//   troupe_memory_breakdown_print: | memory breakdown [MiB] | total   free    self   model   context   compute    unaccounted |
+//   troupe_memory_breakdown_print: |   - CUDA0 (RTX 4090)   | 24080 = 18000 + (5980 =  5000 +     880 +     100) +         100 |
+//   troupe_memory_breakdown_print: |   - Host               |                   64 =      0 +       0 +      64                |
 //
+// The seed's layout (llama_memory_breakdown_print) line for line: a prefix naming the printer, "|" around
+// every line, MiB truncated, the Host row always.
 // A device row reads total = free + (self = model + context + compute) + unaccounted, where unaccounted =
 // total - free - self (other processes, driver overhead; negative when the device reports less in use
 // than troupe holds). The Host row sums every host buffer type. Buffer types that belong to no listed
@@ -20,6 +22,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace troupe {
@@ -75,17 +78,19 @@ struct memory_row {
   int64_t unaccounted = 0;
 };
 
-// The rows: one per device (in the given order), Host when any host memory is used or a device row exists,
-// then every other buffer type with usage.
+// The rows: one per device (in the given order), Host (always), then every other buffer type with usage.
 std::vector<memory_row> memory_rows(const memory_ledger& ledger, const std::vector<device_memory_info>& devices);
 
-// The table in MiB (rounded to nearest), columns aligned, one line per row with '\n' after each.
-std::string format_memory_table(const memory_ledger& ledger, const std::vector<device_memory_info>& devices);
+// The table in MiB (truncated), columns aligned, one line per row with '\n' after each, each line starting
+// with `prefix` and ": ".
+inline constexpr std::string_view memory_table_prefix = "troupe_memory_breakdown_print";
+std::string format_memory_table(const memory_ledger& ledger, const std::vector<device_memory_info>& devices,
+                                std::string_view prefix = memory_table_prefix);
 // The same data as JSON, in bytes: {"devices":[...],"host":{...},"other":[...]}.
 std::string format_memory_json(const memory_ledger& ledger, const std::vector<device_memory_info>& devices);
 
-// "NVIDIA GeForce RTX 4090" -> "RTX 4090": drops vendor and brand words (NVIDIA, GeForce, Tesla, AMD, Radeon,
-// Instinct).
+// "NVIDIA GeForce RTX 4090" -> "RTX 4090": drops the vendor and brand words NVIDIA, GeForce, Tesla, AMD,
+// Radeon, Instinct, each in turn where the description starts with it (as the seed).
 std::string strip_vendor(const std::string& description);
 
 }  // namespace troupe

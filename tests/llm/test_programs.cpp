@@ -143,3 +143,47 @@ TEST_CASE("troupe-chat and troupe bench with --trace FILE write a Chrome trace w
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::Contains("trace: cannot write /nonexistent-dir/t.json"));
 }
+
+TEST_CASE("troupe-chat after /quit and at the end of its input, and troupe perplexity, print the memory breakdown with a row for every device that held layers", "[programs][memory]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  // Vulkan0 (lavapipe under CI) holds half the layers when this build has one; else the CPU alone.
+  const bool vulkan = run(troupe_bin + " devices").output.find("Vulkan0") != std::string::npos;
+  const char* ci = std::getenv("CI");
+  if (!vulkan && ci != nullptr && std::string(ci) == "true") FAIL("no Vulkan0 under CI");
+  if (!vulkan) WARN("no Vulkan device: the CPU alone holds the layers (Host row only)");
+  const std::string devices = vulkan ? " --device CPU,Vulkan0" : "";
+  const std::string header = "troupe_memory_breakdown_print: | memory breakdown [MiB] ";
+  const auto has_row = [](const std::string& out, const std::string& label) {
+    return out.find("troupe_memory_breakdown_print: |   - " + label) != std::string::npos;
+  };
+  const auto lines_end_in_bar = [](const std::string& out) {
+    std::istringstream in(out);
+    int n = 0;
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("troupe_memory_breakdown_print: ", 0) != 0) continue;
+      if (line.size() < 2 || line.substr(line.size() - 2) != " |") return -1;
+      ++n;
+    }
+    return n;
+  };
+  for (const std::string input : {"printf 'Once upon a time\\n/quit\\n'", "printf 'Once upon a time\\n'"}) {
+    INFO(input);
+    const auto r = run(input + " | " + chat + " -m " + path->string() + devices + " -c 256 -n 4 --temp 0 -t 1 2>&1");
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find(header) != std::string::npos);
+    CHECK(has_row(r.output, "Host"));
+    if (vulkan) CHECK(has_row(r.output, "Vulkan0 (llvmpipe") == (run(troupe_bin + " devices").output.find("llvmpipe") != std::string::npos));
+    if (vulkan) CHECK(r.output.find("troupe_memory_breakdown_print: |   - Vulkan0 (") != std::string::npos);
+    CHECK(lines_end_in_bar(r.output) >= 3);  // header, Host, and the rows between
+  }
+  const auto r = run(troupe_bin + " perplexity -m " + path->string() + devices + " -c 128 -t 1 -f " + std::string(TROUPE_TEST_DATA_DIR) + "/story.txt");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("perplexity: ") != std::string::npos);
+  CHECK(r.output.find(header) != std::string::npos);
+  CHECK(has_row(r.output, "Host"));
+  if (vulkan) CHECK(r.output.find("troupe_memory_breakdown_print: |   - Vulkan0 (") != std::string::npos);
+  CHECK(lines_end_in_bar(r.output) == (vulkan ? 3 : 2));
+}

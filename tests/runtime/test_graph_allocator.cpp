@@ -274,3 +274,49 @@ TEST_CASE("randomized graphs keep every invariant", "[alloc][random]") {
   WARN("allocated / live-peak lower bound over " << n_graphs << " random graphs: mean " << sum_ratio / n_graphs
                                                  << ", worst " << worst_ratio);
 }
+
+TEST_CASE("a buffer type listed twice: both entries share one planner and one set of chunks, counted once", "[alloc]") {
+  auto build = [](fixture& f, std::set<const tensor*>& on_second) {
+    tensor* x0 = f.input(64);
+    tensor* x1 = scale(f.ctx, x0, 2.0f);
+    tensor* x2 = mul(f.ctx, x1, x1);
+    tensor* x3 = add(f.ctx, x2, x1);
+    tensor* x4 = silu(f.ctx, x3);
+    tensor* x5 = add(f.ctx, x4, x2);
+    x5->flags |= flag_output;
+    on_second.insert(x1);
+    on_second.insert(x3);
+    on_second.insert(x5);
+    return x5;
+  };
+  counting_buffer_type bt("host", unbounded);
+  counting_buffer_type one("one", unbounded);
+  {
+    fixture f;
+    std::set<const tensor*> on_second;
+    graph g;
+    g.build_forward_expand(build(f, on_second));
+    graph_allocator galloc({&bt, &bt});
+    galloc.set_assignment([&](const tensor& t) { return on_second.count(&t) ? 1 : 0; });
+    galloc.alloc_graph(g);
+    INFO(check_plan(g, galloc));
+    CHECK(check_plan(g, galloc).empty());  // tensors of both entries never overlap while alive
+    REQUIRE(galloc.n_chunks(0) == 1);
+    CHECK(galloc.n_chunks(1) == 1);
+    CHECK(galloc.chunk_buffer(1, 0) == galloc.chunk_buffer(0, 0));
+    for (const tensor* t : g.nodes()) CHECK(t->buffer == galloc.chunk_buffer(0, 0));
+    CHECK(galloc.buffer_size(0) == bt.allocated);  // one buffer in all
+    CHECK(galloc.buffer_size(1) == 0);             // not counted twice
+    // The same plan as the buffer type listed once.
+    std::set<const tensor*> unused;
+    graph g1;
+    g1.build_forward_expand(build(f, unused));
+    graph_allocator single({&one});
+    single.alloc_graph(g1);
+    CHECK(one.allocated == bt.allocated);
+    // Reserving again (a larger graph would grow it) keeps one set of chunks.
+    galloc.alloc_graph(g);
+    CHECK(galloc.chunk_buffer(1, 0) == galloc.chunk_buffer(0, 0));
+  }
+  CHECK(bt.allocated == 0);  // nothing left behind when the allocator goes
+}

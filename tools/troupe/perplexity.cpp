@@ -28,7 +28,8 @@ int run_perplexity(const ppl_options& o) {
   }
   std::ostringstream text;
   text << in.rdbuf();
-  auto m = llm::model::load(o.model, {.devices = llm::offload_devices(o.offload, o.model)});
+  const auto placement = llm::offload_devices(o.offload, o.model);
+  auto m = llm::model::load(o.model, {.devices = placement});
   llm::vocab v(m->meta());
   // Every token of a chunk has logits: the compute memory reserved for all of a micro-batch's rows.
   llm::llm_context ctx(*m, {.n_ctx = o.n_ctx, .n_batch = o.n_ctx, .n_threads = o.n_threads, .n_outputs_reserved = llm::context_params{}.n_ubatch});
@@ -41,7 +42,14 @@ int run_perplexity(const ppl_options& o) {
   memory_ledger ledger;
   m->weights().account(ledger);
   ctx.account(ledger);
-  std::printf("%s", format_memory_table(ledger, {}).c_str());
+  // A row for every device that held layers and has memory of its own (host memory is the Host row).
+  std::vector<device_memory_info> devices;
+  for (const auto& [dev, layers] : placement) {
+    if (dev == nullptr || dev->buffer_type().is_host()) continue;
+    const device_memory mem = dev->memory();
+    devices.push_back({std::string(dev->name()), dev->description(), mem.total, mem.free});
+  }
+  std::printf("%s", format_memory_table(ledger, devices).c_str());
   return 0;
 }
 
