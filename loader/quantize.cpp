@@ -26,6 +26,55 @@ type quantize_type_for(type want, int64_t ne0) {
   return t;
 }
 
+bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+std::optional<quantize_recipe> quantize_recipe::parse(std::string_view name) {
+  quantize_recipe r;
+  r.name = std::string(name);
+  if (name == "q4_K_M" || name == "Q4_K_M") {
+    r.base = type::q4_K;
+    r.medium = true;
+    return r;
+  }
+  if (name == "q5_K_M" || name == "Q5_K_M") {
+    r.base = type::q5_K;
+    r.medium = true;
+    return r;
+  }
+  const auto t = type_from_name(std::string(name));
+  if (!t) return std::nullopt;
+  r.base = *t;
+  return r;
+}
+
+namespace {
+
+bool ends_with(std::string_view s, std::string_view tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+}  // namespace
+
+type quantize_recipe::type_for(std::string_view tensor, int layer, int n_layer, bool tied) const {
+  if (!medium) return base;
+  if (tensor == "output.weight" || (tied && tensor == "token_embd.weight")) return type::q6_K;
+  if (layer >= 0 && (ends_with(tensor, ".attn_v.weight") || ends_with(tensor, ".ffn_down.weight"))) {
+    return use_more_bits(layer, n_layer) ? type::q6_K : base;
+  }
+  if (ends_with(tensor, ".attn_qkv.weight")) return base == type::q4_K ? type::q5_K : type::q6_K;
+  return base;
+}
+
+int quantize_recipe::file_type() const {
+  if (medium) return base == type::q4_K ? 15 : 17;  // Q4_K_M, Q5_K_M
+  switch (base) {
+    case type::q3_K: return 11;  // one type throughout: the _S files come closest
+    case type::q4_K: return 14;
+    case type::q5_K: return 16;
+    default: return file_type_of(base);
+  }
+}
+
 int file_type_of(type t) {
   switch (t) {
     case type::f32: return 0;
@@ -47,9 +96,34 @@ int file_type_of(type t) {
 
 quantize_report quantize_model(const std::filesystem::path& in, const std::filesystem::path& out, type want,
                                int n_threads) {
-  const type_traits& wt = traits(want);
-  if (!wt.supported || wt.from_float_ref == nullptr || want == type::q8_1 || want == type::q8_K) {
-    throw error("quantize: cannot quantize to " + std::string(type_name(want)));
+  quantize_recipe r;
+  r.name = std::string(type_name(want));
+  r.base = want;
+  return quantize_model(in, out, r, n_threads);
+}
+
+namespace {
+
+// The block index of "blk.N.<name>", or -1.
+int layer_of(std::string_view name) {
+  if (name.rfind("blk.", 0) != 0) return -1;
+  int n = 0;
+  size_t i = 4;
+  if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) n = n * 10 + (name[i] - '0');
+  return i < name.size() && name[i] == '.' ? n : -1;
+}
+
+}  // namespace
+
+quantize_report quantize_model(const std::filesystem::path& in, const std::filesystem::path& out,
+                               const quantize_recipe& recipe, int n_threads) {
+  for (type t : {recipe.base, type::q6_K}) {
+    const type_traits& wt = traits(t);
+    if (!wt.supported || wt.from_float_ref == nullptr || t == type::q8_1 || t == type::q8_K) {
+      throw error("quantize: cannot quantize to " + std::string(type_name(t)));
+    }
+    if (!recipe.medium) break;
   }
   if (n_threads < 1) n_threads = 1;
   const gguf_file f = read_gguf(in);
@@ -61,13 +135,20 @@ quantize_report quantize_model(const std::filesystem::path& in, const std::files
     if (kv.key == "general.file_type") continue;
     w.add(kv.key, kv.value);
   }
-  if (file_type_of(want) >= 0) w.add("general.file_type", static_cast<uint32_t>(file_type_of(want)));
+  if (recipe.file_type() >= 0) w.add("general.file_type", static_cast<uint32_t>(recipe.file_type()));
+  int n_layer = 0;
+  bool has_output = false;
+  for (const gguf_tensor_info& t : f.tensors()) {
+    n_layer = std::max(n_layer, layer_of(t.name) + 1);
+    has_output = has_output || t.name == "output.weight";
+  }
 
   quantize_report r;
   for (const gguf_tensor_info& t : f.tensors()) {
     const std::span<const std::byte> src(m.data() + t.file_offset, t.n_bytes);
     r.bytes_in += t.n_bytes;
     const bool matrix = t.n_dims >= 2 && t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".weight") == 0;
+    const type want = recipe.type_for(t.name, layer_of(t.name), n_layer, !has_output);
     const type target = matrix ? quantize_type_for(want, t.ne[0]) : t.type;
     if (target == t.type) {
       w.add_tensor(t.name, t.type, std::span<const int64_t>(t.ne.data(), std::max<uint32_t>(t.n_dims, 1)), src);

@@ -7,11 +7,19 @@
 // their type. A matrix whose row length is not a multiple of the type's block size gets a fallback type
 // (K-quants: q2_K/q3_K -> q4_0, q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0; then f16), reported by name.
 // Metadata is copied; general.file_type is updated. Rows are converted on n_threads threads.
+//
+// Recipes (quantize_recipe::parse): a type name ("q4_K": every matrix in it) or one of llama.cpp's mixes by
+// its name ("q4_K_M", "q5_K_M"), whose rules pick a type per tensor as llama.cpp's quantizer does for a dense
+// model: the output matrix (the token embeddings when the model ties them) in q6_K; attn_v and ffn_down in
+// q6_K in the layers use_more_bits picks (the first and last eighth and every third between); fused attn_qkv
+// one step up (q5_K / q6_K); everything else the mix's base type; then the fallbacks above.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/types.h"
@@ -24,7 +32,7 @@ struct quantize_report {
     type used;
     int64_t row_length;
   };
-  size_t n_quantized = 0;  // tensors converted to the requested type
+  size_t n_quantized = 0;  // tensors converted to the type their recipe wanted
   size_t n_kept = 0;       // tensors copied as they were
   std::vector<fallback> fallbacks;
   uint64_t bytes_in = 0, bytes_out = 0;  // tensor data
@@ -33,10 +41,27 @@ struct quantize_report {
 // The type used for rows of length ne0 when `want` is requested.
 type quantize_type_for(type want, int64_t ne0);
 
+struct quantize_recipe {
+  std::string name;  // as given: "q4_K", "q4_K_M"
+  type base = type::f16;
+  bool medium = false;  // the _M mixes' per-tensor rules
+  // "q4_0".."q6_K", "f16", "bf16", "f32", "q4_K_M", "q5_K_M"; nullopt for anything else.
+  static std::optional<quantize_recipe> parse(std::string_view name);
+  // The type wanted for a matrix (before the fallback for its row length): `layer` its block index (-1: not
+  // in a block), `n_layer` the model's blocks, `tied` whether the token embeddings are also the output.
+  type type_for(std::string_view tensor, int layer, int n_layer, bool tied) const;
+  int file_type() const;  // llama.cpp's general.file_type (-1: none)
+};
+
+// llama.cpp's use_more_bits: the layers of an _M mix that get more bits (i of n).
+bool use_more_bits(int i, int n);
+
 // llama.cpp's general.file_type value for a model mostly of this type (-1 when it has none).
 int file_type_of(type t);
 
 quantize_report quantize_model(const std::filesystem::path& in, const std::filesystem::path& out, type want,
                                int n_threads);
+quantize_report quantize_model(const std::filesystem::path& in, const std::filesystem::path& out,
+                               const quantize_recipe& recipe, int n_threads);
 
 }  // namespace troupe

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "loader/model_loader.h"
@@ -22,6 +23,65 @@ TEST_CASE("fallback types for rows that do not fit a type's blocks", "[quantize]
   CHECK(quantize_type_for(type::q8_0, 172) == type::f16);
   CHECK(quantize_type_for(type::q4_K, 100) == type::f16);
   CHECK(file_type_of(type::q8_0) == 7);
+}
+
+TEST_CASE("the q4_K_M and q5_K_M recipes pick llama.cpp's type per tensor", "[quantize]") {
+  const auto m = quantize_recipe::parse("q4_K_M");
+  REQUIRE(m);
+  CHECK(m->base == type::q4_K);
+  CHECK(m->file_type() == 15);
+  CHECK(quantize_recipe::parse("q5_K_M")->file_type() == 17);
+  CHECK(quantize_recipe::parse("q4_K")->file_type() == 14);  // one type throughout: not the _M mix
+  CHECK(quantize_recipe::parse("q8_0")->file_type() == 7);
+  CHECK_FALSE(quantize_recipe::parse("q4_K_L"));
+  // use_more_bits over 30 layers (SmolLM2): the first 3, the last 4 (from 26), and every third between.
+  std::vector<int> more;
+  for (int i = 0; i < 30; ++i) {
+    if (use_more_bits(i, 30)) more.push_back(i);
+  }
+  CHECK(more == std::vector<int>{0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29});
+  CHECK(m->type_for("blk.0.attn_v.weight", 0, 30, false) == type::q6_K);
+  CHECK(m->type_for("blk.3.attn_v.weight", 3, 30, false) == type::q4_K);
+  CHECK(m->type_for("blk.5.ffn_down.weight", 5, 30, false) == type::q6_K);
+  CHECK(m->type_for("blk.6.ffn_down.weight", 6, 30, false) == type::q4_K);
+  CHECK(m->type_for("blk.6.attn_q.weight", 6, 30, false) == type::q4_K);
+  CHECK(m->type_for("blk.6.attn_qkv.weight", 6, 30, false) == type::q5_K);
+  CHECK(m->type_for("output.weight", -1, 30, false) == type::q6_K);
+  CHECK(m->type_for("token_embd.weight", -1, 30, false) == type::q4_K);  // a separate output exists
+  CHECK(m->type_for("token_embd.weight", -1, 30, true) == type::q6_K);   // tied: it is the output
+}
+
+TEST_CASE("stories260K quantized with the q4_K_M recipe: per-tensor types with their fallbacks, and it generates", "[quantize][model]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  const auto out = std::filesystem::temp_directory_path() / "troupe_stories_q4_K_M.gguf";
+  const quantize_report r = quantize_model(*path, out, *quantize_recipe::parse("q4_K_M"), 2);
+  model_loader q(out);
+  auto type_of = [&](const std::string& name) {
+    for (const auto& t : q.tensors()) {
+      if (t.name == name) return t.type;
+    }
+    FAIL("no tensor " << name);
+    return type::f32;
+  };
+  // Rows of 64 fit no K-quant block: q4_K falls back to q5_0, q6_K to q8_0; ffn_down's rows of 172 to f16.
+  CHECK(type_of("output.weight") == type::q8_0);
+  CHECK(type_of("blk.0.attn_v.weight") == type::q5_0);  // 5 layers: n / 8 is 0, no first eighth
+  CHECK(type_of("blk.1.attn_v.weight") == type::q5_0);
+  CHECK(type_of("blk.2.attn_v.weight") == type::q8_0);  // (2 - 0) % 3 == 2
+  CHECK(type_of("blk.4.attn_v.weight") == type::q8_0);  // the last eighth
+  CHECK(type_of("blk.1.attn_q.weight") == type::q5_0);
+  CHECK(type_of("blk.1.ffn_down.weight") == type::f16);
+  CHECK(type_of("blk.1.attn_norm.weight") == type::f32);
+  CHECK(r.n_quantized == 0);  // every matrix took a fallback here
+  CHECK(q.meta().get_uint("general.file_type").value() == 15);
+  auto mdl = llm::model::load(out);
+  llm::llm_context ctx(*mdl, {.n_ctx = 64, .n_threads = 2});
+  llm::batch bt;
+  bt.add(1, 0, 0, true);
+  ctx.decode(bt);
+  const auto l = ctx.logits(0);
+  CHECK(std::all_of(l.begin(), l.end(), [](float x) { return std::isfinite(x); }));
 }
 
 TEST_CASE("stories260K quantized to q8_0 and q4_0: types, fallbacks, error bounds, generation", "[quantize][model]") {
