@@ -75,26 +75,45 @@ constexpr crossover crossovers[] = {
 constexpr int64_t bf16_native_avx2_blas = never;
 constexpr int64_t bf16_native_avx512_blas = 256;
 
-bool blas_has_avx512_kernels() {
+// The kernels OpenBLAS picked for this CPU (DYNAMIC_ARCH: from cpuid, or OPENBLAS_CORETYPE): AVX-512 ones
+// (SkylakeX, Cooperlake, SapphireRapids), AVX2 ones (Haswell, Zen; also Skylake client, which DYNAMIC_ARCH
+// maps to Haswell), or older ones. A CPU that OpenBLAS 0.3.21 does not recognise gets its SSE3 kernels
+// (Prescott): measured on such a machine (a Xeon with AVX-512 VNNI and BF16 that reports no model name),
+// sgemm ran at ~30 GFLOP/s per core against 42-78 GFLOP/s for troupe's own q4_0..q8_0 and K-quant tiles
+// at 512 rows (bench_cpu_ops matmul/<type>/(quant|blas)/b512/threads:1), so with such kernels only f32 and
+// f16, where the two tie, still cross over.
+enum class blas_kernels { older, avx2, avx512 };
+
+blas_kernels blas_kernel_family() {
 #ifdef TROUPE_HAVE_BLAS
-  static const bool v = [] {
+  static const blas_kernels v = [] {
     const std::string_view core = openblas_get_corename();
+    auto is = [&](std::string_view k) {
+      return core.size() == k.size() &&
+             std::equal(core.begin(), core.end(), k.begin(), [](char a, char b) { return (a | 0x20) == b; });
+    };
     for (std::string_view k : {"skylakex", "cooperlake", "sapphirerapids"}) {
-      if (core.size() == k.size() &&
-          std::equal(core.begin(), core.end(), k.begin(), [](char a, char b) { return (a | 0x20) == b; })) {
-        return true;
-      }
+      if (is(k)) return blas_kernels::avx512;
     }
-    return false;
+    for (std::string_view k : {"haswell", "zen", "skylake"}) {
+      if (is(k)) return blas_kernels::avx2;
+    }
+    return blas_kernels::older;
   }();
   return v;
 #else
-  return false;
+  return blas_kernels::older;
 #endif
 }
 
+
 int64_t default_blas_min_batch(type t) {
-  const bool avx512 = blas_has_avx512_kernels();
+  const blas_kernels family = blas_kernel_family();
+  if (family == blas_kernels::older && simd::active_table().level != isa::scalar) {
+    // troupe's own SIMD tiles beat pre-AVX2 sgemm for every quantized type and bf16.
+    return t == type::f32 || t == type::f16 ? 128 : never;
+  }
+  const bool avx512 = family == blas_kernels::avx512;
   if (t == type::bf16 && simd::active_table().bf16_native) {
     return avx512 ? bf16_native_avx512_blas : bf16_native_avx2_blas;
   }
