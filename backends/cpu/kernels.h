@@ -38,6 +38,12 @@ size_t work_size(const tensor& node, int nth, bool reference);
 // is built with it (never in reference mode). The defaults are the crossovers measured by bench_cpu_ops
 // (docs/performance.md), per weight type.
 int64_t blas_min_batch(type weights);
+// The kernels OpenBLAS picked for this CPU (its core name), and the crossover for a weight type given them,
+// whether troupe's kernels run SIMD code, and whether they have native bf16 dot products (blas_min_batch is
+// this for the running process; INT64_MAX: never).
+enum class blas_kernels : uint8_t { older, avx2, avx512 };
+blas_kernels blas_kernel_family();
+int64_t blas_min_batch_for(type weights, blas_kernels family, bool simd, bool bf16_native);
 // Overrides blas_min_batch for every weight type, process-wide (benchmarks measuring the crossover):
 // n > 0 sets it, n < 0 turns BLAS off, 0 restores the defaults.
 void set_blas_min_batch(int64_t n);

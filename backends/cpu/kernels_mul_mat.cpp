@@ -75,6 +75,8 @@ constexpr crossover crossovers[] = {
 constexpr int64_t bf16_native_avx2_blas = never;
 constexpr int64_t bf16_native_avx512_blas = 256;
 
+}  // namespace
+
 // The kernels OpenBLAS picked for this CPU (DYNAMIC_ARCH: from cpuid, or OPENBLAS_CORETYPE): AVX-512 ones
 // (SkylakeX, Cooperlake, SapphireRapids), AVX2 ones (Haswell, Zen; also Skylake client, which DYNAMIC_ARCH
 // maps to Haswell), or older ones. A CPU that OpenBLAS 0.3.21 does not recognise gets its SSE3 kernels
@@ -82,8 +84,6 @@ constexpr int64_t bf16_native_avx512_blas = 256;
 // sgemm ran at ~30 GFLOP/s per core against 42-78 GFLOP/s for troupe's own q4_0..q8_0 and K-quant tiles
 // at 512 rows (bench_cpu_ops matmul/<type>/(quant|blas)/b512/threads:1), so with such kernels only f32 and
 // f16, where the two tie, still cross over.
-enum class blas_kernels { older, avx2, avx512 };
-
 blas_kernels blas_kernel_family() {
 #ifdef TROUPE_HAVE_BLAS
   static const blas_kernels v = [] {
@@ -106,21 +106,24 @@ blas_kernels blas_kernel_family() {
 #endif
 }
 
-
-int64_t default_blas_min_batch(type t) {
-  const blas_kernels family = blas_kernel_family();
-  if (family == blas_kernels::older && simd::active_table().level != isa::scalar) {
+int64_t blas_min_batch_for(type t, blas_kernels family, bool simd, bool bf16_native) {
+  if (family == blas_kernels::older && simd) {
     // troupe's own SIMD tiles beat pre-AVX2 sgemm for every quantized type and bf16.
     return t == type::f32 || t == type::f16 ? 128 : never;
   }
   const bool avx512 = family == blas_kernels::avx512;
-  if (t == type::bf16 && simd::active_table().bf16_native) {
-    return avx512 ? bf16_native_avx512_blas : bf16_native_avx2_blas;
-  }
+  if (t == type::bf16 && bf16_native) return avx512 ? bf16_native_avx512_blas : bf16_native_avx2_blas;
   for (const crossover& c : crossovers) {
     if (c.t == t) return avx512 ? c.avx512_blas : c.avx2_blas;
   }
   return 64;
+}
+
+namespace {
+
+int64_t default_blas_min_batch(type t) {
+  const simd::kernel_table& kt = simd::active_table();
+  return blas_min_batch_for(t, blas_kernel_family(), kt.level != isa::scalar, kt.bf16_native);
 }
 
 std::atomic<int64_t> blas_min_batch_override{0};

@@ -18,7 +18,9 @@
 #include <thread>
 #include <vector>
 
+#include "backends/cpu/cpu_features.h"
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/simd/simd.h"
 #include "runtime/context.h"
 #include "runtime/error.h"
 #include "runtime/fp16.h"
@@ -899,4 +901,28 @@ TEST_CASE("kernels: unsupported nodes are rejected by supports_op and throw back
     CHECK(cpu::supports_op(t));
     CHECK_NOTHROW(cpu::compute_forward(cpu::compute_params{}, t));
   }
+}
+
+TEST_CASE("the BLAS crossover follows the kernels OpenBLAS picked: never for quantized weights on pre-AVX2 kernels", "[cpu][blas]") {
+  using cpu::blas_kernels;
+  constexpr int64_t never = INT64_MAX;
+  // Pre-AVX2 sgemm (Prescott, what OpenBLAS 0.3.21 runs on a CPU it does not recognise) loses to the SIMD
+  // tiles for every quantized type and bf16; f32 and f16 tie and keep a crossover.
+  for (type t : {type::q4_0, type::q4_1, type::q5_0, type::q5_1, type::q8_0, type::q2_K, type::q3_K, type::q4_K, type::q5_K,
+                 type::q6_K, type::bf16}) {
+    INFO(type_name(t));
+    CHECK(cpu::blas_min_batch_for(t, blas_kernels::older, true, false) == never);
+  }
+  CHECK(cpu::blas_min_batch_for(type::f32, blas_kernels::older, true, false) == 128);
+  CHECK(cpu::blas_min_batch_for(type::f16, blas_kernels::older, true, false) == 128);
+  // The measured tables for AVX2 and AVX-512 sgemm; scalar kernels keep them whatever OpenBLAS runs.
+  CHECK(cpu::blas_min_batch_for(type::q8_0, blas_kernels::avx2, true, false) == 64);
+  CHECK(cpu::blas_min_batch_for(type::q4_K, blas_kernels::avx2, true, false) == 256);
+  CHECK(cpu::blas_min_batch_for(type::q4_K, blas_kernels::avx512, true, false) == 64);
+  CHECK(cpu::blas_min_batch_for(type::q8_0, blas_kernels::older, false, false) == 64);
+  CHECK(cpu::blas_min_batch_for(type::bf16, blas_kernels::avx2, true, true) == never);
+  // The process's own: what the running OpenBLAS reports.
+  CHECK(cpu::blas_min_batch(type::q8_0) ==
+        cpu::blas_min_batch_for(type::q8_0, cpu::blas_kernel_family(), cpu::simd::active_table().level != cpu::isa::scalar,
+                                cpu::simd::active_table().bf16_native));
 }
