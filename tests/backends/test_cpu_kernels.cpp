@@ -762,7 +762,7 @@ TEST_CASE("kernels: mul_mat of a few rows of b (batched decode) equals each row 
   // within the reference's bound and identical to the product of its row alone, whatever the batch and
   // the thread count, so that a sequence's tokens do not depend on the others in its batch.
   // k = 512: the activation rows prepared for the tile kernels where a type has that (AVX-512 q4_0, q4_1,
-  // q8_0); k = 4096 with 4 or more rows: too big to prepare, the tiles read the converted rows.
+  // q5_0, q5_1, q8_0, and f16 against rows converted to f32); k = 4096 with 4 or more rows: too big to prepare, the tiles read the converted rows.
   const int64_t m = 70;  // several chunks per thread, a partial last chunk
   struct shape {
     type t;
@@ -773,7 +773,7 @@ TEST_CASE("kernels: mul_mat of a few rows of b (batched decode) equals each row 
                  type::q5_K, type::q6_K, type::f16, type::f32}) {
     shapes.push_back({t, 512});
   }
-  for (type t : {type::q4_0, type::q4_1, type::q8_0}) shapes.push_back({t, 4096});
+  for (type t : {type::q4_0, type::q4_1, type::q8_0, type::f16}) shapes.push_back({t, 4096});
   for (const auto [t, k] : shapes) {
     context ctx(arena(32));
     tensor* a = weights(ctx, t, k, m, 1, 31);
@@ -907,14 +907,13 @@ TEST_CASE("the BLAS crossover follows the kernels OpenBLAS picked: never for qua
   using cpu::blas_kernels;
   constexpr int64_t never = INT64_MAX;
   // Pre-AVX2 sgemm (Prescott, what OpenBLAS 0.3.21 runs on a CPU it does not recognise) loses to the SIMD
-  // tiles for every quantized type and bf16; f32 and f16 tie and keep a crossover.
+  // tiles for every quantized type, bf16 and f16; f32 ties and keeps a crossover.
   for (type t : {type::q4_0, type::q4_1, type::q5_0, type::q5_1, type::q8_0, type::q2_K, type::q3_K, type::q4_K, type::q5_K,
-                 type::q6_K, type::bf16}) {
+                 type::q6_K, type::bf16, type::f16}) {
     INFO(type_name(t));
     CHECK(cpu::blas_min_batch_for(t, blas_kernels::older, true, false) == never);
   }
   CHECK(cpu::blas_min_batch_for(type::f32, blas_kernels::older, true, false) == 128);
-  CHECK(cpu::blas_min_batch_for(type::f16, blas_kernels::older, true, false) == 128);
   // The measured tables for AVX2 and AVX-512 sgemm; scalar kernels keep them whatever OpenBLAS runs.
   CHECK(cpu::blas_min_batch_for(type::q8_0, blas_kernels::avx2, true, false) == 64);
   CHECK(cpu::blas_min_batch_for(type::q4_K, blas_kernels::avx2, true, false) == 256);

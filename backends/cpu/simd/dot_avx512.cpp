@@ -408,35 +408,37 @@ inline __m512 load_f16_tail(const uint16_t* p, __mmask16 m) { return _mm512_cvtp
 
 // x (one row) against NC rows of y: 64 values per iteration in four accumulators per row of y, x loaded
 // (and converted) once for all of them.
-// L: the element type T, load (16 values as floats) and load_tail (the first values of a mask).
-template <class L>
+// L: the element type T, load (16 values as floats) and load_tail (the first values of a mask); LY the
+// same for y (its rows may be of another type: f16 weights against rows prepared as f32).
+template <class L, class LY = L>
 struct float_tile {
   using T = typename L::T;
+  using TY = typename LY::T;
 
   template <int NC>
   static void run(int64_t n, const void* vx, const void* const* vy, float* out) {
     const T* x = static_cast<const T*>(vx);
-    const T* y[NC];
+    const TY* y[NC];
     __m512 acc[NC][4];
     for (int c = 0; c < NC; ++c) {
-      y[c] = static_cast<const T*>(vy[c]);
+      y[c] = static_cast<const TY*>(vy[c]);
       for (int j = 0; j < 4; ++j) acc[c][j] = _mm512_setzero_ps();
     }
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
       for (int j = 0; j < 4; ++j) {
         const __m512 xv = L::load(x + i + 16 * j);
-        for (int c = 0; c < NC; ++c) acc[c][j] = _mm512_fmadd_ps(xv, L::load(y[c] + i + 16 * j), acc[c][j]);
+        for (int c = 0; c < NC; ++c) acc[c][j] = _mm512_fmadd_ps(xv, LY::load(y[c] + i + 16 * j), acc[c][j]);
       }
     }
     for (; i + 16 <= n; i += 16) {
       const __m512 xv = L::load(x + i);
-      for (int c = 0; c < NC; ++c) acc[c][0] = _mm512_fmadd_ps(xv, L::load(y[c] + i), acc[c][0]);
+      for (int c = 0; c < NC; ++c) acc[c][0] = _mm512_fmadd_ps(xv, LY::load(y[c] + i), acc[c][0]);
     }
     if (i < n) {
       const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
       const __m512 xv = L::load_tail(x + i, m);
-      for (int c = 0; c < NC; ++c) acc[c][1] = _mm512_fmadd_ps(xv, L::load_tail(y[c] + i, m), acc[c][1]);
+      for (int c = 0; c < NC; ++c) acc[c][1] = _mm512_fmadd_ps(xv, LY::load_tail(y[c] + i, m), acc[c][1]);
     }
     for (int c = 0; c < NC; ++c) {
       out[c] = _mm512_reduce_add_ps(
@@ -457,10 +459,28 @@ struct f16_loads {
 };
 using f32_tile = float_tile<f32_loads>;
 using f16_tile = float_tile<f16_loads>;
+// f16 weights against activation rows prepared as f32 (tile_prepare_f16: the f16 values converted once per
+// row, exactly): a tile of 4 activation rows converts one block of weights instead of five blocks, and every
+// element is the same sum of the same products as vec_dot_f16's.
+using f16_prepared_tile = float_tile<f16_loads, f32_loads>;
 
 }  // namespace
 
 TROUPE_SIMD_TILE(vec_dot_f32, f32_tile)
 TROUPE_SIMD_TILE(vec_dot_f16, f16_tile)
+TROUPE_SIMD_TILE(vec_dot_f16_prepared, f16_prepared_tile)
+
+void tile_prepare_f16(int64_t n, const void* y, void* out) {
+  const auto* h = static_cast<const uint16_t*>(y);
+  auto* f = static_cast<float*>(out);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(f + i, load_f16(h + i));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(f + i, m, load_f16_tail(h + i, m));
+  }
+}
+
+size_t tile_prepared_size_f16(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
 
 }  // namespace troupe::cpu::simd::avx512

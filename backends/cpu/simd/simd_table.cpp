@@ -139,7 +139,7 @@ kernel_table avx512_table() {
   set_dot(t, type::q4_K, vec_dot_q4_K, vec_dot_q4_K_rows);
   // Every tile of a type whose dot this level replaces (q5_K, q6_K keep the AVX2 ones, with their dots).
   set_tile(t, type::f32, vec_dot_f32_tile);
-  set_tile(t, type::f16, vec_dot_f16_tile);
+  set_tile(t, type::f16, vec_dot_f16_tile, vec_dot_f16_prepared_tile, tile_prepare_f16, tile_prepared_size_f16);
   set_tile(t, type::q4_0, vec_dot_q4_0_tile, vec_dot_q4_0_prepared_tile, tile_prepare_q4_0, tile_prepared_size);
   set_tile(t, type::q4_1, vec_dot_q4_1_tile, vec_dot_q4_1_prepared_tile, tile_prepare_q4_1, tile_prepared_size);
   set_tile(t, type::q5_0, vec_dot_q5_0_tile, vec_dot_q5_0_prepared_tile, tile_prepare_q5_0, tile_prepared_size_s);
