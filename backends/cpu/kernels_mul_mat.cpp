@@ -82,8 +82,8 @@ constexpr int64_t bf16_native_avx512_blas = 256;
 // maps to Haswell), or older ones. A CPU that OpenBLAS 0.3.21 does not recognise gets its SSE3 kernels
 // (Prescott): measured on such a machine (a Xeon with AVX-512 VNNI and BF16 that reports no model name),
 // sgemm ran at ~30 GFLOP/s per core against 42-78 GFLOP/s for troupe's own q4_0..q8_0 and K-quant tiles
-// at 512 rows (bench_cpu_ops matmul/<type>/(quant|blas)/b512/threads:1), so with such kernels only f32,
-// where the two tie, still crosses over.
+// at 512 rows (bench_cpu_ops matmul/<type>/(quant|blas)/b512/threads:1), so with such kernels only f32 and
+// f16 still cross over.
 blas_kernels blas_kernel_family() {
 #ifdef TROUPE_HAVE_BLAS
   static const blas_kernels v = [] {
@@ -108,9 +108,11 @@ blas_kernels blas_kernel_family() {
 
 int64_t blas_min_batch_for(type t, blas_kernels family, bool simd, bool bf16_native) {
   if (family == blas_kernels::older && simd) {
-    // troupe's own SIMD tiles beat pre-AVX2 sgemm for every quantized type, bf16 and f16 (f16 since its
-    // AVX-512 tile reads activation rows converted to f32 once); f32 ties and keeps a crossover.
-    return t == type::f32 ? 128 : never;
+    // troupe's own SIMD tiles beat pre-AVX2 sgemm for every quantized type and bf16. f32 ties; f16's tile
+    // ran twice as fast as this sgemm on SmolLM2 f16 prompts, but it rounds the activations to f16 (its
+    // vec_dot type, as llama.cpp's) where sgemm keeps them f32, which moved the perplexity test's ratios by
+    // ~1.3%: f16 keeps its crossover until that is measured over more text.
+    return t == type::f32 || t == type::f16 ? 128 : never;
   }
   const bool avx512 = family == blas_kernels::avx512;
   if (t == type::bf16 && bf16_native) return avx512 ? bf16_native_avx512_blas : bf16_native_avx2_blas;

@@ -2,6 +2,7 @@
 //
 // f32 sources with any strides; threads split rows. Sums are accumulated in double, except soft_max's sum of
 // exponentials outside reference mode, which comes from the active SIMD table's exp_row (float lanes).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -121,7 +122,14 @@ void compute_soft_max(const compute_params& params, tensor& node) {
     }
     double sum = 0.0;
     if (!params.reference) {
-      sum = simd::active_table().exp_row(ne0, y, mx);
+      // Entries after the last unmasked one (a causal prefill's rows end in -inf) are exp(-inf) = +0: they are
+      // skipped in whole blocks of 16 values, so every lane of exp_row's partial sums, and its tail, is the one
+      // the full row gives, bit for bit (adding +0 changes no sum of non-negative values).
+      int64_t n_live = ne0;
+      while (n_live > 0 && y[n_live - 1] == -INFINITY) --n_live;
+      n_live = std::min(ne0, (n_live + 15) / 16 * 16);
+      sum = simd::active_table().exp_row(n_live, y, mx);
+      for (int64_t i = n_live; i < ne0; ++i) y[i] = 0.0f;
     } else {
       for (int64_t i = 0; i < ne0; ++i) {
         const float e = std::exp(y[i] - mx);

@@ -58,11 +58,17 @@ std::vector<int32_t> tokens_of(int n, uint32_t n_vocab) {
 // too. In a pipelined prompt the next micro-batch's first split (on CPU), and in a ring the other group's
 // first split, is runnable without waiting for it, so the two meet whatever the machine's load; run one
 // after another they never would (the wait gives up after a minute, and `met` stays false).
+//
+// And the other way round: the second split on CPU (the next micro-batch's, or the other group's first) does not
+// start until a split on CPU1 is in flight. Without that, a busy machine could let CPU finish both before
+// CPU1's first split got its thread, and CPU1's wait would have nothing left to meet (CPU's next split needs
+// CPU1's); with it, each waits for the other to be in flight, whichever comes first.
 struct rendezvous {
   std::mutex mu;
   std::condition_variable cv;
   std::map<std::string, int> in_flight;
   int splits_on_cpu1 = 0;
+  int splits_on_cpu = 0;
   bool met = false;
 
   void install(llm_context& ctx) {
@@ -76,6 +82,9 @@ struct rendezvous {
         if (in_flight["CPU"] > 0 && in_flight["CPU1"] > 0) met = true;
         cv.notify_all();
         if (dev == "CPU1" && ++splits_on_cpu1 == 1) cv.wait_for(lock, std::chrono::minutes(1), [this] { return met; });
+        if (dev == "CPU" && ++splits_on_cpu == 2) {
+          cv.wait_for(lock, std::chrono::minutes(1), [this] { return in_flight["CPU1"] > 0; });
+        }
       }
       work();
       std::lock_guard lock(mu);
