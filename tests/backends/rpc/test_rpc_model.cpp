@@ -23,6 +23,7 @@
 #include "runtime/trace.h"
 #include "tests/net/test_server.h"
 #include "tests/support/greedy.h"
+#include "tests/support/queued_trace.h"
 #include "tests/support/ring.h"
 #include "tests/support/failing_backend.h"
 #include "tests/support/tcp_proxy.h"
@@ -336,24 +337,7 @@ TEST_CASE("a prompt pipelined over the CPU and a peer sends the next micro-batch
   }
   // The trace shows it: micro-batch 1's graph went out ("submit", transfers) before micro-batch 0's split
   // on the peer ended.
-  const auto ev = trace::events();
-  const auto find = [&](std::string_view track, std::string_view name, int64_t ub) {
-    return std::find_if(ev.begin(), ev.end(), [&](const trace::event& e) {
-      return e.track == track && e.name == name &&
-             std::find(e.args.begin(), e.args.end(), std::pair<std::string, int64_t>("ubatch", ub)) != e.args.end();
-    });
-  };
-  const auto first = std::find_if(ev.begin(), ev.end(), [&](const trace::event& e) { return e.track == devs[0]->name() && e.name == "split"; });
-  REQUIRE(first != ev.end());
-  int64_t ub0 = -1;
-  for (const auto& [k, v] : first->args) {
-    if (k == "ubatch") ub0 = v;
-  }
-  const auto peer0 = find(devs[0]->name(), "split", ub0);
-  const auto sent1 = find("transfers", "submit", ub0 + 1);
-  REQUIRE(peer0 != ev.end());
-  REQUIRE(sent1 != ev.end());
-  CHECK(sent1->begin_us < peer0->begin_us + peer0->dur_us);
+  test::check_next_submitted_before_first_split_ended(trace::events(), devs[0]->name());
 }
 
 TEST_CASE("a peer behind a slow link (2 ms each way): pipelined and grouped decoding give the same bits, and a cut link fails the decode naming the peer", "[rpc][llm][pipeline][proxy]") {

@@ -19,6 +19,7 @@
 #include "runtime/trace.h"
 #include "tests/backends/vulkan/vulkan_test_device.h"
 #include "tests/support/greedy.h"
+#include "tests/support/queued_trace.h"
 #include "tests/support/ring.h"
 #include "tests/support/story.h"
 #include "tests/test_models.h"
@@ -181,24 +182,7 @@ TEST_CASE("a prompt pipelined over the CPU and Vulkan0 uploads the next micro-ba
     INFO("token " << i);
     REQUIRE(test::same_bits({piped.logits(i).begin(), piped.logits(i).end()}, {serial.logits(i).begin(), serial.logits(i).end()}));
   }
-  const auto ev = trace::events();
-  const auto find = [&](std::string_view track, std::string_view name, int64_t ub) {
-    return std::find_if(ev.begin(), ev.end(), [&](const trace::event& e) {
-      return e.track == track && e.name == name &&
-             std::find(e.args.begin(), e.args.end(), std::pair<std::string, int64_t>("ubatch", ub)) != e.args.end();
-    });
-  };
-  const auto first = std::find_if(ev.begin(), ev.end(), [&](const trace::event& e) { return e.track == d->name() && e.name == "split"; });
-  REQUIRE(first != ev.end());
-  int64_t ub0 = -1;
-  for (const auto& [k, v] : first->args) {
-    if (k == "ubatch") ub0 = v;
-  }
-  const auto split0 = find(d->name(), "split", ub0);
-  const auto sent1 = find("transfers", "submit", ub0 + 1);
-  REQUIRE(split0 != ev.end());
-  REQUIRE(sent1 != ev.end());
-  CHECK(sent1->begin_us < split0->begin_us + split0->dur_us);
+  test::check_next_submitted_before_first_split_ended(trace::events(), d->name());
   // The next token after the prompt: the caches hold the same.
   llm::batch next;
   next.add(42, 100, 0, true);
