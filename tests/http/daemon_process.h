@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include <mutex>
 #include <regex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -29,24 +31,42 @@ extern char** environ;
 
 namespace troupe::test {
 
-// Starts args[0] with args, its file descriptor `fd` (stdout or stderr) going into a pipe; returns the
-// process id and the pipe's read end.
-inline std::pair<pid_t, int> spawn_piped(std::vector<std::string> args, int fd) {
+// Starts args[0] with args, its file descriptors `fds` (stdout, stderr or both) going into one pipe;
+// returns the process id and the pipe's read end. `env`: the environment's entries whose names are listed
+// are dropped ("NAME") or replaced ("NAME=VALUE"); the rest are inherited.
+inline std::pair<pid_t, int> spawn_piped(std::vector<std::string> args, std::vector<int> fds,
+                                         const std::vector<std::string>& env = {}) {
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  std::vector<std::string> env_text;
+  const auto name_of = [](std::string_view e) { return e.substr(0, e.find('=')); };
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view v(*e);
+    if (std::none_of(env.begin(), env.end(), [&](const std::string& x) { return name_of(x) == name_of(v); })) env_text.emplace_back(v);
+  }
+  for (const std::string& x : env) {
+    if (x.find('=') != std::string::npos) env_text.push_back(x);
+  }
+  std::vector<char*> envp;
+  for (std::string& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
   int p[2];
   REQUIRE(pipe(p) == 0);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, p[1], fd);
+  for (int fd : fds) posix_spawn_file_actions_adddup2(&fa, p[1], fd);
   posix_spawn_file_actions_addclose(&fa, p[0]);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
   close(p[1]);
   REQUIRE(rc == 0);
   return {pid, p[0]};
+}
+
+inline std::pair<pid_t, int> spawn_piped(std::vector<std::string> args, int fd) {
+  return spawn_piped(std::move(args), std::vector<int>{fd});
 }
 
 // Runs args[0] with args to its end: (exit status as waitpid gives it, its stdout).

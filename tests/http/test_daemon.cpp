@@ -514,41 +514,15 @@ TEST_CASE("troupe bench --rpc: generation with every layer on a troupe peer", "[
 
 namespace {
 
-// `troupe peer --port 0 -t 1` with `env` (NAME=VALUE) in its environment (TROUPE_RPC_DEBUG and
-// TROUPE_LOG_LEVEL taken out of the rest), its stdout and stderr read into one text.
+// `troupe peer --port 0 -t 1` with `env` (NAME=VALUE) in its environment (TROUPE_RPC_DEBUG, GGML_RPC_DEBUG
+// and TROUPE_LOG_LEVEL taken out of the rest), its stdout and stderr read into one text.
 class logged_peer {
  public:
   explicit logged_peer(const std::string& env) {
-    std::vector<std::string> args = {TROUPE_BIN, "peer", "--port", "0", "-t", "1", "--device", "cpu"};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_text;
-    for (char** e = environ; *e != nullptr; ++e) {
-      const std::string_view v(*e);
-      if (v.rfind("TROUPE_RPC_DEBUG=", 0) != 0 && v.rfind("GGML_RPC_DEBUG=", 0) != 0 && v.rfind("TROUPE_LOG_LEVEL=", 0) != 0) {
-        env_text.emplace_back(v);
-      }
-    }
-    env_text.push_back(env);
-    std::vector<char*> envp;
-    for (std::string& e : env_text) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    int p[2];
-    REQUIRE(pipe(p) == 0);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, p[1], STDOUT_FILENO);
-    posix_spawn_file_actions_adddup2(&fa, p[1], STDERR_FILENO);
-    posix_spawn_file_actions_addclose(&fa, p[0]);
-    const int rc = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    close(p[1]);
-    if (rc != 0) {
-      close(p[0]);
-      FAIL("cannot start troupe peer");
-    }
-    reader_ = std::thread([this, fd = p[0]] {
+    int out = -1;
+    std::tie(pid_, out) = test::spawn_piped({TROUPE_BIN, "peer", "--port", "0", "-t", "1", "--device", "cpu"},
+                                            {STDOUT_FILENO, STDERR_FILENO}, {"TROUPE_RPC_DEBUG", "GGML_RPC_DEBUG", "TROUPE_LOG_LEVEL", env});
+    reader_ = std::thread([this, fd = out] {
       char buf[4096];
       for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) {
         std::lock_guard l(mu_);
