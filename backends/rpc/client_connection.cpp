@@ -117,9 +117,7 @@ void client::impl::handshake_locked() {
   try {
     reader r(g);
     if (r.u32() != greeting_magic) fail("not a troupe peer (bad greeting magic)");
-    server_ver.major = r.u16();
-    server_ver.minor = r.u16();
-    server_ver.patch = r.u16();
+    server_ver = read_version(r);
     flags = r.u32();
     std::memcpy(server_nonce.data(), r.bytes(server_nonce.size()).data(), server_nonce.size());
   } catch (const protocol_error& e) {
@@ -143,10 +141,7 @@ void client::impl::handshake_locked() {
   const std::vector<uint8_t> rep = call(command::hello, hello, 64);
   try {
     reader r(rep);
-    version v;
-    v.major = r.u16();
-    v.minor = r.u16();
-    v.patch = r.u16();
+    const version v = read_version(r);
     mac sp{};
     std::memcpy(sp.data(), r.bytes(sp.size()).data(), sp.size());
     r.done("hello reply");

@@ -200,6 +200,15 @@ class reader {
   size_t pos_ = 0;
 };
 
+// A protocol version as the greeting, hello and its reply carry it: major, minor, patch (u16 each).
+inline version read_version(reader& r) {
+  version v;
+  v.major = r.u16();
+  v.minor = r.u16();
+  v.patch = r.u16();
+  return v;
+}
+
 // ---- tensors on the wire ----
 
 // One tensor of a graph message (or of init_tensor / get_alloc_size). Leafs are memory that exists (weights,

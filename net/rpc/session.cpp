@@ -186,11 +186,7 @@ std::string session::describe(command c, std::span<const uint8_t> payload, const
   reader r(payload);
   try {
     switch (c) {
-      case command::hello: {
-        const uint16_t a = r.u16(), b = r.u16(), p = r.u16();
-        os << " client " << a << "." << b << "." << p;
-        break;
-      }
+      case command::hello: os << " client " << to_string(read_version(r)); break;
       case command::alloc_buffer: {
         const uint32_t d = r.u32();
         os << " device " << d << ", size " << r.u64();
@@ -263,11 +259,7 @@ std::string session::describe(command c, std::span<const uint8_t> payload, const
   reader out(rep.body);
   try {
     switch (c) {
-      case command::hello: {
-        const uint16_t a = out.u16(), b = out.u16(), p = out.u16();
-        os << "ok, server " << a << "." << b << "." << p;
-        break;
-      }
+      case command::hello: os << "ok, server " << to_string(read_version(out)); break;
       case command::device_count: os << out.u32() << " devices"; break;
       case command::alloc_buffer: {
         const uint64_t h = out.u64();
@@ -321,9 +313,7 @@ reply session::hello(std::span<const uint8_t> payload) {
   nonce cn{};
   mac proof{};
   try {
-    v.major = r.u16();
-    v.minor = r.u16();
-    v.patch = r.u16();
+    v = read_version(r);
     (void)r.u32();  // flags: none defined yet
     std::memcpy(cn.data(), r.bytes(cn.size()).data(), cn.size());
     std::memcpy(proof.data(), r.bytes(proof.size()).data(), proof.size());
