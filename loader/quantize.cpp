@@ -47,21 +47,13 @@ std::optional<quantize_recipe> quantize_recipe::parse(std::string_view name) {
   return r;
 }
 
-namespace {
-
-bool ends_with(std::string_view s, std::string_view tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-}  // namespace
-
 type quantize_recipe::type_for(std::string_view tensor, int layer, int n_layer, bool tied) const {
   if (!medium) return base;
   if (tensor == "output.weight" || (tied && tensor == "token_embd.weight")) return type::q6_K;
-  if (layer >= 0 && (ends_with(tensor, ".attn_v.weight") || ends_with(tensor, ".ffn_down.weight"))) {
+  if (layer >= 0 && (tensor.ends_with(".attn_v.weight") || tensor.ends_with(".ffn_down.weight"))) {
     return use_more_bits(layer, n_layer) ? type::q6_K : base;
   }
-  if (ends_with(tensor, ".attn_qkv.weight")) return base == type::q4_K ? type::q5_K : type::q6_K;
+  if (tensor.ends_with(".attn_qkv.weight")) return base == type::q4_K ? type::q5_K : type::q6_K;
   return base;
 }
 
@@ -106,7 +98,7 @@ namespace {
 
 // The block index of "blk.N.<name>", or -1.
 int layer_of(std::string_view name) {
-  if (name.rfind("blk.", 0) != 0) return -1;
+  if (!name.starts_with("blk.")) return -1;
   int n = 0;
   size_t i = 4;
   if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
@@ -147,7 +139,7 @@ quantize_report quantize_model(const std::filesystem::path& in, const std::files
   for (const gguf_tensor_info& t : f.tensors()) {
     const std::span<const std::byte> src(m.data() + t.file_offset, t.n_bytes);
     r.bytes_in += t.n_bytes;
-    const bool matrix = t.n_dims >= 2 && t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".weight") == 0;
+    const bool matrix = t.n_dims >= 2 && t.name.size() > 7 && t.name.ends_with(".weight");
     const type want = recipe.type_for(t.name, layer_of(t.name), n_layer, !has_output);
     const type target = matrix ? quantize_type_for(want, t.ne[0]) : t.type;
     if (target == t.type) {

@@ -60,7 +60,7 @@ std::string strip_vendor(const std::string& description) {
   static const char* const vendor_prefixes[] = {"NVIDIA ", "GeForce ", "Tesla ", "AMD ", "Radeon ", "Instinct "};
   std::string out = description;
   for (const char* prefix : vendor_prefixes) {
-    if (out.rfind(prefix, 0) == 0) out.erase(0, std::string_view(prefix).size());
+    if (out.starts_with(prefix)) out.erase(0, std::string_view(prefix).size());
   }
   return out;
 }
