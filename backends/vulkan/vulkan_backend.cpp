@@ -115,7 +115,7 @@ void backend::submit_open() {
   next_ = (next_ + 1) % n_frames;
 }
 
-bool backend::wait_oldest(std::chrono::microseconds timeout, int wake_fd) {
+bool backend::finish_oldest(std::chrono::microseconds timeout, int wake_fd) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     VkFence fence = VK_NULL_HANDLE;
@@ -147,8 +147,6 @@ bool backend::wait_oldest(std::chrono::microseconds timeout, int wake_fd) {
   }
 }
 
-bool backend::finish_oldest(std::chrono::microseconds timeout, int wake_fd) { return wait_oldest(timeout, wake_fd); }
-
 void backend::synchronize() {
   {
     std::lock_guard l(mu_);
@@ -159,7 +157,7 @@ void backend::synchronize() {
       std::lock_guard l(mu_);
       if (in_flight_.empty()) return;
     }
-    wait_oldest(std::chrono::hours(24 * 365), -1);
+    finish_oldest(std::chrono::hours(24 * 365), -1);
   }
 }
 

@@ -111,8 +111,6 @@ class backend final : public backend_i {
   frame& open_frame();
   // Ends and submits the open frame. Under mu_.
   void submit_open();
-  // Waits for the oldest frame in flight (up to timeout, or until wake_fd is readable); rethrows its failure.
-  bool wait_oldest(std::chrono::microseconds timeout, int wake_fd);
   void destroy_frames();
   // Puts a barrier before node when it depends on (or overwrites) what the nodes since the last one touched.
   void order(const tensor& node);
