@@ -106,13 +106,11 @@ void dequantize_row_f16(const void* vx, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = fp16_to_fp32(x[i]);
 }
 
-void vec_dot_f16_f16(int64_t n, float* s, const void* vx, const void* vy) {
+void vec_dot_f16_f32(int64_t n, float* s, const void* vx, const void* vy) {
   const fp16_t* x = static_cast<const fp16_t*>(vx);
-  const fp16_t* y = static_cast<const fp16_t*>(vy);
+  const float* y = static_cast<const float*>(vy);
   double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    sum += static_cast<double>(fp16_to_fp32(x[i])) * static_cast<double>(fp16_to_fp32(y[i]));
-  }
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(fp16_to_fp32(x[i])) * static_cast<double>(y[i]);
   *s = static_cast<float>(sum);
 }
 

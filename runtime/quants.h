@@ -196,7 +196,9 @@ void vec_dot_f32_f32(int64_t n, float* s, const void* x, const void* y);
 
 void quantize_row_f16_ref(const float* x, void* y, int64_t n);
 void dequantize_row_f16(const void* x, float* y, int64_t n);
-void vec_dot_f16_f16(int64_t n, float* s, const void* x, const void* y);
+// f16 weights against f32 activations: f16 rows are multiplied with activations kept in f32 (not rounded to
+// f16 first, as llama.cpp does), so an f16 model computes what the f32 model rounded to f16 computes.
+void vec_dot_f16_f32(int64_t n, float* s, const void* x, const void* y);
 
 void quantize_row_bf16_ref(const float* x, void* y, int64_t n);
 void dequantize_row_bf16(const void* x, float* y, int64_t n);

@@ -55,7 +55,7 @@ table make_table() {
   set(type::f32, computable("f32", 1, sizeof(float), false, dequantize_row_f32, quantize_row_f32_ref,
                             vec_dot_f32_f32, type::f32));
   set(type::f16, computable("f16", 1, sizeof(fp16_t), false, dequantize_row_f16, quantize_row_f16_ref,
-                            vec_dot_f16_f16, type::f16));
+                            vec_dot_f16_f32, type::f32));
   set(type::bf16, computable("bf16", 1, sizeof(bf16_t), false, dequantize_row_bf16, quantize_row_bf16_ref,
                              vec_dot_bf16_bf16, type::bf16));
 

@@ -361,10 +361,11 @@ void mul_mat_fast(const compute_params& params, tensor& node, const mm_plan& p) 
   const uint8_t* b_conv = convert_b(params, b, vdt, kt.quantize(vdt), p);
   // Each thread prepares the rows it converted: no sync between the two.
   const uint8_t* b_tile = prepare_b(params, b, a.type, b_conv, p);
-  // Float weights cost little to load, so their tiles only pay while the tile's rows of b stay in L1 (f16 at
-  // k = 4096 and 4 rows of b was slower as a tile than row by row); quantized ones pay at any size.
+  // Float weights cost little to load, so in matrix-vector products (a few rows of b, weights streamed from
+  // memory) their tiles only pay while the tile's rows of b stay in L1 (f16 at k = 4096 and 4 rows of b was
+  // slower as a tile than row by row); quantized ones pay at any size, and so do matrix-matrix tiles.
   simd::vec_dot_tile_fn dot_tile = kt.dot_tile(a.type);
-  if (is_float_type(a.type)) {
+  if (is_float_type(a.type) && b.ne[1] < fast_tile_n) {
     const size_t b_row = p.convert_b ? p.b_row_bytes : static_cast<size_t>(b.ne[0]) * sizeof(float);
     if (b_row * static_cast<size_t>(std::min<int64_t>(b.ne[1], 4)) > simd::tile_prepared_budget) dot_tile = nullptr;
   }

@@ -667,7 +667,7 @@ TEST_CASE("type table: ids, names, block sizes, supported flags", "[types]") {
   CHECK(traits(type::q4_1).vec_dot_type == type::q8_1);
   CHECK(traits(type::q5_1).vec_dot_type == type::q8_1);
   for (type t : {type::q2_K, type::q3_K, type::q4_K, type::q5_K, type::q6_K, type::q8_K}) CHECK(traits(t).vec_dot_type == type::q8_K);
-  CHECK(traits(type::f16).vec_dot_type == type::f16);
+  CHECK(traits(type::f16).vec_dot_type == type::f32);  // activations stay f32 against f16 weights
   CHECK(traits(type::bf16).vec_dot_type == type::bf16);
   CHECK(traits(type::f32).vec_dot_type == type::f32);
   CHECK(row_size(type::q4_K, 4096) == 16 * 144);

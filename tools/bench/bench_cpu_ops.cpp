@@ -12,6 +12,7 @@
 //   matmul/<w>/<path>/b<n>/threads:N  mul_mat of 4096 x 4096 weights by n f32 vectors; GFLOPS = 2 m k n per
 //                                  second. path: auto (the backend's choice), quant (SIMD dot products,
 //                                  BLAS off), blas (dequantize + sgemm forced).
+//   matmul_shape/<w>/<path>/<m>x<k>/b512/threads:N  the same at SmolLM2-135M's shapes by 512 rows (a prompt).
 //   sgemm/b<n>/threads:N           OpenBLAS cblas_sgemm alone at the same size, OpenBLAS on N threads,
 //                                  registered just before the matmuls of the same batch and thread count.
 //   dispatch/threads:N             thread_pool::run of an empty job: the cost of waking N threads and
@@ -117,6 +118,24 @@ void register_all() {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   };
+  // A prompt's products at SmolLM2-135M's shapes (576 x 576 attention, 1536 x 576 up / gate, 576 x 1536 down)
+  // by 512 rows, the paths side by side: where the 4096 x 4096 sweep below streams its rows through L2, these
+  // keep a tile's rows in L1 as a small model's prompt does.
+  for (type t : {type::f32, type::f16, type::q4_0, type::q4_1, type::q8_0, type::q4_K, type::q6_K}) {
+    for (auto [m, k] : {std::pair<int64_t, int64_t>{576, 576}, {1536, 576}, {576, 1536}}) {
+      if (k % traits(t).block_size != 0) continue;
+      for (int nth : threads) {
+        for (auto [path, pname] : {std::pair{bench::mm_path::quant, "quant"}, std::pair{bench::mm_path::blas, "blas"}}) {
+          const std::string name = "matmul_shape/" + std::string(type_name(t)) + "/" + pname + "/" +
+                                   std::to_string(m) + "x" + std::to_string(k) + "/b512/threads:" + std::to_string(nth);
+          benchmark::RegisterBenchmark(name.c_str(), bm_workload,
+                                       [t, path, m, k, nth] { return bench::make_matmul(t, path, m, k, 512, nth); })
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
+      }
+    }
+  }
   // Per batch and thread count: the OpenBLAS sgemm baseline next to ours, so that a ratio compares numbers
   // taken seconds apart; auto at the batches the targets name, quant and blas at every batch (the BLAS
   // crossover sweep).

@@ -1,5 +1,5 @@
 // AVX2 + FMA + F16C dot products of the plain float types and the 32-value block types against their
-// activation formats (f32 / f16 / bf16 as is, q8_0, q8_1). Compiled with -mavx2 -mfma -mf16c only.
+// activation formats (f32 for f32 and f16 weights, bf16, q8_0, q8_1). Compiled with -mavx2 -mfma -mf16c only.
 #include <type_traits>
 
 #include "backends/cpu/simd/x86_common.h"
@@ -31,10 +31,12 @@ inline float scalar_f32(float f) { return f; }
 
 // x (one row) against NC rows of y: 32 values per iteration in four accumulators per row of y, x loaded (and
 // converted) once for up to 2 of them (16 ymm registers); a scalar tail.
-// L: the element type T, load (8 values as floats) and scalar (one value as a float).
-template <class L>
+// L: the element type T, load (8 values as floats) and scalar (one value as a float); LY the same for the
+// rows of y (f16 weights are multiplied with f32 activations).
+template <class L, class LY = L>
 struct float_tile {
   using T = typename L::T;
+  using TY = typename LY::T;
 
   template <int NC>
   static void run(int64_t n, const void* vx, const void* const* vy, float* out) {
@@ -43,26 +45,26 @@ struct float_tile {
       run<NC - 2>(n, vx, vy + 2, out + 2);
     } else {
       const T* x = static_cast<const T*>(vx);
-      const T* y[NC];
+      const TY* y[NC];
       __m256 acc[NC][4];
       for (int c = 0; c < NC; ++c) {
-        y[c] = static_cast<const T*>(vy[c]);
+        y[c] = static_cast<const TY*>(vy[c]);
         for (int j = 0; j < 4; ++j) acc[c][j] = _mm256_setzero_ps();
       }
       int64_t i = 0;
       for (; i + 32 <= n; i += 32) {
         for (int j = 0; j < 4; ++j) {
           const __m256 xv = L::load(x + i + 8 * j);
-          for (int c = 0; c < NC; ++c) acc[c][j] = _mm256_fmadd_ps(xv, L::load(y[c] + i + 8 * j), acc[c][j]);
+          for (int c = 0; c < NC; ++c) acc[c][j] = _mm256_fmadd_ps(xv, LY::load(y[c] + i + 8 * j), acc[c][j]);
         }
       }
       for (; i + 8 <= n; i += 8) {
         const __m256 xv = L::load(x + i);
-        for (int c = 0; c < NC; ++c) acc[c][0] = _mm256_fmadd_ps(xv, L::load(y[c] + i), acc[c][0]);
+        for (int c = 0; c < NC; ++c) acc[c][0] = _mm256_fmadd_ps(xv, LY::load(y[c] + i), acc[c][0]);
       }
       for (int c = 0; c < NC; ++c) {
         float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc[c][0], acc[c][1]), _mm256_add_ps(acc[c][2], acc[c][3])));
-        for (int64_t t = i; t < n; ++t) sum += L::scalar(x[t]) * L::scalar(y[c][t]);
+        for (int64_t t = i; t < n; ++t) sum += L::scalar(x[t]) * LY::scalar(y[c][t]);
         out[c] = sum;
       }
     }
@@ -85,7 +87,7 @@ struct bf16_loads {
   static float scalar(uint16_t v) { return scalar_bf16(v); }
 };
 using f32_tile = float_tile<f32_loads>;
-using f16_tile = float_tile<f16_loads>;
+using f16_tile = float_tile<f16_loads, f32_loads>;  // f16 weights, f32 activations
 using bf16_tile = float_tile<bf16_loads>;
 
 }  // namespace

@@ -1,14 +1,17 @@
 // AVX-512 (F/BW/VL/DQ + VNNI) dot products. Compiled with -mavx2 -mfma -mf16c -mavx512f -mavx512bw
 // -mavx512vl -mavx512dq -mavx512vnni.
 //
-//   - f32 / f16: 64 values per iteration in four zmm accumulators, the tail with masked loads; tiles of up
-//     to 4 activation rows load (and convert) the weights once.
+//   - f32 / f16 weights against f32 activations: register tiles of up to 4 weight rows x 6 activation rows
+//     (float_gemm below), one accumulator per element, the tail with masked loads.
 //   - 32-value block types: the code of dot_blocks_x86.inc, whose byte products go through vpdpbusd (one
 //     instruction instead of maddubs + madd) on ymm registers; q4_0, q4_1 and q8_0, the most common of
 //     them, two blocks per zmm register (below).
 //   - vec_dot_*_tile: the same dot products against several activation rows at once, each weight block
 //     decoded once (dot_tile in x86_common.h), every element bit-identical to the one-row function's.
+#include <algorithm>
+#include <array>
 #include <type_traits>
+#include <utility>
 
 #include "backends/cpu/simd/x86_common.h"
 #include "backends/cpu/simd/x86_kernels.h"
@@ -406,46 +409,88 @@ inline __m512 load_f32_tail(const float* p, __mmask16 m) { return _mm512_maskz_l
 inline __m512 load_f16(const uint16_t* p) { return _mm512_cvtph_ps(load256(p)); }
 inline __m512 load_f16_tail(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 
-// x (one row) against NC rows of y: 64 values per iteration in four accumulators per row of y, x loaded
-// (and converted) once for all of them.
-// L: the element type T, load (16 values as floats) and load_tail (the first values of a mask); LY the
-// same for y (its rows may be of another type: f16 weights against rows prepared as f32).
-template <class L, class LY = L>
-struct float_tile {
-  using T = typename L::T;
-  using TY = typename LY::T;
+// Float weights (f32, f16) against f32 activation rows: register tiles of RM weight rows x RN activation rows,
+// one zmm accumulator per element, 16 values per step: the RM weight vectors are loaded (and converted)
+// once for the RN rows and each activation vector once for the RM rows, so a 4 x 6 tile does 24 FMAs for
+// 10 loads (the one-row-of-weights tiles of the quantized types would be load-bound here). Every element is
+// one chain of FMAs over its 16-value slices, in order, the masked tail last, and one reduce_add: the same
+// operations whatever the tile, so vec_dot (a 1 x 1 tile), vec_dot_rows and the tiles are bit-identical.
+// LX: the weights' element type T, load (16 values as floats) and load_tail (the first values of a mask).
+template <class LX>
+struct float_gemm {
+  using T = typename LX::T;
 
-  template <int NC>
-  static void run(int64_t n, const void* vx, const void* const* vy, float* out) {
-    const T* x = static_cast<const T*>(vx);
-    const TY* y[NC];
-    __m512 acc[NC][4];
-    for (int c = 0; c < NC; ++c) {
-      y[c] = static_cast<const TY*>(vy[c]);
-      for (int j = 0; j < 4; ++j) acc[c][j] = _mm512_setzero_ps();
+  template <int RM, int RN>
+  static void run(int64_t n, const char* x, size_t x_stride, const char* y, size_t y_stride, float* s,
+                  size_t s_stride) {
+    const T* xr[RM];
+    const float* yr[RN];
+    for (int r = 0; r < RM; ++r) xr[r] = reinterpret_cast<const T*>(x + static_cast<size_t>(r) * x_stride);
+    for (int c = 0; c < RN; ++c) yr[c] = reinterpret_cast<const float*>(y + static_cast<size_t>(c) * y_stride);
+    __m512 acc[RM][RN];
+    for (int r = 0; r < RM; ++r) {
+      for (int c = 0; c < RN; ++c) acc[r][c] = _mm512_setzero_ps();
     }
     int64_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-      for (int j = 0; j < 4; ++j) {
-        const __m512 xv = L::load(x + i + 16 * j);
-        for (int c = 0; c < NC; ++c) acc[c][j] = _mm512_fmadd_ps(xv, LY::load(y[c] + i + 16 * j), acc[c][j]);
-      }
-    }
     for (; i + 16 <= n; i += 16) {
-      const __m512 xv = L::load(x + i);
-      for (int c = 0; c < NC; ++c) acc[c][0] = _mm512_fmadd_ps(xv, LY::load(y[c] + i), acc[c][0]);
+      __m512 xv[RM];
+      for (int r = 0; r < RM; ++r) xv[r] = LX::load(xr[r] + i);
+      for (int c = 0; c < RN; ++c) {
+        const __m512 yv = load_f32(yr[c] + i);
+        for (int r = 0; r < RM; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], yv, acc[r][c]);
+      }
     }
     if (i < n) {
       const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-      const __m512 xv = L::load_tail(x + i, m);
-      for (int c = 0; c < NC; ++c) acc[c][1] = _mm512_fmadd_ps(xv, LY::load_tail(y[c] + i, m), acc[c][1]);
+      __m512 xv[RM];
+      for (int r = 0; r < RM; ++r) xv[r] = LX::load_tail(xr[r] + i, m);
+      for (int c = 0; c < RN; ++c) {
+        const __m512 yv = load_f32_tail(yr[c] + i, m);
+        for (int r = 0; r < RM; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], yv, acc[r][c]);
+      }
     }
-    for (int c = 0; c < NC; ++c) {
-      out[c] = _mm512_reduce_add_ps(
-          _mm512_add_ps(_mm512_add_ps(acc[c][0], acc[c][1]), _mm512_add_ps(acc[c][2], acc[c][3])));
+    for (int c = 0; c < RN; ++c) {
+      for (int r = 0; r < RM; ++r) s[static_cast<size_t>(c) * s_stride + static_cast<size_t>(r)] = _mm512_reduce_add_ps(acc[r][c]);
     }
   }
 };
+
+constexpr int gemm_rm = 4;  // weight rows per register tile
+constexpr int gemm_rn = 6;  // activation rows per register tile (4 x 6 accumulators + 4 + 1 of 32 zmm)
+
+using gemm_fn = void (*)(int64_t, const char*, size_t, const char*, size_t, float*, size_t);
+
+template <class K, int RM, int... RN>
+constexpr std::array<gemm_fn, sizeof...(RN)> gemm_row_of(std::integer_sequence<int, RN...>) {
+  return {&K::template run<RM, RN + 1>...};
+}
+
+template <class K, int... RM>
+constexpr std::array<std::array<gemm_fn, gemm_rn>, sizeof...(RM)> gemm_table_of(std::integer_sequence<int, RM...>) {
+  return {gemm_row_of<K, RM + 1>(std::make_integer_sequence<int, gemm_rn>{})...};
+}
+
+// gemm_table<K>[rm - 1][rn - 1]: K::run<rm, rn>.
+template <class K>
+constexpr auto gemm_table = gemm_table_of<K>(std::make_integer_sequence<int, gemm_rm>{});
+
+// s[c * s_stride + r] = dot(row r of x, row c of y) for r < nrows, c < ncols, in register tiles: for each
+// group of gemm_rm weight rows (reused from L1), every group of gemm_rn activation rows.
+template <class K>
+void gemm_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x, size_t x_stride,
+               const void* y, size_t y_stride) {
+  const char* xb = static_cast<const char*>(x);
+  const char* yb = static_cast<const char*>(y);
+  for (int64_t r0 = 0; r0 < nrows; r0 += gemm_rm) {
+    const int64_t rm = std::min<int64_t>(gemm_rm, nrows - r0);
+    for (int64_t c0 = 0; c0 < ncols; c0 += gemm_rn) {
+      const int64_t rn = std::min<int64_t>(gemm_rn, ncols - c0);
+      gemm_table<K>[static_cast<size_t>(rm - 1)][static_cast<size_t>(rn - 1)](
+          n, xb + static_cast<size_t>(r0) * x_stride, x_stride, yb + static_cast<size_t>(c0) * y_stride, y_stride,
+          s + static_cast<size_t>(c0) * s_stride + static_cast<size_t>(r0), s_stride);
+    }
+  }
+}
 
 struct f32_loads {
   using T = float;
@@ -457,30 +502,24 @@ struct f16_loads {
   static __m512 load(const uint16_t* p) { return load_f16(p); }
   static __m512 load_tail(const uint16_t* p, __mmask16 m) { return load_f16_tail(p, m); }
 };
-using f32_tile = float_tile<f32_loads>;
-using f16_tile = float_tile<f16_loads>;
-// f16 weights against activation rows prepared as f32 (tile_prepare_f16: the f16 values converted once per
-// row, exactly): a tile of 4 activation rows converts one block of weights instead of five blocks, and every
-// element is the same sum of the same products as vec_dot_f16's.
-using f16_prepared_tile = float_tile<f16_loads, f32_loads>;
+using f32_gemm = float_gemm<f32_loads>;
+using f16_gemm = float_gemm<f16_loads>;
 
 }  // namespace
 
-TROUPE_SIMD_TILE(vec_dot_f32, f32_tile)
-TROUPE_SIMD_TILE(vec_dot_f16, f16_tile)
-TROUPE_SIMD_TILE(vec_dot_f16_prepared, f16_prepared_tile)
-
-void tile_prepare_f16(int64_t n, const void* y, void* out) {
-  const auto* h = static_cast<const uint16_t*>(y);
-  auto* f = static_cast<float*>(out);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(f + i, load_f16(h + i));
-  if (i < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    _mm512_mask_storeu_ps(f + i, m, load_f16_tail(h + i, m));
+#define TROUPE_SIMD_FLOAT_GEMM(name, K)                                                                        \
+  void name(int64_t n, float* s, const void* x, const void* y) {                                               \
+    K::run<1, 1>(n, static_cast<const char*>(x), 0, static_cast<const char*>(y), 0, s, 1);                     \
+  }                                                                                                            \
+  void name##_rows(int64_t n, int64_t nrows, float* s, const void* x, size_t x_stride, const void* y) {        \
+    gemm_tile<K>(n, nrows, 1, s, 1, x, x_stride, y, 0);                                                        \
+  }                                                                                                            \
+  void name##_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x,          \
+                   size_t x_stride, const void* y, size_t y_stride) {                                          \
+    gemm_tile<K>(n, nrows, ncols, s, s_stride, x, x_stride, y, y_stride);                                      \
   }
-}
-
-size_t tile_prepared_size_f16(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
+TROUPE_SIMD_FLOAT_GEMM(vec_dot_f32, f32_gemm)
+TROUPE_SIMD_FLOAT_GEMM(vec_dot_f16, f16_gemm)
+#undef TROUPE_SIMD_FLOAT_GEMM
 
 }  // namespace troupe::cpu::simd::avx512

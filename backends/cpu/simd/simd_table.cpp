@@ -115,6 +115,9 @@ kernel_table avx2_table() {
   set(t.to_float, type::f16, dequantize_row_f16);
   set(t.to_float, type::bf16, dequantize_row_bf16);
   set(t.to_float, type::q4_0, dequantize_row_q4_0);
+  set(t.to_float, type::q4_1, dequantize_row_q4_1);
+  set(t.to_float, type::q5_0, dequantize_row_q5_0);
+  set(t.to_float, type::q5_1, dequantize_row_q5_1);
   set(t.to_float, type::q8_0, dequantize_row_q8_0);
   set(t.to_float, type::q4_K, dequantize_row_q4_K);
   set(t.to_float, type::q6_K, dequantize_row_q6_K);
@@ -139,7 +142,7 @@ kernel_table avx512_table() {
   set_dot(t, type::q4_K, vec_dot_q4_K, vec_dot_q4_K_rows);
   // Every tile of a type whose dot this level replaces (q5_K, q6_K keep the AVX2 ones, with their dots).
   set_tile(t, type::f32, vec_dot_f32_tile);
-  set_tile(t, type::f16, vec_dot_f16_tile, vec_dot_f16_prepared_tile, tile_prepare_f16, tile_prepared_size_f16);
+  set_tile(t, type::f16, vec_dot_f16_tile);
   set_tile(t, type::q4_0, vec_dot_q4_0_tile, vec_dot_q4_0_prepared_tile, tile_prepare_q4_0, tile_prepared_size);
   set_tile(t, type::q4_1, vec_dot_q4_1_tile, vec_dot_q4_1_prepared_tile, tile_prepare_q4_1, tile_prepared_size);
   set_tile(t, type::q5_0, vec_dot_q5_0_tile, vec_dot_q5_0_prepared_tile, tile_prepare_q5_0, tile_prepared_size_s);

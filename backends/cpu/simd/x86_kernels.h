@@ -77,6 +77,9 @@ TROUPE_SIMD_QUANT(quantize_row_bf16);
 TROUPE_SIMD_DEQUANT(dequantize_row_f16);
 TROUPE_SIMD_DEQUANT(dequantize_row_bf16);
 TROUPE_SIMD_DEQUANT(dequantize_row_q4_0);
+TROUPE_SIMD_DEQUANT(dequantize_row_q4_1);
+TROUPE_SIMD_DEQUANT(dequantize_row_q5_0);
+TROUPE_SIMD_DEQUANT(dequantize_row_q5_1);
 TROUPE_SIMD_DEQUANT(dequantize_row_q8_0);
 TROUPE_SIMD_DEQUANT(dequantize_row_q4_K);
 TROUPE_SIMD_DEQUANT(dequantize_row_q6_K);
@@ -89,10 +92,6 @@ void swiglu_row(int64_t n, const float* x, const float* g, float* y);
 namespace avx512 {
 TROUPE_SIMD_DOT(vec_dot_f32);
 TROUPE_SIMD_DOT(vec_dot_f16);
-TROUPE_SIMD_DOT(vec_dot_f16_prepared);  // (only its tile is used: f16 weights against rows of f32)
-TROUPE_SIMD_TILE_DECL(vec_dot_f16_prepared);
-void tile_prepare_f16(int64_t n, const void* y, void* out);  // f16 -> f32, exactly
-size_t tile_prepared_size_f16(int64_t n);
 TROUPE_SIMD_DOT(vec_dot_q4_0);
 TROUPE_SIMD_DOT(vec_dot_q4_1);
 TROUPE_SIMD_DOT(vec_dot_q5_0);
