@@ -241,7 +241,11 @@ tensor* mul_mat(context& ctx, tensor* a, tensor* b) {
   require(a->ne[0] == b->ne[0], "mul_mat", "a.ne[0] != b.ne[0]", {a, b});
   require(b->ne[2] % a->ne[2] == 0 && b->ne[3] % a->ne[3] == 0, "mul_mat",
           "a cannot be broadcast over dims 2 and 3 of b", {a, b});
-  require(is_contiguous_rows(*a), "mul_mat", "a's rows must be contiguous (a transposed a needs cont first)",
+  // a's rows contiguous, or a an f32 / f16 matrix read transposed (column-major: nb[1] is the element size,
+  // as V in a row per cache cell), which the CPU multiplies as sums of a's rows.
+  const bool column_major = (a->type == type::f32 || a->type == type::f16) && a->nb[1] == type_size(a->type);
+  require(is_contiguous_rows(*a) || column_major, "mul_mat",
+          "a's rows must be contiguous, or a an f32 / f16 matrix read transposed (another transposed a needs cont first)",
           {a, b});
   return new_node(ctx, op::mul_mat, type::f32, {a->ne[1], b->ne[1], b->ne[2], b->ne[3]}, {a, b});
 }

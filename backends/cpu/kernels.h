@@ -35,9 +35,14 @@ bool supports_op(const tensor& node);
 size_t work_size(const tensor& node, int nth, bool reference);
 
 // Matrix products whose b has at least this many rows (tokens) per plane run as OpenBLAS sgemm when troupe
-// is built with it (never in reference mode). The defaults are the crossovers measured by bench_cpu_ops
-// (docs/performance.md), per weight type.
+// is built with it (never in reference mode). By default that is never: troupe's own kernels compute every
+// element of a product the same way whatever the batch, so a sequence's tokens do not depend on which other
+// sequences (or how many prompt tokens) shared its batch, and sgemm (f32 activations against dequantized
+// weights, its own summation order) would break that at the crossover. TROUPE_CPU_BLAS=on (or 1) trades
+// that for the crossovers measured by bench_cpu_ops (docs/performance.md), per weight type: faster prompts
+// where OpenBLAS has AVX2 / AVX-512 kernels and troupe's are slower.
 int64_t blas_min_batch(type weights);
+bool blas_crossovers_enabled();  // TROUPE_CPU_BLAS is on (read once)
 // The kernels OpenBLAS picked for this CPU (its core name), and the crossover for a weight type given them,
 // whether troupe's kernels run SIMD code, and whether they have native bf16 dot products (blas_min_batch is
 // this for the running process; INT64_MAX: never).

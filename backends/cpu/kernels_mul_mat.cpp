@@ -4,7 +4,9 @@
 // strides; b: [k, n, ne2b, ne3b] f32, any strides; dst: [m, n, ne2b, ne3b] f32 with dense rows.
 // r2 = ne2b / ne2a, r3 = ne3b / ne3a: consecutive b planes share one a plane (grouped-query attention).
 //
-// Three paths; every one computes each element of dst with one dot product of a row of a and a row of b
+// a column-major (a transposed view of f32 / f16 rows, V of the attention): mul_mat_columns below.
+//
+// Otherwise three paths; every one computes each element of dst with one dot product of a row of a and a row of b
 // converted to a's vec_dot_type, so the result does not depend on the thread count.
 //
 // Reference path (params.reference): every row of b is converted once to a's vec_dot_type into the work
@@ -22,12 +24,13 @@
 // (tile_prepared_budget). Tile elements are bit-identical to vec_dot's, so a sequence's logits do not depend
 // on which other sequences were decoded in the same batch.
 //
-// BLAS path (TROUPE_HAVE_BLAS, not reference, n >= blas_min_batch(a.type)): each thread takes a range of
+// BLAS path (TROUPE_HAVE_BLAS, TROUPE_CPU_BLAS=on, not reference, n >= blas_min_batch(a.type)): each thread takes a range of
 // a's rows, dequantizes it into the work buffer (unless a is f32 that sgemm can read in place) and calls a
 // single-threaded cblas_sgemm for those columns of dst. OpenBLAS runs on troupe's threads rather than its
 // own pool, so the two never compete for cores; its thread count is set to 1 around the op and restored.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <string_view>
 
@@ -122,9 +125,24 @@ int64_t blas_min_batch_for(type t, blas_kernels family, bool simd, bool bf16_nat
   return 64;
 }
 
+bool blas_crossovers_enabled() {
+#ifdef TROUPE_HAVE_BLAS
+  static const bool on = [] {
+    const char* env = std::getenv("TROUPE_CPU_BLAS");
+    return env != nullptr && (std::string_view(env) == "1" || std::string_view(env) == "on");
+  }();
+  return on;
+#else
+  return false;
+#endif
+}
+
 namespace {
 
 int64_t default_blas_min_batch(type t) {
+  // Batch invariance first: without TROUPE_CPU_BLAS every product runs troupe's own kernels, whose
+  // elements do not depend on the batch (a sequence's logits are the same alone or next to others).
+  if (!blas_crossovers_enabled()) return never;
   const simd::kernel_table& kt = simd::active_table();
   return blas_min_batch_for(t, blas_kernel_family(), kt.level != isa::scalar, kt.bf16_native);
 }
@@ -472,6 +490,33 @@ void mul_mat_blas(const compute_params& params, tensor& node, const mm_plan& p) 
 }
 #endif
 
+// a column-major (f32 / f16 with nb[1] == the element size: a row of a per value of the summed dimension,
+// e.g. V in a row per cache cell, read transposed) and b with dense f32 rows: dst's columns are sums of a's
+// rows scaled by b's values (mad_tile, simd.h), each element summed in order of a's rows whatever the
+// tile or thread. Threads split (plane, tile of b columns).
+bool column_major(const tensor& a) {
+  return (a.type == type::f32 || a.type == type::f16) && a.nb[1] == type_size(a.type) && a.nb[0] != a.nb[1];
+}
+
+void mul_mat_columns(const compute_params& params, tensor& node) {
+  const tensor& a = *node.src[0];
+  const tensor& b = *node.src[1];
+  const int64_t k = a.ne[0], m = a.ne[1], n = b.ne[1];
+  const int64_t r2 = b.ne[2] / a.ne[2], r3 = b.ne[3] / a.ne[3];
+  const simd::mad_tile_fn mad = (params.reference ? simd::table(isa::scalar) : simd::active_table()).mad(a.type);
+  constexpr int64_t cols_per = 6;
+  const int64_t tiles_n = (n + cols_per - 1) / cols_per;
+  const int64_t n_planes = b.ne[2] * b.ne[3];
+  const item_range items = split_range(n_planes * tiles_n, params.ith, params.nth);
+  for (int64_t t = items.begin; t < items.end; ++t) {
+    const int64_t plane = t / tiles_n;
+    const int64_t j0 = (t % tiles_n) * cols_per;
+    const int64_t i2 = plane % b.ne[2], i3 = plane / b.ne[2];
+    mad(k, m, std::min(cols_per, n - j0), addr(a, 0, 0, i2 / r2, i3 / r3), a.nb[0], addr(b, 0, j0, i2, i3), b.nb[1],
+        reinterpret_cast<float*>(addr(node, 0, j0, i2, i3)), node.nb[1] / sizeof(float));
+  }
+}
+
 }  // namespace
 
 bool supports_mul_mat(const tensor& node) {
@@ -479,6 +524,7 @@ bool supports_mul_mat(const tensor& node) {
   const tensor* b = node.src[1];
   if (a == nullptr || b == nullptr || b->type != type::f32 || node.type != type::f32) return false;
   if (!dense_rows(node, 4)) return false;
+  if (column_major(*a)) return dense_rows(*b, 4);
   const type_traits& ta = traits(a->type);
   if (!ta.supported || ta.vec_dot == nullptr || ta.to_float == nullptr) return false;
   if (a->nb[0] != ta.type_size) return false;  // vec_dot and to_float read dense rows of blocks
@@ -488,6 +534,7 @@ bool supports_mul_mat(const tensor& node) {
 }
 
 size_t mul_mat_work_size(const tensor& node, int nth, bool reference) {
+  if (node.src[0] != nullptr && column_major(*node.src[0])) return 0;
   return plan_mul_mat(node, nth, reference).total;
 }
 
@@ -495,6 +542,7 @@ void compute_mul_mat(const compute_params& params, tensor& node) {
   if (!supports_mul_mat(node)) {
     unsupported(node, "needs a of a supported type with dense rows, f32 b and f32 dst with dense rows");
   }
+  if (column_major(*node.src[0])) return mul_mat_columns(params, node);
   const mm_plan p = plan_mul_mat(node, params.nth, params.reference);
   require_work(params, node, p.total);
 #ifdef TROUPE_HAVE_BLAS

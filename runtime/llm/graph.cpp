@@ -22,8 +22,8 @@ graph_builder::graph_builder(context& c, const model& mdl, const kv_cache& cache
   }
   in.k_idx = ctx.new_tensor_1d(type::i64, n);
   in.k_idx->set_name("inp_k_idx");
-  in.v_idx = kv.v_trans() ? ctx.new_tensor_1d(type::i64, static_cast<int64_t>(hp.n_embd_v_gqa()) * n) : in.k_idx;
-  in.v_idx->set_name(kv.v_trans() ? "inp_v_idx" : "inp_k_idx");
+  in.v_idx = kv.any_v_trans() ? ctx.new_tensor_1d(type::i64, static_cast<int64_t>(hp.n_embd_v_gqa()) * n) : in.k_idx;
+  in.v_idx->set_name(kv.any_v_trans() ? "inp_v_idx" : "inp_k_idx");
   in.out_ids = ctx.new_tensor_1d(type::i32, s.n_outputs);
   in.out_ids->set_name("inp_out_ids");
   for (tensor* t : {in.tokens, in.pos, in.mask, in.mask_swa, in.k_idx, in.v_idx, in.out_ids}) {
@@ -65,7 +65,8 @@ tensor* graph_builder::attention(uint32_t il, tensor* q, tensor* k, tensor* v, f
   // set_rows results, so the graph orders every write before the reads.
   tensor* k_stored = set_rows(ctx, ck, reshape(ctx, k, n_embd_k, n_tokens), in.k_idx);
   tensor* v_stored;
-  if (kv.v_trans()) {
+  const bool v_trans = kv.v_trans(il);
+  if (v_trans) {
     // One element per "row": element (d, t) of v goes to cache element d * n_ctx + cell(t).
     tensor* cells = view_2d(ctx, cv, 1, static_cast<int64_t>(kv.size()) * n_embd_v, type_size(cv->type), 0);
     v_stored = set_rows(ctx, cells, reshape(ctx, v, 1, n_embd_v * n_tokens), in.v_idx);
@@ -81,12 +82,17 @@ tensor* graph_builder::attention(uint32_t il, tensor* q, tensor* k, tensor* v, f
 
   tensor* vt;  // [n_kv, hd_v, h_kv]
   const size_t esz = type_size(cv->type);
-  if (kv.v_trans()) {
+  if (v_trans) {
     vt = view_3d(ctx, v_stored, n_kv, hd_v, n_head_kv, kv.size() * esz, kv.size() * esz * static_cast<size_t>(hd_v), 0);
   } else {
     tensor* vq = view_3d(ctx, v_stored, hd_v, n_kv, n_head_kv, row_size(cv->type, n_embd_v), row_size(cv->type, hd_v), 0);
-    tensor* vf = cpy(ctx, vq, ctx.new_tensor_3d(type::f32, hd_v, n_kv, n_head_kv));
-    vt = cont(ctx, permute(ctx, vf, 1, 0, 2, 3));
+    if (is_quantized(cv->type)) {
+      tensor* vf = cpy(ctx, vq, ctx.new_tensor_3d(type::f32, hd_v, n_kv, n_head_kv));
+      vt = cont(ctx, permute(ctx, vf, 1, 0, 2, 3));
+    } else {
+      // A row per cell, read as columns: the CPU's product walks V's rows in cell order (see kv_cache).
+      vt = permute(ctx, vq, 1, 0, 2, 3);
+    }
   }
   tensor* kqv = mul_mat(ctx, vt, kq);                 // [hd_v, n_tok, h]
   tensor* out = cont(ctx, permute(ctx, kqv, 0, 2, 1, 3));  // [hd_v, h, n_tok]

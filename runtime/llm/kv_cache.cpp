@@ -31,20 +31,21 @@ kv_cache::kv_cache(const model& m, const kv_cache_params& p)
   }
   // Round the cell count up to the padding so n_kv never exceeds it.
   n_ctx_ = (n_ctx_ + pad - 1) / pad * pad;
-  v_trans_ = !is_quantized(type_v_);
   cells_.assign(n_ctx_, cell{});
 
   ctx_ = std::make_unique<context>(context_params{.max_tensors = 2 * hp.n_layer + 2, .no_alloc = true});
   std::map<buffer_type_i*, std::vector<tensor*>> by_buft;
   for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    buffer_type_i* bt = m.layers()[il].buft;
+    const bool trans = !is_quantized(type_v_) && (bt == nullptr || !bt->is_host());
+    v_trans_.push_back(trans);
     tensor* k = ctx_->new_tensor_2d(type_k_, hp.n_embd_k_gqa(), n_ctx_);
-    tensor* v = v_trans_ ? ctx_->new_tensor_2d(type_v_, n_ctx_, hp.n_embd_v_gqa())
-                         : ctx_->new_tensor_2d(type_v_, hp.n_embd_v_gqa(), n_ctx_);
+    tensor* v = trans ? ctx_->new_tensor_2d(type_v_, n_ctx_, hp.n_embd_v_gqa())
+                      : ctx_->new_tensor_2d(type_v_, hp.n_embd_v_gqa(), n_ctx_);
     k->set_name("cache_k_l" + std::to_string(il));
     v->set_name("cache_v_l" + std::to_string(il));
     k_.push_back(k);
     v_.push_back(v);
-    buffer_type_i* bt = m.layers()[il].buft;
     by_buft[bt].push_back(k);
     by_buft[bt].push_back(v);
   }
@@ -72,6 +73,10 @@ void kv_cache::check_seq(int32_t seq, const char* what) const {
     throw error(std::string("kv cache: ") + what + ": sequence id " + std::to_string(seq) + " outside 0.." +
                 std::to_string(n_seq_max_ - 1));
   }
+}
+
+bool kv_cache::any_v_trans() const {
+  return std::find(v_trans_.begin(), v_trans_.end(), true) != v_trans_.end();
 }
 
 std::vector<uint32_t> kv_cache::find_slots(uint32_t n) const {

@@ -45,9 +45,14 @@ class kv_cache {
   uint32_t size() const { return n_ctx_; }
   type type_k() const { return type_k_; }
   type type_v() const { return type_v_; }
-  bool v_trans() const { return v_trans_; }
+  // Whether layer il keeps V transposed ([n_ctx, n_embd_v_gqa]: a row per dimension, for the devices' dense
+  // matrix products) or a row per cell ([n_embd_v_gqa, n_ctx]: quantized V, and every layer in host memory,
+  // whose CPU product reads V's rows in cell order and so gives a sequence the same sums wherever its cells
+  // are and whatever else is cached).
+  bool v_trans(uint32_t il) const { return v_trans_[il]; }
+  bool any_v_trans() const;
   tensor* k(uint32_t il) const { return k_[il]; }  // [n_embd_k_gqa, n_ctx]
-  tensor* v(uint32_t il) const { return v_[il]; }  // v_trans: [n_ctx, n_embd_v_gqa]; else [n_embd_v_gqa, n_ctx]
+  tensor* v(uint32_t il) const { return v_[il]; }  // v_trans(il): [n_ctx, n_embd_v_gqa]; else [n_embd_v_gqa, n_ctx]
 
   // Free cells for n tokens (not necessarily contiguous). Throws capacity_error when the cache is full.
   std::vector<uint32_t> find_slots(uint32_t n) const;
@@ -87,7 +92,7 @@ class kv_cache {
   uint32_t n_ctx_;
   uint32_t n_seq_max_;
   type type_k_, type_v_;
-  bool v_trans_;
+  std::vector<bool> v_trans_;  // per layer
   std::vector<tensor*> k_, v_;
   std::unique_ptr<context> ctx_;
   std::vector<buffer_ptr> buffers_;

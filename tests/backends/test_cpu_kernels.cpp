@@ -903,7 +903,7 @@ TEST_CASE("kernels: unsupported nodes are rejected by supports_op and throw back
   }
 }
 
-TEST_CASE("the BLAS crossover follows the kernels OpenBLAS picked: never for quantized weights on pre-AVX2 kernels", "[cpu][blas]") {
+TEST_CASE("the BLAS crossover follows the kernels OpenBLAS picked and is off unless TROUPE_CPU_BLAS asks for it", "[cpu][blas]") {
   using cpu::blas_kernels;
   constexpr int64_t never = INT64_MAX;
   // Pre-AVX2 sgemm (Prescott, what OpenBLAS 0.3.21 runs on a CPU it does not recognise) loses to the SIMD
@@ -921,8 +921,123 @@ TEST_CASE("the BLAS crossover follows the kernels OpenBLAS picked: never for qua
   CHECK(cpu::blas_min_batch_for(type::q4_K, blas_kernels::avx512, true, false) == 64);
   CHECK(cpu::blas_min_batch_for(type::q8_0, blas_kernels::older, false, false) == 64);
   CHECK(cpu::blas_min_batch_for(type::bf16, blas_kernels::avx2, true, true) == never);
-  // The process's own: what the running OpenBLAS reports.
-  CHECK(cpu::blas_min_batch(type::q8_0) ==
-        cpu::blas_min_batch_for(type::q8_0, cpu::blas_kernel_family(), cpu::simd::active_table().level != cpu::isa::scalar,
-                                cpu::simd::active_table().bf16_native));
+  // The process's own: never unless TROUPE_CPU_BLAS asks for the crossovers, then what the running
+  // OpenBLAS reports.
+  for (type t : {type::f32, type::f16, type::q4_1, type::q8_0, type::q4_K}) {
+    INFO(type_name(t));
+    if (cpu::blas_crossovers_enabled()) {
+      CHECK(cpu::blas_min_batch(t) ==
+            cpu::blas_min_batch_for(t, cpu::blas_kernel_family(), cpu::simd::active_table().level != cpu::isa::scalar,
+                                    cpu::simd::active_table().bf16_native));
+    } else {
+      CHECK(cpu::blas_min_batch(t) == never);
+    }
+  }
+}
+
+namespace {
+
+// V as the cache keeps it in host memory: a row of hd values per cell (row c of head h at cell_of(c)), read
+// transposed as mul_mat's a; b the softmax weights of n_q queries (column j), zero outside `live` cells.
+struct column_case {
+  tensor* v = nullptr;   // [hd, n_cells, heads]
+  tensor* a = nullptr;   // permute(v): [n_cells, hd, heads], a row per cell
+  tensor* b = nullptr;   // [n_cells, n_q, heads * 2]
+  tensor* d = nullptr;
+};
+
+column_case column_product(context& ctx, type t, int64_t hd, int64_t n_cells, int64_t n_live, int64_t n_q,
+                           const std::function<int64_t(int64_t)>& cell_of) {
+  column_case c;
+  const int64_t heads = 2;
+  c.v = ctx.new_tensor_3d(t, hd, n_cells, heads);
+  fill_random(*c.v, 91, -2.0, 2.0);  // cells nobody attends to hold values too
+  c.b = ctx.new_tensor_3d(type::f32, n_cells, n_q, 2 * heads);
+  fill(*c.b, std::vector<double>(static_cast<size_t>(n_cells * n_q * 2 * heads), 0.0));
+  const std::vector<double> vv = random_values(static_cast<size_t>(hd * n_live * heads), 92, -2.0, 2.0);
+  const std::vector<double> bv = random_values(static_cast<size_t>(n_live * n_q * 2 * heads), 93, 0.0, 1.0);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t l = 0; l < n_live; ++l) {
+      for (int64_t i = 0; i < hd; ++i) set(*c.v, vv[static_cast<size_t>((h * n_live + l) * hd + i)], i, cell_of(l), h);
+    }
+  }
+  for (int64_t p = 0; p < 2 * heads; ++p) {
+    for (int64_t j = 0; j < n_q; ++j) {
+      for (int64_t l = 0; l < n_live; ++l) {
+        // Query j attends to the first n_live - j live cells (causal-like), the rest weigh 0.
+        const double w = l < n_live - j ? bv[static_cast<size_t>((p * n_q + j) * n_live + l)] : 0.0;
+        set(*c.b, w, cell_of(l), j, p);
+      }
+    }
+  }
+  c.a = permute(ctx, c.v, 1, 0, 2, 3);
+  c.d = mul_mat(ctx, c.a, c.b);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("kernels: mul_mat of V read transposed sums its rows in cell order: the same bits wherever the cells lie", "[cpu][kernels][mul_mat]") {
+  for (type t : {type::f32, type::f16}) {
+    for (bool reference : {true, false}) {
+      for (int nth : {1, 3}) {
+        INFO(type_name(t) << (reference ? ", reference" : ", fast") << ", threads " << nth);
+        context ctx(arena(32));
+        const int64_t hd = 72, n_live = 45, n_q = 9;  // hd: 4 zmm + a tail; n_q: a tile of 6 and one of 3
+        // Packed at the front of the cache, then spread out among other sequences' cells (a gap of 2, from
+        // cell 7 on, in a longer cache).
+        column_case packed = column_product(ctx, t, hd, 64, n_live, n_q, [](int64_t l) { return l; });
+        column_case spread = column_product(ctx, t, hd, 112, n_live, n_q, [](int64_t l) { return 7 + 2 * l; });
+        REQUIRE(cpu::supports_op(*packed.d));
+        CHECK(cpu::work_size(*packed.d, nth, reference) == 0);
+        compute(*packed.d, nth, reference);
+        compute(*spread.d, nth, reference);
+        // Against double sums over the live cells.
+        std::vector<double> want, bound;
+        for (int64_t p = 0; p < 4; ++p) {
+          for (int64_t j = 0; j < n_q; ++j) {
+            for (int64_t i = 0; i < hd; ++i) {
+              double s = 0, mag = 0;
+              for (int64_t l = 0; l < 64; ++l) {
+                const double x = get(*packed.v, i, l, p / 2) * get(*packed.b, l, j, p);
+                s += x;
+                mag += std::fabs(x);
+              }
+              want.push_back(s);
+              bound.push_back(1e-5 * mag + 1e-6);
+            }
+          }
+        }
+        CHECK(within(*packed.d, mm_expect{want, bound}));
+        CHECK(bytes_of(*packed.d) == bytes_of(*spread.d));
+      }
+    }
+  }
+}
+
+TEST_CASE("kernels: soft_max gives a row's live entries the same bits wherever they lie among masked ones", "[cpu][kernels]") {
+  context ctx(arena());
+  const int64_t n_live = 37;
+  const std::vector<double> x = random_values(static_cast<size_t>(n_live), 94, -4.0, 4.0);
+  auto row_of = [&](int64_t n, const std::function<int64_t(int64_t)>& pos) {
+    tensor* a = ctx.new_tensor_2d(type::f32, n, 1);
+    tensor* mask = ctx.new_tensor_2d(type::f32, n, 1);
+    fill_random(*a, 95);
+    fill(*mask, std::vector<double>(static_cast<size_t>(n), -INFINITY));
+    for (int64_t l = 0; l < n_live; ++l) {
+      set(*a, x[static_cast<size_t>(l)], pos(l), 0);
+      set(*mask, 0.0, pos(l), 0);
+    }
+    tensor* d = soft_max(ctx, a, mask, 0.5f);
+    compute(*d, 1, /*reference=*/false);
+    std::vector<double> live;
+    for (int64_t l = 0; l < n_live; ++l) live.push_back(get(*d, pos(l), 0));
+    return live;
+  };
+  const std::vector<double> packed = row_of(48, [](int64_t l) { return l; });
+  const std::vector<double> spread = row_of(128, [](int64_t l) { return 3 + 3 * l; });
+  CHECK(packed == spread);
+  double sum = 0;
+  for (double v : packed) sum += v;
+  CHECK(sum == Approx(1.0).epsilon(1e-6));
 }

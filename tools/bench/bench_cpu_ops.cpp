@@ -121,7 +121,7 @@ void register_all() {
   // A prompt's products at SmolLM2-135M's shapes (576 x 576 attention, 1536 x 576 up / gate, 576 x 1536 down)
   // by 512 rows, the paths side by side: where the 4096 x 4096 sweep below streams its rows through L2, these
   // keep a tile's rows in L1 as a small model's prompt does.
-  for (type t : {type::f32, type::f16, type::q4_0, type::q4_1, type::q8_0, type::q4_K, type::q6_K}) {
+  for (type t : {type::f32, type::f16, type::q4_0, type::q4_1, type::q5_0, type::q5_1, type::q8_0, type::q4_K, type::q6_K}) {
     for (auto [m, k] : {std::pair<int64_t, int64_t>{576, 576}, {1536, 576}, {576, 1536}}) {
       if (k % traits(t).block_size != 0) continue;
       for (int nth : threads) {

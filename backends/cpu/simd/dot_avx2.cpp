@@ -2,6 +2,7 @@
 // activation formats (f32 for f32 and f16 weights, bf16, q8_0, q8_1). Compiled with -mavx2 -mfma -mf16c only.
 #include <type_traits>
 
+#include "backends/cpu/simd/mad_tile.h"
 #include "backends/cpu/simd/x86_common.h"
 #include "backends/cpu/simd/x86_kernels.h"
 
@@ -91,6 +92,21 @@ using f16_tile = float_tile<f16_loads, f32_loads>;  // f16 weights, f32 activati
 using bf16_tile = float_tile<bf16_loads>;
 
 }  // namespace
+
+namespace {
+float f32_value(float v) { return v; }
+float f16_value(uint16_t h) { return h2f(h); }
+}  // namespace
+
+// The portable column products, vectorized by the compiler with FMA.
+void mad_tile_f32(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_stride, const void* b, size_t b_stride,
+                  float* s, size_t s_stride) {
+  mad_tile_generic<float, f32_value>(k, m, ncols, a, a_stride, b, b_stride, s, s_stride);
+}
+void mad_tile_f16(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_stride, const void* b, size_t b_stride,
+                  float* s, size_t s_stride) {
+  mad_tile_generic<uint16_t, f16_value>(k, m, ncols, a, a_stride, b, b_stride, s, s_stride);
+}
 
 TROUPE_SIMD_TILE(vec_dot_f32, f32_tile)
 TROUPE_SIMD_TILE(vec_dot_f16, f16_tile)

@@ -3,9 +3,8 @@
 //
 //   - f32 / f16 weights against f32 activations: register tiles of up to 4 weight rows x 6 activation rows
 //     (float_gemm below), one accumulator per element, the tail with masked loads.
-//   - 32-value block types: the code of dot_blocks_x86.inc, whose byte products go through vpdpbusd (one
-//     instruction instead of maddubs + madd) on ymm registers; q4_0, q4_1 and q8_0, the most common of
-//     them, two blocks per zmm register (below).
+//   - 32-value block types (q4_0, q4_1, q5_0, q5_1, q8_0): two blocks per zmm register, byte products
+//     through vpdpbusd (below).
 //   - vec_dot_*_tile: the same dot products against several activation rows at once, each weight block
 //     decoded once (dot_tile in x86_common.h), every element bit-identical to the one-row function's.
 #include <algorithm>
@@ -22,26 +21,6 @@ namespace ymm {
 #include "backends/cpu/simd/dot_blocks_x86.inc"  // q4_0, q4_1, q5_0, q5_1, q8_0 with VNNI
 }  // namespace ymm
 
-// q5_0, q5_1: the ymm kernels (with vpdpbusd).
-#define TROUPE_SIMD_FORWARD(t)                                                                                  \
-  void vec_dot_##t(int64_t n, float* s, const void* x, const void* y) { ymm::vec_dot_##t(n, s, x, y); }     \
-  void vec_dot_##t##_rows(int64_t n, int64_t nrows, float* s, const void* x, size_t x_stride, const void* y) { \
-    ymm::vec_dot_##t##_rows(n, nrows, s, x, x_stride, y);                                                    \
-  }                                                                                                          \
-  void vec_dot_##t##_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x, \
-                          size_t x_stride, const void* y, size_t y_stride) {                                 \
-    ymm::vec_dot_##t##_tile(n, nrows, ncols, s, s_stride, x, x_stride, y, y_stride);                         \
-  }                                                                                                          \
-  void vec_dot_##t##_prepared_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride,        \
-                                   const void* x, size_t x_stride, const void* y, size_t y_stride) {         \
-    ymm::vec_dot_##t##_prepared_tile(n, nrows, ncols, s, s_stride, x, x_stride, y, y_stride);                \
-  }                                                                                                          \
-  void tile_prepare_##t(int64_t n, const void* y, void* out) { ymm::tile_prepare_##t(n, y, out); }
-TROUPE_SIMD_FORWARD(q5_0)
-TROUPE_SIMD_FORWARD(q5_1)
-#undef TROUPE_SIMD_FORWARD
-size_t tile_prepared_size_s(int64_t n) { return ymm::tile_prepared_size_s(n); }
-size_t tile_prepared_size_u(int64_t n) { return ymm::tile_prepared_size_u(n); }
 
 namespace {
 
@@ -209,6 +188,34 @@ struct w_q4_0 {
   }
 };
 
+// The high bits of two q5 blocks (qh of blocks i and i + 1, bit j for value j) as bytes of 16 where set, in
+// value order (matching nibbles_64); one block alone fills the low half.
+inline __m512i high_bits_64(const uint8_t* qh0, const uint8_t* qh1) {
+  const __mmask64 m =
+      static_cast<__mmask64>(u32_at(qh0)) | (qh1 != nullptr ? static_cast<__mmask64>(u32_at(qh1)) << 32 : 0);
+  return _mm512_maskz_mov_epi8(m, _mm512_set1_epi8(0x10));
+}
+
+// q5_0: q = nibble + 16 * bit, unsigned (0..31), x = d (q - 16): byte products onto -16 sum(r).
+struct w_q5_0 {
+  using block = block_q5_0;
+  __m512i q;
+  __m512 d;
+  static w_q5_0 decode(const block* x, int64_t p, bool half) {
+    const block& a = x[2 * p];
+    if (half) {
+      return {_mm512_or_si512(_mm512_zextsi256_si512(nibbles_32(a.qs)), high_bits_64(a.qh, nullptr)),
+              halves_f16(u16(a.d), 0)};
+    }
+    const block& b = x[2 * p + 1];
+    return {_mm512_or_si512(nibbles_64(a.qs, b.qs), high_bits_64(a.qh, b.qh)), halves_f16(u16(a.d), u16(b.d))};
+  }
+  void apply(const act_i& y, __m512& acc) const {
+    const __m512i sumi = _mm512_dpbusd_epi32(y.t, q, y.q);
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(d, y.d), _mm512_cvtepi32_ps(sumi), acc);
+  }
+};
+
 struct w_q8_0 {
   using block = block_q8_0;
   __m512i u;  // quants + 128 (the sign bit flipped), unsigned
@@ -254,13 +261,31 @@ struct w_q4_1 {
   }
 };
 
+// q5_1 (x = dx q + m, q = nibble + 16 * bit) against q8_1: as q4_1.
+struct w_q5_1 : w_q4_1 {
+  using block = block_q5_1;
+  static w_q5_1 decode(const block* x, int64_t p, bool half) {
+    w_q5_1 w;
+    const block& a = x[2 * p];
+    if (half) {
+      w.q = _mm512_or_si512(_mm512_zextsi256_si512(nibbles_32(a.qs)), high_bits_64(a.qh, nullptr));
+      halves_f16x2(u32_at(&a), 0, w.d, w.m);
+    } else {
+      const block& b = x[2 * p + 1];
+      w.q = _mm512_or_si512(nibbles_64(a.qs, b.qs), high_bits_64(a.qh, b.qh));
+      halves_f16x2(u32_at(&a), u32_at(&b), w.d, w.m);
+    }
+    return w;
+  }
+};
+
 // The kernels: W's pairs against NC activation rows from Src (see dot_tile in x86_common.h). Two
 // accumulators per activation row, pairs alternating between them (q4_1: the m term's accumulator is the
 // second), so consecutive FMAs do not wait on each other.
 template <class W, class Src>
 struct pair_kernel {
   static void step(const W& w, const typename Src::act& a, __m512& acc0, __m512& acc1, bool odd) {
-    if constexpr (std::is_same_v<W, w_q4_1>) {
+    if constexpr (std::is_base_of_v<w_q4_1, W>) {
       w.apply(a, acc0, acc1);
     } else {
       w.apply(a, odd ? acc1 : acc0);
@@ -398,6 +423,8 @@ TROUPE_SIMD_TILE(vec_dot_q4_K, q4_K_tile)
 TROUPE_SIMD_PAIRS(q4_0, w_q4_0, blocks_q8_0<8>, prepared_i)
 TROUPE_SIMD_PAIRS(q4_1, w_q4_1, blocks_q8_1, prepared_f)
 TROUPE_SIMD_PAIRS(q8_0, w_q8_0, blocks_q8_0<0x80>, prepared_i)
+TROUPE_SIMD_PAIRS(q5_0, w_q5_0, blocks_q8_0<16>, prepared_i)
+TROUPE_SIMD_PAIRS(q5_1, w_q5_1, blocks_q8_1, prepared_f)
 #undef TROUPE_SIMD_PAIRS
 
 size_t tile_prepared_size(int64_t n) { return prepared_row_size(n); }
@@ -506,6 +533,84 @@ using f32_gemm = float_gemm<f32_loads>;
 using f16_gemm = float_gemm<f16_loads>;
 
 }  // namespace
+
+namespace {
+
+// Column products (mad_tile.h): register tiles of up to 6 columns of b x 64 values of a's rows (4 zmm
+// accumulators per column), a row of a loaded (converted) once for the columns, each b value broadcast;
+// rows whose b values of the tile are all 0 are skipped (each would add exactly nothing to every element).
+template <class LX, int NC>
+void mad_cols(int64_t k, int64_t w, const char* a, size_t a_stride, const float* const* bc, float* const* out) {
+  using T = typename LX::T;
+  constexpr int nv = 4;
+  const int nvec = static_cast<int>((w + 15) / 16);
+  const __mmask16 tail = static_cast<__mmask16>(w % 16 == 0 ? 0xFFFF : (1u << (w % 16)) - 1);
+  __m512 acc[NC][nv];
+  for (int c = 0; c < NC; ++c) {
+    for (int v = 0; v < nv; ++v) acc[c][v] = _mm512_setzero_ps();
+  }
+  for (int64_t l = 0; l < k; ++l) {
+    float bv[NC];
+    bool any = false;
+    for (int c = 0; c < NC; ++c) {
+      bv[c] = bc[c][l];
+      any |= bv[c] != 0.0f;
+    }
+    if (!any) continue;
+    const T* row = reinterpret_cast<const T*>(a + static_cast<size_t>(l) * a_stride);
+    __m512 av[nv];
+    for (int v = 0; v < nv; ++v) {
+      if (v < nvec) av[v] = v + 1 < nvec ? LX::load(row + 16 * v) : LX::load_tail(row + 16 * v, tail);
+    }
+    for (int c = 0; c < NC; ++c) {
+      if (bv[c] == 0.0f) continue;
+      const __m512 b = _mm512_set1_ps(bv[c]);
+      for (int v = 0; v < nv; ++v) {
+        if (v < nvec) acc[c][v] = _mm512_fmadd_ps(av[v], b, acc[c][v]);
+      }
+    }
+  }
+  for (int c = 0; c < NC; ++c) {
+    for (int v = 0; v < nvec; ++v) {
+      if (v + 1 < nvec) _mm512_storeu_ps(out[c] + 16 * v, acc[c][v]);
+      else _mm512_mask_storeu_ps(out[c] + 16 * v, tail, acc[c][v]);
+    }
+  }
+}
+
+template <class LX>
+void mad_tile(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_stride, const void* b, size_t b_stride,
+              float* s, size_t s_stride) {
+  constexpr int64_t chunk = 64;
+  constexpr int max_cols = 6;
+  using fn = void (*)(int64_t, int64_t, const char*, size_t, const float* const*, float* const*);
+  static constexpr fn by_cols[max_cols] = {mad_cols<LX, 1>, mad_cols<LX, 2>, mad_cols<LX, 3>,
+                                           mad_cols<LX, 4>, mad_cols<LX, 5>, mad_cols<LX, 6>};
+  const char* ab = static_cast<const char*>(a);
+  for (int64_t c0 = 0; c0 < ncols; c0 += max_cols) {
+    const int nc = static_cast<int>(std::min<int64_t>(max_cols, ncols - c0));
+    for (int64_t i0 = 0; i0 < m; i0 += chunk) {
+      const float* bc[max_cols];
+      float* out[max_cols];
+      for (int c = 0; c < nc; ++c) {
+        bc[c] = reinterpret_cast<const float*>(static_cast<const char*>(b) + static_cast<size_t>(c0 + c) * b_stride);
+        out[c] = s + static_cast<size_t>(c0 + c) * s_stride + static_cast<size_t>(i0);
+      }
+      by_cols[nc - 1](k, std::min(chunk, m - i0), ab + static_cast<size_t>(i0) * sizeof(typename LX::T), a_stride, bc, out);
+    }
+  }
+}
+
+}  // namespace
+
+void mad_tile_f32(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_stride, const void* b, size_t b_stride,
+                  float* s, size_t s_stride) {
+  mad_tile<f32_loads>(k, m, ncols, a, a_stride, b, b_stride, s, s_stride);
+}
+void mad_tile_f16(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_stride, const void* b, size_t b_stride,
+                  float* s, size_t s_stride) {
+  mad_tile<f16_loads>(k, m, ncols, a, a_stride, b, b_stride, s, s_stride);
+}
 
 #define TROUPE_SIMD_FLOAT_GEMM(name, K)                                                                        \
   void name(int64_t n, float* s, const void* x, const void* y) {                                               \

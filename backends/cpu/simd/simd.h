@@ -41,6 +41,12 @@ using tile_size_fn = size_t (*)(int64_t n);
 // Measured with tools/bench/bench_cpu_ops (matvec_batch).
 constexpr size_t tile_prepared_budget = 16 << 10;
 
+// Products with a column-major a (mad_tile.h): s[c * s_stride + i] = sum over l < k of a_l[i] * b_c[l], a's
+// rows (m values of the type) a_stride bytes apart, b's f32 columns b_stride bytes apart, in order of l,
+// skipping b values of 0. f32 and f16 a.
+using mad_tile_fn = void (*)(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_stride, const void* b,
+                             size_t b_stride, float* s, size_t s_stride);
+
 // y[i] = exp(y[i] - max) for n values; returns their sum.
 using exp_row_fn = float (*)(int64_t n, float* y, float max);
 // y[i] = silu(x[i]) = x[i] / (1 + exp(-x[i])).
@@ -63,6 +69,7 @@ struct kernel_table {
   std::array<vec_dot_tile_fn, type_id_count> vec_dot_tile_prepared{};
   std::array<tile_prepare_fn, type_id_count> tile_prepare{};
   std::array<tile_size_fn, type_id_count> tile_prepared_size{};
+  std::array<mad_tile_fn, type_id_count> mad_tile{};  // f32, f16
   // from_float[t]: f32 -> t, bit-identical to traits(t).from_float_ref (used for the activation types).
   std::array<from_float_fn, type_id_count> from_float{};
   // to_float[t]: t -> f32, bit-identical to traits(t).to_float.
@@ -79,6 +86,7 @@ struct kernel_table {
   vec_dot_tile_fn dot_tile_prepared(type t) const { return vec_dot_tile_prepared[static_cast<size_t>(t)]; }
   tile_prepare_fn prepare_tile(type t) const { return tile_prepare[static_cast<size_t>(t)]; }
   tile_size_fn prepared_size(type t) const { return tile_prepared_size[static_cast<size_t>(t)]; }
+  mad_tile_fn mad(type t) const { return mad_tile[static_cast<size_t>(t)]; }
   from_float_fn quantize(type t) const { return from_float[static_cast<size_t>(t)]; }
   to_float_fn dequantize(type t) const { return to_float[static_cast<size_t>(t)]; }
 };

@@ -4,6 +4,9 @@
 #include "backends/cpu/simd/simd.h"
 
 #include <cmath>
+
+#include "backends/cpu/simd/mad_tile.h"
+#include "runtime/fp16.h"
 #include <utility>
 
 #if defined(__x86_64__)
@@ -31,6 +34,9 @@ void swiglu_row_scalar(int64_t n, const float* x, const float* g, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i])) * g[i];
 }
 
+float f32_value(float v) { return v; }
+float f16_value(uint16_t h) { return fp16_to_fp32(h); }
+
 // The reference vec_dot of type id over several rows.
 template <uint32_t id>
 void reference_rows(int64_t n, int64_t nrows, float* s, const void* x, size_t x_stride, const void* y) {
@@ -54,6 +60,8 @@ kernel_table reference_table() {
     t.to_float[id] = tr.to_float;
   }
   t.vec_dot_rows = reference_rows_table(std::make_integer_sequence<uint32_t, type_id_count>{});
+  t.mad_tile[static_cast<size_t>(type::f32)] = mad_tile_generic<float, f32_value>;
+  t.mad_tile[static_cast<size_t>(type::f16)] = mad_tile_generic<uint16_t, f16_value>;
   t.exp_row = exp_row_scalar;
   t.silu_row = silu_row_scalar;
   t.swiglu_row = swiglu_row_scalar;
@@ -97,6 +105,8 @@ kernel_table avx2_table() {
   set_tile(t, type::f32, vec_dot_f32_tile);
   set_tile(t, type::f16, vec_dot_f16_tile);
   set_tile(t, type::bf16, vec_dot_bf16_tile);
+  t.mad_tile[static_cast<size_t>(type::f32)] = mad_tile_f32;
+  t.mad_tile[static_cast<size_t>(type::f16)] = mad_tile_f16;
   set_tile(t, type::q4_0, vec_dot_q4_0_tile, vec_dot_q4_0_prepared_tile, tile_prepare_q4_0, tile_prepared_size_s);
   set_tile(t, type::q4_1, vec_dot_q4_1_tile, vec_dot_q4_1_prepared_tile, tile_prepare_q4_1, tile_prepared_size_u);
   set_tile(t, type::q5_0, vec_dot_q5_0_tile, vec_dot_q5_0_prepared_tile, tile_prepare_q5_0, tile_prepared_size_s);
@@ -143,10 +153,12 @@ kernel_table avx512_table() {
   // Every tile of a type whose dot this level replaces (q5_K, q6_K keep the AVX2 ones, with their dots).
   set_tile(t, type::f32, vec_dot_f32_tile);
   set_tile(t, type::f16, vec_dot_f16_tile);
+  t.mad_tile[static_cast<size_t>(type::f32)] = mad_tile_f32;
+  t.mad_tile[static_cast<size_t>(type::f16)] = mad_tile_f16;
   set_tile(t, type::q4_0, vec_dot_q4_0_tile, vec_dot_q4_0_prepared_tile, tile_prepare_q4_0, tile_prepared_size);
   set_tile(t, type::q4_1, vec_dot_q4_1_tile, vec_dot_q4_1_prepared_tile, tile_prepare_q4_1, tile_prepared_size);
-  set_tile(t, type::q5_0, vec_dot_q5_0_tile, vec_dot_q5_0_prepared_tile, tile_prepare_q5_0, tile_prepared_size_s);
-  set_tile(t, type::q5_1, vec_dot_q5_1_tile, vec_dot_q5_1_prepared_tile, tile_prepare_q5_1, tile_prepared_size_u);
+  set_tile(t, type::q5_0, vec_dot_q5_0_tile, vec_dot_q5_0_prepared_tile, tile_prepare_q5_0, tile_prepared_size);
+  set_tile(t, type::q5_1, vec_dot_q5_1_tile, vec_dot_q5_1_prepared_tile, tile_prepare_q5_1, tile_prepared_size);
   set_tile(t, type::q8_0, vec_dot_q8_0_tile, vec_dot_q8_0_prepared_tile, tile_prepare_q8_0, tile_prepared_size);
   set_tile(t, type::q4_K, vec_dot_q4_K_tile);
   if (host_cpu_features().avx512bf16) {

@@ -28,7 +28,14 @@ namespace troupe::cpu::simd {
 #define TROUPE_SIMD_QUANT(name) void name(const float* x, void* y, int64_t n)
 #define TROUPE_SIMD_DEQUANT(name) void name(const void* x, float* y, int64_t n)
 
+// Column-major products (simd.h: mad_tile_fn).
+#define TROUPE_SIMD_MAD(name)                                                                              \
+  void name(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_stride, const void* b, size_t b_stride, \
+            float* s, size_t s_stride)
+
 namespace avx2 {
+TROUPE_SIMD_MAD(mad_tile_f32);
+TROUPE_SIMD_MAD(mad_tile_f16);
 TROUPE_SIMD_DOT(vec_dot_f32);
 TROUPE_SIMD_DOT(vec_dot_f16);
 TROUPE_SIMD_DOT(vec_dot_bf16);
@@ -90,6 +97,8 @@ void swiglu_row(int64_t n, const float* x, const float* g, float* y);
 }  // namespace avx2
 
 namespace avx512 {
+TROUPE_SIMD_MAD(mad_tile_f32);
+TROUPE_SIMD_MAD(mad_tile_f16);
 TROUPE_SIMD_DOT(vec_dot_f32);
 TROUPE_SIMD_DOT(vec_dot_f16);
 TROUPE_SIMD_DOT(vec_dot_q4_0);
@@ -106,18 +115,16 @@ TROUPE_SIMD_TILE_DECL(vec_dot_q8_0);
 TROUPE_SIMD_TILE_DECL(vec_dot_q4_K);
 TROUPE_SIMD_TILE_DECL(vec_dot_f32);
 TROUPE_SIMD_TILE_DECL(vec_dot_f16);
-TROUPE_SIMD_TILE_DECL(vec_dot_q5_0_prepared);
-TROUPE_SIMD_TILE_DECL(vec_dot_q5_1_prepared);
-void tile_prepare_q5_0(int64_t n, const void* y, void* out);
-void tile_prepare_q5_1(int64_t n, const void* y, void* out);
-size_t tile_prepared_size_s(int64_t n);
-size_t tile_prepared_size_u(int64_t n);
-// q4_0, q4_1 and q8_0 tiles on prepared activation rows (simd.h: tile_prepare).
+// The 32-value block types' tiles on prepared activation rows (simd.h: tile_prepare).
 TROUPE_SIMD_TILE_DECL(vec_dot_q4_0_prepared);
 TROUPE_SIMD_TILE_DECL(vec_dot_q4_1_prepared);
+TROUPE_SIMD_TILE_DECL(vec_dot_q5_0_prepared);
+TROUPE_SIMD_TILE_DECL(vec_dot_q5_1_prepared);
 TROUPE_SIMD_TILE_DECL(vec_dot_q8_0_prepared);
 void tile_prepare_q4_0(int64_t n, const void* y, void* out);
 void tile_prepare_q4_1(int64_t n, const void* y, void* out);
+void tile_prepare_q5_0(int64_t n, const void* y, void* out);
+void tile_prepare_q5_1(int64_t n, const void* y, void* out);
 void tile_prepare_q8_0(int64_t n, const void* y, void* out);
 size_t tile_prepared_size(int64_t n);
 }  // namespace avx512
@@ -127,6 +134,7 @@ TROUPE_SIMD_DOT(vec_dot_bf16);
 }  // namespace avx512bf16
 
 #undef TROUPE_SIMD_DOT
+#undef TROUPE_SIMD_MAD
 #undef TROUPE_SIMD_TILE_DECL
 #undef TROUPE_SIMD_QUANT
 #undef TROUPE_SIMD_DEQUANT
