@@ -502,14 +502,17 @@ template <class K>
 constexpr auto gemm_table = gemm_table_of<K>(std::make_integer_sequence<int, gemm_rm>{});
 
 // s[c * s_stride + r] = dot(row r of x, row c of y) for r < nrows, c < ncols, in register tiles: for each
-// group of gemm_rm weight rows (reused from L1), every group of gemm_rn activation rows.
+// group of gemm_rm weight rows (reused from L1), every group of gemm_rn activation rows. With fewer
+// activation rows than a tile's (matrix-vector products, weights streamed from memory) one weight row at a
+// time: a core reads one stream faster than several interleaved.
 template <class K>
 void gemm_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x, size_t x_stride,
                const void* y, size_t y_stride) {
   const char* xb = static_cast<const char*>(x);
   const char* yb = static_cast<const char*>(y);
-  for (int64_t r0 = 0; r0 < nrows; r0 += gemm_rm) {
-    const int64_t rm = std::min<int64_t>(gemm_rm, nrows - r0);
+  const int64_t rows_per = ncols >= gemm_rn ? gemm_rm : 1;
+  for (int64_t r0 = 0; r0 < nrows; r0 += rows_per) {
+    const int64_t rm = std::min<int64_t>(rows_per, nrows - r0);
     for (int64_t c0 = 0; c0 < ncols; c0 += gemm_rn) {
       const int64_t rn = std::min<int64_t>(gemm_rn, ncols - c0);
       gemm_table<K>[static_cast<size_t>(rm - 1)][static_cast<size_t>(rn - 1)](
