@@ -235,7 +235,8 @@ mm_plan plan_mul_mat(const tensor& node, int nth, bool reference) {
     if (kt.dot_tile_prepared(a.type) != nullptr) {
       // Prepared rows pay where a tile's (up to 4 of them) stay in L1.
       const size_t row_bytes = kt.prepared_size(a.type)(k);
-      if (row_bytes * static_cast<size_t>(std::min<int64_t>(n, 4)) <= simd::tile_prepared_budget) {
+      const size_t budget = n >= fast_tile_n ? simd::tile_prepared_budget_mm : simd::tile_prepared_budget;
+      if (row_bytes * static_cast<size_t>(std::min<int64_t>(n, 4)) <= budget) {
         p.tile_row_bytes = row_bytes;
         p.tile_bytes = align_up(p.tile_row_bytes * static_cast<size_t>(nrows(b)));
       }

@@ -323,7 +323,77 @@ struct pair_kernel {
     }
     for (int c = 0; c < NC; ++c) out[c] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[c], acc1[c]));
   }
+
+  // RM weight rows (x_stride bytes apart) x NC activation rows: out[c * s_stride + r]. Per element exactly
+  // run<1>'s operations (pair p into acc0 or acc1 by its parity, the same reduction); each activation pair
+  // is loaded once for the RM rows, each weight pair decoded once for the NC rows.
+  template <int RM, int NC>
+  static void run_rows(int64_t n, const void* vx, size_t x_stride, const void* const* vy, float* out,
+                       size_t s_stride) {
+    const typename W::block* x[RM];
+    for (int r = 0; r < RM; ++r) {
+      x[r] = reinterpret_cast<const typename W::block*>(static_cast<const char*>(vx) + static_cast<size_t>(r) * x_stride);
+    }
+    __m512 acc0[RM][NC], acc1[RM][NC];
+    for (int r = 0; r < RM; ++r) {
+      for (int c = 0; c < NC; ++c) {
+        acc0[r][c] = _mm512_setzero_ps();
+        acc1[r][c] = _mm512_setzero_ps();
+      }
+    }
+    const int64_t nb = n / 32;
+    const int64_t full = nb / 2;
+    auto pair = [&](int64_t p, bool half, bool odd) {
+      W w[RM];
+      for (int r = 0; r < RM; ++r) w[r] = W::decode(x[r], p, half);
+      for (int c = 0; c < NC; ++c) {
+        const typename Src::act a = Src::get(vy[c], p, half);
+        for (int r = 0; r < RM; ++r) step(w[r], a, acc0[r][c], acc1[r][c], odd);
+      }
+    };
+    int64_t p = 0;
+    for (; p + 1 < full; p += 2) {
+      pair(p, false, false);
+      pair(p + 1, false, true);
+    }
+    if (p < full) pair(p++, false, false);
+    if (nb % 2 != 0) pair(p, true, p % 2 != 0);
+    for (int c = 0; c < NC; ++c) {
+      for (int r = 0; r < RM; ++r) {
+        out[static_cast<size_t>(c) * s_stride + static_cast<size_t>(r)] =
+            _mm512_reduce_add_ps(_mm512_add_ps(acc0[r][c], acc1[r][c]));
+      }
+    }
+  }
 };
+
+// Tiles of the pair kernels: for matrix-matrix products (a tile of 4 or more activation rows) register tiles
+// of 2 weight rows x 4 activation rows (run_rows); for fewer activation rows (weights streamed from memory,
+// where a core reads one stream faster than two interleaved) one weight row at a time (dot_tile).
+template <class K>
+void pair_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x, size_t x_stride,
+               const void* y, size_t y_stride) {
+  if (ncols < tile_max_cols || nrows < 2) return dot_tile<K>(n, nrows, ncols, s, s_stride, x, x_stride, y, y_stride);
+  const char* xb = static_cast<const char*>(x);
+  const char* yb = static_cast<const char*>(y);
+  for (int64_t c0 = 0; c0 < ncols; c0 += tile_max_cols) {
+    const int nc = static_cast<int>(std::min<int64_t>(tile_max_cols, ncols - c0));
+    const void* ys[tile_max_cols] = {};
+    for (int c = 0; c < nc; ++c) ys[c] = yb + static_cast<size_t>(c0 + c) * y_stride;
+    float* sc = s + static_cast<size_t>(c0) * s_stride;
+    int64_t r = 0;
+    for (; r + 2 <= nrows; r += 2) {
+      const char* xr = xb + static_cast<size_t>(r) * x_stride;
+      switch (nc) {
+        case 1: K::template run_rows<2, 1>(n, xr, x_stride, ys, sc + r, s_stride); break;
+        case 2: K::template run_rows<2, 2>(n, xr, x_stride, ys, sc + r, s_stride); break;
+        case 3: K::template run_rows<2, 3>(n, xr, x_stride, ys, sc + r, s_stride); break;
+        default: K::template run_rows<2, 4>(n, xr, x_stride, ys, sc + r, s_stride); break;
+      }
+    }
+    if (r < nrows) dot_tile<K>(n, 1, nc, sc + r, s_stride, xb + static_cast<size_t>(r) * x_stride, x_stride, ys[0], y_stride);
+  }
+}
 
 // q4_K: each 64-value chunk k in one zmm. The 32 bytes qs[32 k ..] give [low nibbles | high nibbles] =
 // values 64 k .. 64 k + 63 in order, against one 64-byte load of y. maddubs -> 32 int16 pair sums; madd with
@@ -413,11 +483,11 @@ TROUPE_SIMD_TILE(vec_dot_q4_K, q4_K_tile)
   }                                                                                                          \
   void vec_dot_##t##_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x, \
                           size_t x_stride, const void* y, size_t y_stride) {                                 \
-    dot_tile<pair_kernel<W, Src>>(n, nrows, ncols, s, s_stride, x, x_stride, y, y_stride);                   \
+    pair_tile<pair_kernel<W, Src>>(n, nrows, ncols, s, s_stride, x, x_stride, y, y_stride);                  \
   }                                                                                                          \
   void vec_dot_##t##_prepared_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride,        \
                                    const void* x, size_t x_stride, const void* y, size_t y_stride) {         \
-    dot_tile<pair_kernel<W, Prep>>(n, nrows, ncols, s, s_stride, x, x_stride, y, y_stride);                  \
+    pair_tile<pair_kernel<W, Prep>>(n, nrows, ncols, s, s_stride, x, x_stride, y, y_stride);                 \
   }                                                                                                          \
   void tile_prepare_##t(int64_t n, const void* y, void* out) { prepare_row<Src>(n, y, out); }
 TROUPE_SIMD_PAIRS(q4_0, w_q4_0, blocks_q8_0<8>, prepared_i)

@@ -40,6 +40,10 @@ using tile_size_fn = size_t (*)(int64_t n);
 // 48 KiB L1 (the weights and the rest share it; at 24 KiB q8_0 weights streamed from memory already lost).
 // Measured with tools/bench/bench_cpu_ops (matvec_batch).
 constexpr size_t tile_prepared_budget = 16 << 10;
+// The same for matrix-matrix products, whose weight rows come from cache (a chunk's rows are reused across
+// its activation rows): prepared rows pay up to a larger share (SmolLM2's ffn_down, k = 1536: 18 KiB for 4
+// rows, 1.2-1.3x faster prepared; bench_cpu_ops matmul_shape/<type>/quant/576x1536).
+constexpr size_t tile_prepared_budget_mm = 24 << 10;
 
 // Products with a column-major a (mad_tile.h): s[c * s_stride + i] = sum over l < k of a_l[i] * b_c[l], a's
 // rows (m values of the type) a_stride bytes apart, b's f32 columns b_stride bytes apart, in order of l,
