@@ -126,7 +126,7 @@ std::vector<op_case> conformance_cases() {
   // ---- matrix products: every weight type, matrix-vector and matrix-matrix, broadcast, strided b ----
   for (type wt : weight_types) {
     const std::string tn(type_name(wt));
-    for (int64_t n : {1, 7, 64}) {
+    for (int64_t n : {1, 7, 64, 512}) {  // up to a whole micro-batch: the matrix-matrix register tiles
       add_case("mul_mat " + tn + " 256x96 n=" + std::to_string(n), matmul, [wt, n](case_builder& b) {
         return mul_mat(b.ctx(), b.input(wt, {256, 96, 1, 1}), b.input(type::f32, {256, n, 1, 1}));
       });
@@ -154,6 +154,18 @@ std::vector<op_case> conformance_cases() {
     tensor* bt = b.input(type::f32, {64, 4, 5, 1});  // [k, heads, tokens] viewed as [k, tokens, heads]
     return mul_mat(b.ctx(), b.input(type::f32, {64, 12, 4, 1}), permute(b.ctx(), bt, 0, 2, 1, 3));
   });
+  // V in a row per cell (the CPU's layout for host layers) read transposed: a column-major a, [n_kv, hd]
+  // per head, broadcast over the query heads. Not named "mul_mat ...": the devices keep V transposed and
+  // skip these, and their coverage check counts the "mul_mat " cases.
+  for (type wt : {type::f32, type::f16}) {
+    for (int64_t n : {1, 7, 64}) {
+      add_case("column-major mul_mat " + std::string(type_name(wt)) + " n=" + std::to_string(n), matmul,
+               [wt, n](case_builder& b) {
+                 tensor* v = b.input(wt, {72, 40, 2, 1});  // [hd, n_kv, heads]: a row per cell
+                 return mul_mat(b.ctx(), permute(b.ctx(), v, 1, 0, 2, 3), b.input(type::f32, {40, n, 4, 1}));
+               });
+    }
+  }
   add_case("mul_mat f16 kv-cache view", matmul, [](case_builder& b) {
     tensor* cache = b.input(type::f16, {128, 32, 1, 1});  // [n_embd_kv, n_ctx]
     tensor* k = view_3d(b.ctx(), cache, 32, 20, 4, cache->nb[1], 32 * type_size(type::f16), 0);  // [head_dim, n_kv, heads]
