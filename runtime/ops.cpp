@@ -250,6 +250,16 @@ tensor* mul_mat(context& ctx, tensor* a, tensor* b) {
   return new_node(ctx, op::mul_mat, type::f32, {a->ne[1], b->ne[1], b->ne[2], b->ne[3]}, {a, b});
 }
 
+tensor* mul_mat_masked(context& ctx, tensor* a, tensor* b, tensor* mask) {
+  tensor* r = mul_mat(ctx, a, b);
+  require_src(mask, "mul_mat_masked", "mask");
+  require(mask->type == type::f32 || mask->type == type::f16, "mul_mat_masked", "the mask must be f32 or f16", {a, b, mask});
+  require(mask->ne[0] >= r->ne[0] && mask->ne[1] >= r->ne[1] && r->ne[2] % mask->ne[2] == 0 && mask->ne[3] == 1,
+          "mul_mat_masked", "the mask must cover the product's elements", {a, b, mask});
+  r->src[2] = mask;
+  return r;
+}
+
 tensor* get_rows(context& ctx, tensor* a, tensor* idx) {
   require_src(a, "get_rows", "a");
   require_src(idx, "get_rows", "idx");

@@ -102,6 +102,11 @@ alibi_constants alibi_constants_of(float max_bias, uint32_t n_head);
 // ne2b a multiple of ne2a and ne3b of ne3a (a is broadcast). dst: [m, n, ne2b, ne3b] f32, dst = a^T b,
 // i.e. dst[i, j] = dot(row i of a, row j of b).
 tensor* mul_mat(context& ctx, tensor* a, tensor* b);
+// mul_mat whose result feeds soft_max with `mask` ([>= m, >= n, ne2 broadcast, 1], f32 / f16): elements
+// where the mask is -inf are left unspecified (finite; the CPU writes 0 for blocks masked whole, the
+// attention's masked half of a prompt, instead of computing them). The mask is src[2]; a backend that
+// ignores it computes every element, which is as correct.
+tensor* mul_mat_masked(context& ctx, tensor* a, tensor* b, tensor* mask);
 
 // ---- rows ----
 // a: [ne0, n_rows, ne2, 1] any supported type; idx: [n, ne2, 1, 1] i32 or i64. dst: [ne0, n, ne2, 1] f32,

@@ -30,6 +30,7 @@
 // own pool, so the two never compete for cores; its thread count is set to 1 around the op and restored.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -407,11 +408,34 @@ void mul_mat_fast(const compute_params& params, tensor& node, const mm_plan& p) 
   const int64_t chunks_n = (c.n + cols_per - 1) / cols_per;
   const int64_t n_chunks = n_planes * chunks_n * chunks_m;
 
+  // mul_mat_masked: a chunk whose mask entries are all -inf (the masked half of a prompt's attention, other
+  // sequences' cells) is written as zeros instead of computed; every other element is computed as ever.
+  const tensor* mask = node.src[2];
+  auto masked_whole = [&](int64_t plane, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    if (mask == nullptr) return false;
+    const int64_t i2 = (plane % c.ne2b) % mask->ne[2];
+    for (int64_t j = j0; j < j1; ++j) {
+      const char* row = addr(*mask, 0, j, i2, 0);
+      for (int64_t i = i0; i < i1; ++i) {
+        if (load_float(row + static_cast<size_t>(i) * mask->nb[0], mask->type) != -INFINITY) return false;
+      }
+    }
+    return true;
+  };
   auto run_chunk = [&](int64_t t) {
     const int64_t tm = t % chunks_m;
     const int64_t tn = (t / chunks_m) % chunks_n;
     const int64_t plane = t / (chunks_m * chunks_n);
-    c.tile(plane, tm * rows_per, std::min(c.m, (tm + 1) * rows_per), tn * cols_per, std::min(c.n, (tn + 1) * cols_per));
+    const int64_t i0 = tm * rows_per, i1 = std::min(c.m, (tm + 1) * rows_per);
+    const int64_t j0 = tn * cols_per, j1 = std::min(c.n, (tn + 1) * cols_per);
+    if (masked_whole(plane, i0, i1, j0, j1)) {
+      const int64_t i2 = plane % c.ne2b, i3 = plane / c.ne2b;
+      for (int64_t j = j0; j < j1; ++j) {
+        std::memset(addr(node, i0, j, i2, i3), 0, static_cast<size_t>(i1 - i0) * sizeof(float));
+      }
+      return;
+    }
+    c.tile(plane, i0, i1, j0, j1);
   };
 
   if (params.nth == 1) {

@@ -77,7 +77,9 @@ tensor* graph_builder::attention(uint32_t il, tensor* q, tensor* k, tensor* v, f
   const size_t k_row = row_size(ck->type, n_embd_k);
   tensor* kview = view_3d(ctx, k_stored, hd_k, n_kv, n_head_kv, k_row, row_size(ck->type, hd_k), 0);  // [hd, n_kv, h_kv]
   tensor* qp = permute(ctx, q, 0, 2, 1, 3);                                                              // [hd, n_tok, h]
-  tensor* kq = mul_mat(ctx, kview, qp);                                                                  // [n_kv, n_tok, h]
+  // Host layers (V in a row per cell: the CPU's layout) skip the scores the mask hides whole.
+  tensor* kq = mask != nullptr && !v_trans && !is_quantized(cv->type) ? mul_mat_masked(ctx, kview, qp, mask)
+                                                    : mul_mat(ctx, kview, qp);                          // [n_kv, n_tok, h]
   kq = soft_max(ctx, kq, mask, kq_scale);
 
   tensor* vt;  // [n_kv, hd_v, h_kv]

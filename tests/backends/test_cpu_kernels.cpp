@@ -1041,3 +1041,39 @@ TEST_CASE("kernels: soft_max gives a row's live entries the same bits wherever t
   for (double v : packed) sum += v;
   CHECK(sum == Approx(1.0).epsilon(1e-6));
 }
+
+TEST_CASE("kernels: mul_mat_masked computes every element the mask keeps, bit for bit, and zeros for blocks it hides whole", "[cpu][kernels][mul_mat]") {
+  context ctx(arena(32));
+  const int64_t hd = 64, n_kv = 96, n_q = 40;
+  tensor* k = ctx.new_tensor_3d(type::f16, hd, n_kv, 2);
+  fill_random(*k, 101);
+  tensor* q = ctx.new_tensor_3d(type::f32, hd, n_q, 4);
+  fill_random(*q, 102);
+  // Causal: query j sees cells 0 .. 40 + j; f16 like a KV mask could be, padded by 8 rows.
+  tensor* mask = ctx.new_tensor_2d(type::f16, n_kv, n_q + 8);
+  for_each(*mask, [&](int64_t i0, int64_t i1, int64_t, int64_t) { set(*mask, i0 <= 40 + i1 ? 0.0 : -INFINITY, i0, i1); });
+  tensor* full = mul_mat(ctx, k, q);
+  tensor* masked = mul_mat_masked(ctx, k, q, mask);
+  CHECK(masked->src[2] == mask);
+  for (int nth : {1, 3}) {
+    INFO("threads " << nth);
+    compute(*full, nth, /*reference=*/false);
+    fill(*masked, std::vector<double>(static_cast<size_t>(n_kv * n_q * 4), std::nan("")));
+    compute(*masked, nth, /*reference=*/false);
+    int64_t kept = 0, zeros = 0;
+    for_each(*masked, [&](int64_t i, int64_t j, int64_t h, int64_t) {
+      const double got = get(*masked, i, j, h);
+      if (i <= 40 + j) {
+        kept += got == get(*full, i, j, h) ? 1 : 0;
+      } else {
+        CHECK(std::isfinite(got));
+        zeros += got == 0.0 ? 1 : 0;
+      }
+    });
+    CHECK(kept == [&] { int64_t n = 0; for (int64_t j = 0; j < n_q; ++j) n += std::min<int64_t>(n_kv, 41 + j); return n * 4; }());
+    CHECK(zeros >= 16 * 16 * 4);  // at least the blocks of cells 80.. against the first queries
+  }
+  // The mask must cover the product.
+  tensor* small = ctx.new_tensor_2d(type::f32, n_kv - 1, n_q);
+  CHECK_THROWS_WITH(mul_mat_masked(ctx, k, q, small), Catch::Contains("cover"));
+}
