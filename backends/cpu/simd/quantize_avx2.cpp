@@ -214,21 +214,10 @@ void dequantize_row_q4_0(const void* vx, float* y, int64_t n) {
   }
 }
 
-// q * d + m for 32 unsigned quants (q4_1, q5_1), as the reference rounds it (a product, then a sum).
-inline void store_scaled_plus_32(__m256i q, float d, float m, float* y) {
-  const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
-  const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-  for (int j = 0; j < 4; ++j) {
-    const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[j]));
-    _mm256_storeu_ps(y + 8 * j, _mm256_add_ps(_mm256_mul_ps(f, dv), mv));
-  }
-}
-
 void dequantize_row_q4_1(const void* vx, float* y, int64_t n) {
   const block_q4_1* x = static_cast<const block_q4_1*>(vx);
   for (int64_t i = 0; i < n / qk4_1; ++i, y += qk4_1) {
-    store_scaled_plus_32(nibbles_32(x[i].qs), h2f(x[i].d), h2f(x[i].m), y);
+    store_scaled_min_32(nibbles_32(x[i].qs), h2f(x[i].d), -h2f(x[i].m), y);  // d q - (-m) = d q + m, exactly
   }
 }
 
@@ -245,7 +234,7 @@ void dequantize_row_q5_1(const void* vx, float* y, int64_t n) {
   const block_q5_1* x = static_cast<const block_q5_1*>(vx);
   for (int64_t i = 0; i < n / qk5_1; ++i, y += qk5_1) {
     const __m256i hi = _mm256_and_si256(bytes_from_bits_32(x[i].qh), _mm256_set1_epi8(0x10));
-    store_scaled_plus_32(_mm256_or_si256(nibbles_32(x[i].qs), hi), h2f(x[i].d), h2f(x[i].m), y);
+    store_scaled_min_32(_mm256_or_si256(nibbles_32(x[i].qs), hi), h2f(x[i].d), -h2f(x[i].m), y);
   }
 }
 
