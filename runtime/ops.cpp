@@ -260,6 +260,33 @@ tensor* mul_mat_masked(context& ctx, tensor* a, tensor* b, tensor* mask) {
   return r;
 }
 
+tensor* flash_attn(context& ctx, tensor* q, tensor* k, tensor* v, tensor* mask, float scale) {
+  require_src(q, "flash_attn", "q");
+  require_src(k, "flash_attn", "k");
+  require_src(v, "flash_attn", "v");
+  require(q->type == type::f32, "flash_attn", "q must be f32", {q, k, v, mask});
+  for (tensor* t : {k, v}) {
+    require(t->type == type::f32 || t->type == type::f16, "flash_attn", "k and v must be f32 or f16", {q, k, v, mask});
+    require(t->nb[0] == type_size(t->type), "flash_attn", "k's and v's rows must be contiguous", {q, k, v, mask});
+  }
+  require(q->nb[0] == type_size(q->type), "flash_attn", "q's rows must be contiguous", {q, k, v, mask});
+  require(q->ne[3] == 1 && k->ne[3] == 1 && v->ne[3] == 1, "flash_attn", "q, k and v must be 3-d", {q, k, v, mask});
+  require(k->ne[0] == q->ne[0], "flash_attn", "k.ne[0] != q.ne[0] (the head size)", {q, k, v, mask});
+  require(k->ne[1] == v->ne[1] && k->ne[2] == v->ne[2], "flash_attn", "k and v must have the same cells and heads",
+          {q, k, v, mask});
+  require(q->ne[2] % k->ne[2] == 0, "flash_attn", "q's heads must be a multiple of k's", {q, k, v, mask});
+  require(scale > 0.0f && std::isfinite(scale), "flash_attn", "scale must be positive and finite", {q, k, v, mask});
+  if (mask != nullptr) {
+    require(mask->type == type::f32 || mask->type == type::f16, "flash_attn", "mask must be f32 or f16", {q, k, v, mask});
+    require(is_contiguous_rows(*mask), "flash_attn", "mask rows must be contiguous", {q, k, v, mask});
+    require(mask->ne[0] >= k->ne[1] && mask->ne[1] >= q->ne[1] && mask->ne[2] == 1 && mask->ne[3] == 1, "flash_attn",
+            "mask must be [>= n_kv, >= n_tokens, 1, 1]", {q, k, v, mask});
+  }
+  tensor* r = new_node(ctx, op::flash_attn, type::f32, {v->ne[0], q->ne[2], q->ne[1], 1}, {q, k, v, mask});
+  r->set_param(0, scale);
+  return r;
+}
+
 tensor* get_rows(context& ctx, tensor* a, tensor* idx) {
   require_src(a, "get_rows", "a");
   require_src(idx, "get_rows", "idx");

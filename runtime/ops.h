@@ -108,6 +108,17 @@ tensor* mul_mat(context& ctx, tensor* a, tensor* b);
 // ignores it computes every element, which is as correct.
 tensor* mul_mat_masked(context& ctx, tensor* a, tensor* b, tensor* mask);
 
+// Attention in one op, without the [n_kv, n_tokens, n_head] score matrix in memory:
+// dst = softmax(scale * k^T q + mask) v for every query row of every head.
+// q: [hd_k, n_tok, n_head, 1] f32 (dense rows, any strides: a permuted view of [hd_k, n_head, n_tok]);
+// k: [hd_k, n_kv, n_head_kv, 1], v: [hd_v, n_kv, n_head_kv, 1], f32 or f16 with dense rows (a row per cache
+// cell), n_head a multiple of n_head_kv (query head h reads KV head h / (n_head / n_head_kv));
+// mask: optional [>= n_kv, >= n_tok, 1, 1] f32 / f16. dst: [hd_v, n_head, n_tok, 1] f32 (a token's heads side
+// by side, what the output projection takes). Parameters: [0] f32 scale.
+// The CPU computes it as mul_mat_masked, soft_max and the column-major mul_mat compute the unfused graph (the
+// same functions in the same order): the two give bit-identical results there. Devices do not support it.
+tensor* flash_attn(context& ctx, tensor* q, tensor* k, tensor* v, tensor* mask, float scale);
+
 // ---- rows ----
 // a: [ne0, n_rows, ne2, 1] any supported type; idx: [n, ne2, 1, 1] i32 or i64. dst: [ne0, n, ne2, 1] f32,
 // row j of dst (in plane k) = row idx[j, k] of a (in plane k), converted to f32.

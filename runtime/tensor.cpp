@@ -35,6 +35,7 @@ std::string_view op_name(op o) {
     case op::mean: return "mean";
     case op::sum_rows: return "sum_rows";
     case op::argmax: return "argmax";
+    case op::flash_attn: return "flash_attn";
     case op::count: break;
   }
   return "unknown";

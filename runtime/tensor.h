@@ -55,6 +55,7 @@ enum class op : uint8_t {
   mean,
   sum_rows,
   argmax,
+  flash_attn,
   count,
 };
 

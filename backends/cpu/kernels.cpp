@@ -110,6 +110,7 @@ bool supports_op(const tensor& node) {
     case op::sum_rows:
     case op::mean: return supports_reduce(node);
     case op::argmax: return supports_argmax(node);
+    case op::flash_attn: return supports_flash_attn(node);
     case op::count: return false;
   }
   return false;
@@ -125,6 +126,7 @@ size_t work_size(const tensor& node, int nth, bool reference) {
     case op::cont: return cpy_work_size(node, nth);
     case op::set_rows: return set_rows_work_size(node, nth);
     case op::mul_mat: return mul_mat_work_size(node, nth, reference);
+    case op::flash_attn: return flash_attn_work_size(node, nth);
     default: return 0;
   }
 }
@@ -158,6 +160,7 @@ void compute_forward(const compute_params& params, tensor& node) {
     case op::sum_rows:
     case op::mean: return compute_reduce(params, node);
     case op::argmax: return compute_argmax(params, node);
+    case op::flash_attn: return compute_flash_attn(params, node);
     case op::count: break;
   }
   unsupported(node, "unknown op");

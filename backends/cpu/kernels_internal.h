@@ -146,6 +146,10 @@ void compute_reduce(const compute_params& params, tensor& node);
 bool supports_argmax(const tensor& node);
 void compute_argmax(const compute_params& params, tensor& node);
 
+bool supports_flash_attn(const tensor& node);
+size_t flash_attn_work_size(const tensor& node, int nth);
+void compute_flash_attn(const compute_params& params, tensor& node);
+
 bool supports_mul_mat(const tensor& node);
 size_t mul_mat_work_size(const tensor& node, int nth, bool reference);
 void compute_mul_mat(const compute_params& params, tensor& node);

@@ -81,6 +81,7 @@ tensor* rebuild(context& ctx, const wire_tensor& w, const std::array<tensor*, ma
     case op::sum_rows: return sum_rows(ctx, a);
     case op::argmax: return argmax(ctx, a);
     case op::none:
+    case op::flash_attn:  // the CPU's own layout of the KV cache; never sent to a peer
     case op::count: break;
   }
   bad(what, "node with op id " + std::to_string(w.op) + ", which is not a computable op");

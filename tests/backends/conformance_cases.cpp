@@ -172,6 +172,31 @@ std::vector<op_case> conformance_cases() {
     return mul_mat(b.ctx(), k, b.input(type::f32, {32, 3, 4, 1}));
   });
 
+  // ---- fused attention (the CPU's: host layers keep K and V in a row per cell; devices do not take it) ----
+  // q [hd, heads, tokens] read as [hd, tokens, heads]; 4 query heads over 2 KV heads; causal and two
+  // sequences sharing the cache; head sizes with 16-value vectors and tails; query tiles of 6 and partial.
+  for (type kt : {type::f32, type::f16}) {
+    for (int64_t n : {1, 7, 64}) {
+      for (fill mf : {fill::causal_mask, fill::shared_mask}) {
+        const int64_t n_kv = n + 37;
+        add_case("flash_attn " + std::string(type_name(kt)) + (mf == fill::causal_mask ? " causal" : " shared") +
+                     " n=" + std::to_string(n),
+                 matmul, [kt, n, n_kv, mf](case_builder& b) {
+                   tensor* q = b.input(type::f32, {64, 4, n, 1});
+                   tensor* k = b.input(kt, {64, n_kv, 2, 1});
+                   tensor* v = b.input(kt, {72, n_kv, 2, 1});
+                   tensor* mask = b.input(type::f32, {n_kv, n, 1, 1}, mf);
+                   return flash_attn(b.ctx(), permute(b.ctx(), q, 0, 2, 1, 3), k, v, mask, 0.125f);
+                 });
+      }
+    }
+  }
+  add_case("flash_attn f16 no mask head size 20", matmul, [](case_builder& b) {
+    tensor* q = b.input(type::f32, {32, 2, 9, 1});
+    return flash_attn(b.ctx(), permute(b.ctx(), q, 0, 2, 1, 3), b.input(type::f16, {32, 50, 1, 1}),
+                      b.input(type::f16, {20, 50, 1, 1}), nullptr, 0.2f);
+  });
+
   // ---- rows ----
   for (type wt : {type::f32, type::f16, type::bf16, type::q4_0, type::q8_0, type::q4_K, type::q6_K}) {
     for (type it : {type::i32, type::i64}) {

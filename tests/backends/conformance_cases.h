@@ -20,6 +20,8 @@ enum class fill : uint8_t {
   indices,       // integers in [0, range)
   unique_rows,   // integers in [0, range), distinct along dim 0 (set_rows targets)
   causal_mask,   // 0 where column <= row + (ne0 - ne1), -inf elsewhere
+  shared_mask,   // two sequences in one cache: column c is sequence (c / 5) % 2's, row r sequence r % 2's;
+                 // 0 where they match and c <= r + (ne0 - ne1) / 2, -inf elsewhere
 };
 
 struct case_input {

@@ -50,6 +50,13 @@ std::vector<uint8_t> make_input_bytes(const case_input& in, uint32_t seed) {
       const int64_t row = (static_cast<int64_t>(i) / ne0) % ne1;
       f[i] = col <= row + (ne0 - ne1) ? 0.0f : -INFINITY;
     }
+  } else if (in.how == fill::shared_mask) {
+    const int64_t ne0 = t.ne[0], ne1 = t.ne[1];
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t col = static_cast<int64_t>(i) % ne0;
+      const int64_t row = (static_cast<int64_t>(i) / ne0) % ne1;
+      f[i] = (col / 5) % 2 == row % 2 && col <= row + (ne0 - ne1) / 2 ? 0.0f : -INFINITY;
+    }
   } else {
     std::uniform_real_distribution<float> d(in.how == fill::positive ? 0.1f : -1.0f, in.how == fill::positive ? 2.0f : 1.0f);
     for (auto& x : f) x = d(rng);

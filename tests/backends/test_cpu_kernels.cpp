@@ -1077,3 +1077,136 @@ TEST_CASE("kernels: mul_mat_masked computes every element the mask keeps, bit fo
   tensor* small = ctx.new_tensor_2d(type::f32, n_kv - 1, n_q);
   CHECK_THROWS_WITH(mul_mat_masked(ctx, k, q, small), Catch::Contains("cover"));
 }
+
+namespace {
+
+// Attention of n_q query rows (4 heads over 2 KV heads) against the n_kv cells of k and v, as the unfused
+// graph (mul_mat_masked, soft_max, the column-major mul_mat, cont) and as one flash_attn node.
+struct attn_case {
+  tensor* fused = nullptr;
+  tensor* unfused = nullptr;
+  std::vector<tensor*> chain;  // the unfused nodes in order
+  tensor *q = nullptr, *k = nullptr, *v = nullptr, *mask = nullptr;
+};
+
+attn_case attention_of(context& ctx, type kv_type, int64_t hd_k, int64_t hd_v, int64_t n_kv, int64_t n_q,
+                       const std::function<bool(int64_t cell, int64_t query)>& visible) {
+  attn_case c;
+  c.k = ctx.new_tensor_3d(kv_type, hd_k, n_kv, 2);
+  c.v = ctx.new_tensor_3d(kv_type, hd_v, n_kv, 2);
+  c.q = ctx.new_tensor_3d(type::f32, hd_k, 4, n_q);  // [hd, heads, tokens], as the graph has it
+  c.mask = ctx.new_tensor_2d(type::f32, n_kv, n_q + 3);
+  fill_random(*c.k, 111);
+  fill_random(*c.v, 112);
+  fill_random(*c.q, 113, -2.0, 2.0);
+  for_each(*c.mask, [&](int64_t i0, int64_t i1, int64_t, int64_t) {
+    set(*c.mask, i1 < n_q && visible(i0, i1) ? 0.0 : -INFINITY, i0, i1);
+  });
+  const float scale = 0.125f;
+  tensor* qp = permute(ctx, c.q, 0, 2, 1, 3);
+  c.fused = flash_attn(ctx, qp, c.k, c.v, c.mask, scale);
+  tensor* kq = mul_mat_masked(ctx, c.k, qp, c.mask);
+  tensor* sm = soft_max(ctx, kq, c.mask, scale);
+  tensor* kqv = mul_mat(ctx, permute(ctx, c.v, 1, 0, 2, 3), sm);
+  c.unfused = cont(ctx, permute(ctx, kqv, 0, 2, 1, 3));
+  c.chain = {kq, sm, kqv, c.unfused};
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("kernels: flash_attn gives the unfused attention's bits and a sequence's output wherever its cells lie", "[cpu][kernels][attention]") {
+  for (type t : {type::f32, type::f16}) {
+    for (bool reference : {false, true}) {
+      for (int nth : {1, 3}) {
+        INFO(type_name(t) << (reference ? ", reference" : ", fast") << ", threads " << nth);
+        context ctx(arena(64));
+        // Two sequences sharing the cache: cell c is sequence (c / 7) % 2's, query j sequence j % 2's, and
+        // sees its sequence's cells up to 60 + j; the last query sees nothing (a fully masked row).
+        // hd_v 72: vectors of 16 and one of 8; 13 queries: tiles of 6, 6 and 1; 100 cells: blocks of 16 + 4.
+        const int64_t n_kv = 100, n_q = 13;
+        auto shared = [](int64_t c, int64_t j) { return j < 12 && (c / 7) % 2 == j % 2 && c <= 60 + j; };
+        attn_case a = attention_of(ctx, t, 64, 72, n_kv, n_q, shared);
+        REQUIRE(cpu::supports_op(*a.fused));
+        CHECK(cpu::work_size(*a.fused, nth, reference) >= static_cast<size_t>(nth * 6 * n_kv) * sizeof(float));
+        fill(*a.fused, std::vector<double>(static_cast<size_t>(nelements(*a.fused)), std::nan("")));
+        compute(*a.fused, nth, reference);
+        for (tensor* n : a.chain) compute(*n, nth, reference);
+        CHECK(bytes_of(*a.fused) == bytes_of(*a.unfused));
+
+        // Against softmax and weighted sums in double.
+        std::vector<double> want, bound;
+        for (int64_t j = 0; j < n_q; ++j) {
+          for (int64_t h = 0; h < 4; ++h) {
+            std::vector<double> w(static_cast<size_t>(n_kv), 0.0);
+            double mx = -INFINITY, sum = 0;
+            for (int64_t c = 0; c < n_kv; ++c) {
+              if (!shared(c, j)) continue;
+              double s = 0;
+              for (int64_t d = 0; d < 64; ++d) s += get(*a.k, d, c, h / 2) * get(*a.q, d, h, j);
+              w[static_cast<size_t>(c)] = s * 0.125;
+              mx = std::max(mx, s * 0.125);
+            }
+            for (int64_t c = 0; c < n_kv; ++c) {
+              if (!shared(c, j)) continue;
+              w[static_cast<size_t>(c)] = std::exp(w[static_cast<size_t>(c)] - mx);
+              sum += w[static_cast<size_t>(c)];
+            }
+            for (int64_t d = 0; d < 72; ++d) {
+              double o = 0;
+              for (int64_t c = 0; c < n_kv; ++c) {
+                if (shared(c, j)) o += w[static_cast<size_t>(c)] / sum * get(*a.v, d, c, h / 2);
+              }
+              want.push_back(o);
+              bound.push_back(1e-4);
+            }
+          }
+        }
+        CHECK(within(*a.fused, mm_expect{want, bound}));
+      }
+    }
+  }
+  // The same sequence (query rows 0, 2, 4, ... of the case above) packed at the front of a cache of its own:
+  // its outputs have the same bits.
+  for (type t : {type::f32, type::f16}) {
+    INFO(type_name(t));
+    context ctx(arena(64));
+    const int64_t n_kv = 100, n_q = 13;
+    attn_case spread = attention_of(ctx, t, 64, 72, n_kv, n_q, [](int64_t c, int64_t j) { return (c / 7) % 2 == 0 && c <= 60 + j; });
+    // Sequence 0's cells: 0..6, 14..20, 28..34, ...; packed: cell p holds the p-th of them.
+    std::vector<int64_t> cells;
+    for (int64_t c = 0; c < n_kv; ++c) {
+      if ((c / 7) % 2 == 0) cells.push_back(c);
+    }
+    const int64_t n_packed = static_cast<int64_t>(cells.size());
+    attn_case packed = attention_of(ctx, t, 64, 72, n_packed, n_q, [&](int64_t p, int64_t j) {
+      return cells[static_cast<size_t>(p)] <= 60 + j;
+    });
+    for (int64_t p = 0; p < n_packed; ++p) {
+      const int64_t c = cells[static_cast<size_t>(p)];
+      for (int64_t g = 0; g < 2; ++g) {
+        for (int64_t d = 0; d < 64; ++d) set(*packed.k, get(*spread.k, d, c, g), d, p, g);
+        for (int64_t d = 0; d < 72; ++d) set(*packed.v, get(*spread.v, d, c, g), d, p, g);
+      }
+    }
+    std::memcpy(packed.q->data, spread.q->data, nbytes(*spread.q));
+    compute(*spread.fused, 2, false);
+    compute(*packed.fused, 2, false);
+    CHECK(bytes_of(*spread.fused) == bytes_of(*packed.fused));
+  }
+}
+
+TEST_CASE("flash_attn refuses sources it cannot take, naming the op", "[cpu][kernels][attention]") {
+  context ctx(arena());
+  tensor* q = ctx.new_tensor_3d(type::f32, 64, 5, 4);
+  tensor* k = ctx.new_tensor_3d(type::f16, 64, 32, 2);
+  tensor* v = ctx.new_tensor_3d(type::f16, 64, 32, 2);
+  tensor* mask = ctx.new_tensor_2d(type::f32, 32, 5);
+  CHECK_NOTHROW(flash_attn(ctx, q, k, v, mask, 0.125f));
+  CHECK_THROWS_WITH(flash_attn(ctx, q, ctx.new_tensor_3d(type::f16, 32, 32, 2), v, mask, 0.125f), Catch::Contains("flash_attn") && Catch::Contains("head size"));
+  CHECK_THROWS_WITH(flash_attn(ctx, q, k, ctx.new_tensor_3d(type::f16, 64, 31, 2), mask, 0.125f), Catch::Contains("same cells"));
+  CHECK_THROWS_WITH(flash_attn(ctx, q, ctx.new_tensor_3d(type::f16, 64, 32, 3), ctx.new_tensor_3d(type::f16, 64, 32, 3), mask, 0.125f), Catch::Contains("multiple"));
+  CHECK_THROWS_WITH(flash_attn(ctx, q, ctx.new_tensor_3d(type::q8_0, 64, 32, 2), v, mask, 0.125f), Catch::Contains("f32 or f16"));
+  CHECK_THROWS_WITH(flash_attn(ctx, q, k, v, ctx.new_tensor_2d(type::f32, 32, 4), 0.125f), Catch::Contains("mask"));
+  CHECK_THROWS_WITH(flash_attn(ctx, q, k, v, mask, 0.0f), Catch::Contains("scale"));
+}

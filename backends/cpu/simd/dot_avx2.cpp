@@ -1,8 +1,8 @@
 // AVX2 + FMA + F16C dot products of the plain float types and the 32-value block types against their
 // activation formats (f32 for f32 and f16 weights, bf16, q8_0, q8_1). Compiled with -mavx2 -mfma -mf16c only.
+#include <cmath>
 #include <type_traits>
 
-#include "backends/cpu/simd/mad_tile.h"
 #include "backends/cpu/simd/x86_common.h"
 #include "backends/cpu/simd/x86_kernels.h"
 
@@ -94,18 +94,100 @@ using bf16_tile = float_tile<bf16_loads>;
 }  // namespace
 
 namespace {
-float f32_value(float v) { return v; }
-float f16_value(uint16_t h) { return h2f(h); }
+
+// ---- products with a column-major a (mad_tile.h): V in a row per cell times the softmax weights ---------
+
+// NC columns x NV vectors of 8 values in registers (at most 12 accumulators, NV for the row of a and one
+// broadcast). Each value is one FMA chain over the cells in order, from +0. A cell whose weights are all 0
+// is skipped; a single column's 0 is not: its FMA adds exactly +-0 to a chain that is never -0 (V is
+// finite), so every column gets the value it would get alone, whatever its neighbours in the tile.
+template <class L, int NC, int NV>
+void mad_cols(int64_t k, const char* a, size_t a_stride, const float* const* bc, float* const* out) {
+  using T = typename L::T;
+  __m256 acc[NC][NV];
+  for (int c = 0; c < NC; ++c) {
+    for (int v = 0; v < NV; ++v) acc[c][v] = _mm256_setzero_ps();
+  }
+  for (int64_t l = 0; l < k; ++l) {
+    float bv[NC];
+    bool any = false;
+    for (int c = 0; c < NC; ++c) {
+      bv[c] = bc[c][l];
+      any |= bv[c] != 0.0f;
+    }
+    if (!any) continue;
+    const T* row = reinterpret_cast<const T*>(a + static_cast<size_t>(l) * a_stride);
+    __m256 av[NV];
+    for (int v = 0; v < NV; ++v) av[v] = L::load(row + 8 * v);
+    for (int c = 0; c < NC; ++c) {
+      const __m256 b = _mm256_set1_ps(bv[c]);
+      for (int v = 0; v < NV; ++v) acc[c][v] = _mm256_fmadd_ps(av[v], b, acc[c][v]);
+    }
+  }
+  for (int c = 0; c < NC; ++c) {
+    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out[c] + 8 * v, acc[c][v]);
+  }
+}
+
+// Chunks of 16 values of each row (then one of 8, then single values by the same FMA chain) for up to 6
+// columns at a time.
+template <class L>
+void mad_tile(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_stride, const void* b, size_t b_stride,
+              float* s, size_t s_stride) {
+  using T = typename L::T;
+  constexpr int max_cols = 6;
+  using fn = void (*)(int64_t, const char*, size_t, const float* const*, float* const*);
+  static constexpr fn wide[max_cols] = {mad_cols<L, 1, 2>, mad_cols<L, 2, 2>, mad_cols<L, 3, 2>,
+                                        mad_cols<L, 4, 2>, mad_cols<L, 5, 2>, mad_cols<L, 6, 2>};
+  static constexpr fn narrow[max_cols] = {mad_cols<L, 1, 1>, mad_cols<L, 2, 1>, mad_cols<L, 3, 1>,
+                                          mad_cols<L, 4, 1>, mad_cols<L, 5, 1>, mad_cols<L, 6, 1>};
+  const char* ab = static_cast<const char*>(a);
+  for (int64_t c0 = 0; c0 < ncols; c0 += max_cols) {
+    const int nc = static_cast<int>(std::min<int64_t>(max_cols, ncols - c0));
+    const float* bc[max_cols];
+    float* out[max_cols];
+    auto columns_at = [&](int64_t i0) {
+      for (int c = 0; c < nc; ++c) {
+        bc[c] = reinterpret_cast<const float*>(static_cast<const char*>(b) + static_cast<size_t>(c0 + c) * b_stride);
+        out[c] = s + static_cast<size_t>(c0 + c) * s_stride + static_cast<size_t>(i0);
+      }
+    };
+    int64_t i0 = 0;
+    for (; i0 + 16 <= m; i0 += 16) {
+      columns_at(i0);
+      wide[nc - 1](k, ab + static_cast<size_t>(i0) * sizeof(T), a_stride, bc, out);
+    }
+    if (i0 + 8 <= m) {
+      columns_at(i0);
+      narrow[nc - 1](k, ab + static_cast<size_t>(i0) * sizeof(T), a_stride, bc, out);
+      i0 += 8;
+    }
+    for (; i0 < m; ++i0) {
+      columns_at(i0);
+      for (int c = 0; c < nc; ++c) {
+        float acc = 0.0f;
+        for (int64_t l = 0; l < k; ++l) {
+          const float bv = bc[c][l];
+          if (bv == 0.0f) continue;
+          acc = std::fma(L::scalar(*reinterpret_cast<const T*>(ab + static_cast<size_t>(l) * a_stride +
+                                                                 static_cast<size_t>(i0) * sizeof(T))),
+                         bv, acc);
+        }
+        *out[c] = acc;
+      }
+    }
+  }
+}
+
 }  // namespace
 
-// The portable column products, vectorized by the compiler with FMA.
 void mad_tile_f32(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_stride, const void* b, size_t b_stride,
                   float* s, size_t s_stride) {
-  mad_tile_generic<float, f32_value>(k, m, ncols, a, a_stride, b, b_stride, s, s_stride);
+  mad_tile<f32_loads>(k, m, ncols, a, a_stride, b, b_stride, s, s_stride);
 }
 void mad_tile_f16(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_stride, const void* b, size_t b_stride,
                   float* s, size_t s_stride) {
-  mad_tile_generic<uint16_t, f16_value>(k, m, ncols, a, a_stride, b, b_stride, s, s_stride);
+  mad_tile<f16_loads>(k, m, ncols, a, a_stride, b, b_stride, s, s_stride);
 }
 
 TROUPE_SIMD_TILE(vec_dot_f32, f32_tile)

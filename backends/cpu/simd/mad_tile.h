@@ -8,8 +8,8 @@
 // nonzero b values and their rows, in order: a sequence's attention output does not change with where its
 // cells lie in the cache or with the masked cells of other sequences around them.
 //
-// mad_tile_generic is the portable version (the scalar table; the AVX2 one compiles it with FMA); the
-// AVX-512 one is in dot_avx512.cpp.
+// mad_tile_generic is the portable version (the scalar table); the AVX2 and AVX-512 ones (register tiles,
+// FMA chains) are in dot_avx2.cpp and dot_avx512.cpp.
 #pragma once
 
 #include <algorithm>
