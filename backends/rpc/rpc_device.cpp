@@ -198,7 +198,9 @@ device_memory rpc_device::memory() const {
 backend_ptr rpc_device::init_backend() { return std::make_unique<rpc_backend>(*this); }
 
 bool rpc_device::supports_op(const tensor& t) const {
-  if (t.op == op::count) return false;
+  // flash_attn reads the CPU's own KV layout and is not in the wire protocol (a peer's layers keep the
+  // unfused graph); the protocol's ops are the ones the peer can rebuild (net/rpc/validate.cpp).
+  if (t.op == op::count || t.op == op::flash_attn) return false;
   // A remote CPU runs troupe's CPU kernels: ask them here rather than cross the network for every node.
   if (info_.type == device_type::cpu) return cpu::cpu_device().supports_op(t);
   return true;
