@@ -23,8 +23,8 @@ constexpr int64_t cell_block = 16;  // cells whose mask is checked (and skipped)
 
 size_t score_bytes(int64_t n_kv) { return align_up(static_cast<size_t>(tile_rows * n_kv) * sizeof(float)); }
 
-// The softmax of one row of scores in place, as compute_soft_max does it (scale, the mask added, max, exp,
-// the sum of nonzero values by rank, normalised).
+// The softmax of one row of scores in place, as compute_soft_max does it (scale, the mask added, max, then
+// its softmax_normalize).
 void softmax_row(float* y, const char* m, size_t sm, type mt, int64_t n, float scale, bool reference) {
   float mx = -INFINITY;
   for (int64_t i = 0; i < n; ++i) {
@@ -33,37 +33,7 @@ void softmax_row(float* y, const char* m, size_t sm, type mt, int64_t n, float s
     y[i] = v;
     if (v > mx) mx = v;
   }
-  if (mx == -INFINITY) {
-    for (int64_t i = 0; i < n; ++i) y[i] = 0.0f;
-    return;
-  }
-  double sum = 0.0;
-  if (!reference) {
-    int64_t n_live = n;
-    while (n_live > 0 && y[n_live - 1] == -INFINITY) --n_live;
-    simd::active_table().exp_row(n_live, y, mx);
-    for (int64_t i = n_live; i < n; ++i) y[i] = 0.0f;
-    float lanes[16] = {};
-    unsigned lane = 0;
-    for (int64_t i = 0; i < n_live; ++i) {
-      if (y[i] != 0.0f) {
-        lanes[lane] += y[i];
-        lane = (lane + 1) & 15u;
-      }
-    }
-    for (unsigned w = 8; w > 0; w /= 2) {
-      for (unsigned j = 0; j < w; ++j) lanes[j] += lanes[j + w];
-    }
-    sum = lanes[0];
-  } else {
-    for (int64_t i = 0; i < n; ++i) {
-      const float e = std::exp(y[i] - mx);
-      y[i] = e;
-      sum += e;
-    }
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  for (int64_t i = 0; i < n; ++i) y[i] *= inv;
+  softmax_normalize(y, n, mx, reference);
 }
 
 }  // namespace

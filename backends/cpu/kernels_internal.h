@@ -116,6 +116,7 @@ void compute_scale(const compute_params& params, tensor& node);
 
 bool supports_norm(const tensor& node);  // rms_norm, norm
 void compute_norm(const compute_params& params, tensor& node);
+void softmax_normalize(float* y, int64_t n, float mx, bool reference);
 bool supports_soft_max(const tensor& node);
 void compute_soft_max(const compute_params& params, tensor& node);
 
