@@ -128,15 +128,7 @@ void compute_flash_attn(const compute_params& params, tensor& node) {
         out, out_stride);
   };
 
-  const int64_t n_items = n_head * tiles;
-  if (params.nth == 1) {
-    for (int64_t t = 0; t < n_items; ++t) run_item(t);
-    return;
-  }
-  std::atomic_ref<int64_t> next(*reinterpret_cast<int64_t*>(params.wdata));
-  if (params.ith == 0) next.store(params.nth, std::memory_order_relaxed);
-  params.sync();
-  for (int64_t t = params.ith; t < n_items; t = next.fetch_add(1, std::memory_order_relaxed)) run_item(t);
+  for_each_claimed(params, n_head * tiles, run_item);
 }
 
 }  // namespace troupe::cpu::detail

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -31,6 +32,21 @@ inline item_range split_range(int64_t n, int ith, int nth) {
   const int64_t per = (n + nth - 1) / nth;
   const int64_t begin = std::min(n, per * ith);
   return {begin, std::min(n, begin + per)};
+}
+
+// Items [0, n) claimed dynamically (a busy core takes fewer): thread ith starts with item ith, then takes the
+// next unclaimed one from a counter in the first 8 bytes of the work buffer (which thread 0 sets before the
+// sync). Every thread of the node must call it.
+template <class F>
+void for_each_claimed(const compute_params& params, int64_t n, F&& f) {
+  if (params.nth == 1) {
+    for (int64_t t = 0; t < n; ++t) f(t);
+    return;
+  }
+  std::atomic_ref<int64_t> next(*reinterpret_cast<int64_t*>(params.wdata));
+  if (params.ith == 0) next.store(params.nth, std::memory_order_relaxed);
+  params.sync();
+  for (int64_t t = params.ith; t < n; t = next.fetch_add(1, std::memory_order_relaxed)) f(t);
 }
 
 // Row r (over dims 1..3, dim 1 fastest) of a tensor of shape ne as indices (i1, i2, i3).

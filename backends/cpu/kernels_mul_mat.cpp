@@ -438,16 +438,8 @@ void mul_mat_fast(const compute_params& params, tensor& node, const mm_plan& p) 
     c.tile(plane, i0, i1, j0, j1);
   };
 
-  if (params.nth == 1) {
-    for (int64_t t = 0; t < n_chunks; ++t) run_chunk(t);
-    return;
-  }
-  // Thread ith starts with chunk ith, then takes the next unclaimed one from the counter (which thread 0
-  // sets before the sync that also publishes the converted b).
-  std::atomic_ref<int64_t> next(*reinterpret_cast<int64_t*>(params.wdata));
-  if (params.ith == 0) next.store(params.nth, std::memory_order_relaxed);
-  params.sync();
-  for (int64_t t = params.ith; t < n_chunks; t = next.fetch_add(1, std::memory_order_relaxed)) run_chunk(t);
+  // The counter's sync also publishes the converted b.
+  for_each_claimed(params, n_chunks, run_chunk);
 }
 
 #ifdef TROUPE_HAVE_BLAS
