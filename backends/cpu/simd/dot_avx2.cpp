@@ -1,6 +1,8 @@
 // AVX2 + FMA + F16C dot products of the plain float types and the 32-value block types against their
 // activation formats (f32 for f32 and f16 weights, bf16, q8_0, q8_1). Compiled with -mavx2 -mfma -mf16c only.
+#include <array>
 #include <cmath>
+#include <utility>
 #include <type_traits>
 
 #include "backends/cpu/simd/x86_common.h"
@@ -54,6 +56,7 @@ struct float_tile {
       }
       int64_t i = 0;
       for (; i + 32 <= n; i += 32) {
+        stream_ahead<32 * sizeof(T)>(x + i);
         for (int j = 0; j < 4; ++j) {
           const __m256 xv = L::load(x + i + 8 * j);
           for (int c = 0; c < NC; ++c) acc[c][j] = _mm256_fmadd_ps(xv, LY::load(y[c] + i + 8 * j), acc[c][j]);
@@ -90,6 +93,101 @@ struct bf16_loads {
 using f32_tile = float_tile<f32_loads>;
 using f16_tile = float_tile<f16_loads, f32_loads>;  // f16 weights, f32 activations
 using bf16_tile = float_tile<bf16_loads>;
+
+// Matrix-matrix tiles of float weights with the same elements as float_tile's: RM weight rows x RN activation
+// rows, one ymm accumulator per element. float_tile's element is four FMA chains, chain j over the 8-value
+// slices j, j + 4, j + 8 ... of each 32-value group (chain 0 also over the 8-value slices after the last
+// group), summed as (c0 + c1) + (c2 + c3), then the scalar tail. A register tile cannot hold four chains
+// per element, so it runs them one after another: phase j computes chain j of every element of the tile
+// (from the rows in L1), keeps it, and the sums are formed at the end in float_tile's order. Every element
+// is bit-identical to float_tile's (vec_dot's) whatever the tile; per step a 3 x 4 tile converts 3 weight
+// vectors and loads 4 activation vectors for 12 FMAs, where float_tile's one weight row x 2 activation rows
+// does 8 FMAs for 9 loads.
+template <class L, class LY = L>
+struct float_gemm {
+  using T = typename L::T;
+  using TY = typename LY::T;
+
+  template <int RM, int RN>
+  static void run(int64_t n, const char* x, size_t x_stride, const char* y, size_t y_stride, float* s,
+                  size_t s_stride) {
+    const T* xr[RM];
+    const TY* yr[RN];
+    for (int r = 0; r < RM; ++r) xr[r] = reinterpret_cast<const T*>(x + static_cast<size_t>(r) * x_stride);
+    for (int c = 0; c < RN; ++c) yr[c] = reinterpret_cast<const TY*>(y + static_cast<size_t>(c) * y_stride);
+    const int64_t n32 = n / 32 * 32;
+    __m256 chain[4][RM][RN];
+    for (int j = 0; j < 4; ++j) {
+      __m256 acc[RM][RN];
+      for (int r = 0; r < RM; ++r) {
+        for (int c = 0; c < RN; ++c) acc[r][c] = _mm256_setzero_ps();
+      }
+      auto step = [&](int64_t i) {
+        __m256 xv[RM];
+        for (int r = 0; r < RM; ++r) xv[r] = L::load(xr[r] + i);
+        for (int c = 0; c < RN; ++c) {
+          const __m256 yv = LY::load(yr[c] + i);
+          for (int r = 0; r < RM; ++r) acc[r][c] = _mm256_fmadd_ps(xv[r], yv, acc[r][c]);
+        }
+      };
+      for (int64_t i = 8 * j; i < n32; i += 32) step(i);
+      if (j == 0) {
+        for (int64_t i = n32; i + 8 <= n; i += 8) step(i);
+      }
+      for (int r = 0; r < RM; ++r) {
+        for (int c = 0; c < RN; ++c) chain[j][r][c] = acc[r][c];
+      }
+    }
+    const int64_t tail = n / 8 * 8;
+    for (int c = 0; c < RN; ++c) {
+      for (int r = 0; r < RM; ++r) {
+        float sum = hsum(_mm256_add_ps(_mm256_add_ps(chain[0][r][c], chain[1][r][c]),
+                                       _mm256_add_ps(chain[2][r][c], chain[3][r][c])));
+        for (int64_t t = tail; t < n; ++t) sum += L::scalar(xr[r][t]) * LY::scalar(yr[c][t]);
+        s[static_cast<size_t>(c) * s_stride + static_cast<size_t>(r)] = sum;
+      }
+    }
+  }
+};
+
+// Tile shape of float_gemm (16 ymm: RM x RN accumulators, RM weight vectors and one activation vector).
+constexpr int gemm_rm = 3;
+constexpr int gemm_rn = 4;
+
+using gemm_fn = void (*)(int64_t, const char*, size_t, const char*, size_t, float*, size_t);
+
+template <class K, int RM, int... RN>
+constexpr std::array<gemm_fn, sizeof...(RN)> gemm_row_of(std::integer_sequence<int, RN...>) {
+  return {&K::template run<RM, RN + 1>...};
+}
+template <class K, int... RM>
+constexpr std::array<std::array<gemm_fn, gemm_rn>, sizeof...(RM)> gemm_table_of(std::integer_sequence<int, RM...>) {
+  return {gemm_row_of<K, RM + 1>(std::make_integer_sequence<int, gemm_rn>{})...};
+}
+// gemm_table<K>[rm - 1][rn - 1]: K::run<rm, rn>.
+template <class K>
+constexpr auto gemm_table = gemm_table_of<K>(std::make_integer_sequence<int, gemm_rm>{});
+
+// s[c * s_stride + r] = dot(row r of x, row c of y) for r < nrows, c < ncols. With at least gemm_rn
+// activation rows (prompts, attention scores), float_gemm's tiles: for each group of gemm_rm weight rows
+// (reused from L1), every group of gemm_rn activation rows. With fewer (matrix-vector products, weights
+// streamed from memory) float_tile's: one weight row at a time, one stream, four chains in flight.
+template <class L, class LY>
+void float_tiles(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x, size_t x_stride,
+                 const void* y, size_t y_stride) {
+  if (ncols < gemm_rn) return dot_tile<float_tile<L, LY>>(n, nrows, ncols, s, s_stride, x, x_stride, y, y_stride);
+  const char* xb = static_cast<const char*>(x);
+  const char* yb = static_cast<const char*>(y);
+  for (int64_t r0 = 0; r0 < nrows; r0 += gemm_rm) {
+    const int64_t rm = nrows - r0 < gemm_rm ? nrows - r0 : gemm_rm;
+    for (int64_t c0 = 0; c0 < ncols; c0 += gemm_rn) {
+      const int64_t rn = ncols - c0 < gemm_rn ? ncols - c0 : gemm_rn;
+      gemm_table<float_gemm<L, LY>>[static_cast<size_t>(rm - 1)][static_cast<size_t>(rn - 1)](
+          n, xb + static_cast<size_t>(r0) * x_stride, x_stride, yb + static_cast<size_t>(c0) * y_stride, y_stride,
+          s + static_cast<size_t>(c0) * s_stride + static_cast<size_t>(r0), s_stride);
+    }
+  }
+}
 
 }  // namespace
 
@@ -190,8 +288,9 @@ void mad_tile_f16(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_s
   mad_tile<f16_loads>(k, m, ncols, a, a_stride, b, b_stride, s, s_stride);
 }
 
-TROUPE_SIMD_TILE(vec_dot_f32, f32_tile)
-TROUPE_SIMD_TILE(vec_dot_f16, f16_tile)
-TROUPE_SIMD_TILE(vec_dot_bf16, bf16_tile)
+// One row: float_tile's one-column kernel (rows one after another: one stream); tiles: float_tiles.
+TROUPE_SIMD_TILE_BY(vec_dot_f32, f32_tile, (float_tiles<f32_loads, f32_loads>))
+TROUPE_SIMD_TILE_BY(vec_dot_f16, f16_tile, (float_tiles<f16_loads, f32_loads>))
+TROUPE_SIMD_TILE_BY(vec_dot_bf16, bf16_tile, (float_tiles<bf16_loads, bf16_loads>))
 
 }  // namespace troupe::cpu::simd::avx2

@@ -146,6 +146,7 @@ struct k4_tile {
     const int64_t nb = n / qk_k;
     const __m256i m4 = _mm256_set1_epi8(0xF);
     for (int64_t i = 0; i < nb; ++i) {
+      stream_ahead<sizeof(x[i])>(x + i);
       const float xd = h2f(x[i].d);
       const float xdmin = h2f(x[i].dmin);
       const __m256i sm = k4_scales_mins(x[i].scales);
@@ -209,6 +210,7 @@ struct q6_K_tile {
     const __m256i m4 = _mm256_set1_epi8(0xF);
     const __m256i m2 = _mm256_set1_epi8(3);
     for (int64_t i = 0; i < nb; ++i) {
+      stream_ahead<sizeof(x[i])>(x + i);
       const float xd = h2f(x[i].d);
       const __m256i all_scales = _mm256_cvtepi8_epi16(load128(x[i].scales));
       const __m256i half_scales[2] = {_mm256_permute2x128_si256(all_scales, all_scales, 0x00),
