@@ -1,8 +1,6 @@
 // AVX2 + FMA + F16C dot products of the plain float types and the 32-value block types against their
 // activation formats (f32 for f32 and f16 weights, bf16, q8_0, q8_1). Compiled with -mavx2 -mfma -mf16c only.
-#include <array>
 #include <cmath>
-#include <utility>
 #include <type_traits>
 
 #include "backends/cpu/simd/x86_common.h"
@@ -154,20 +152,6 @@ struct float_gemm {
 constexpr int gemm_rm = 3;
 constexpr int gemm_rn = 4;
 
-using gemm_fn = void (*)(int64_t, const char*, size_t, const char*, size_t, float*, size_t);
-
-template <class K, int RM, int... RN>
-constexpr std::array<gemm_fn, sizeof...(RN)> gemm_row_of(std::integer_sequence<int, RN...>) {
-  return {&K::template run<RM, RN + 1>...};
-}
-template <class K, int... RM>
-constexpr std::array<std::array<gemm_fn, gemm_rn>, sizeof...(RM)> gemm_table_of(std::integer_sequence<int, RM...>) {
-  return {gemm_row_of<K, RM + 1>(std::make_integer_sequence<int, gemm_rn>{})...};
-}
-// gemm_table<K>[rm - 1][rn - 1]: K::run<rm, rn>.
-template <class K>
-constexpr auto gemm_table = gemm_table_of<K>(std::make_integer_sequence<int, gemm_rm>{});
-
 // s[c * s_stride + r] = dot(row r of x, row c of y) for r < nrows, c < ncols. With at least gemm_rn
 // activation rows (prompts, attention scores), float_gemm's tiles: for each group of gemm_rm weight rows
 // (reused from L1), every group of gemm_rn activation rows. With fewer (matrix-vector products, weights
@@ -176,17 +160,7 @@ template <class L, class LY>
 void float_tiles(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x, size_t x_stride,
                  const void* y, size_t y_stride) {
   if (ncols < gemm_rn) return dot_tile<float_tile<L, LY>>(n, nrows, ncols, s, s_stride, x, x_stride, y, y_stride);
-  const char* xb = static_cast<const char*>(x);
-  const char* yb = static_cast<const char*>(y);
-  for (int64_t r0 = 0; r0 < nrows; r0 += gemm_rm) {
-    const int64_t rm = nrows - r0 < gemm_rm ? nrows - r0 : gemm_rm;
-    for (int64_t c0 = 0; c0 < ncols; c0 += gemm_rn) {
-      const int64_t rn = ncols - c0 < gemm_rn ? ncols - c0 : gemm_rn;
-      gemm_table<float_gemm<L, LY>>[static_cast<size_t>(rm - 1)][static_cast<size_t>(rn - 1)](
-          n, xb + static_cast<size_t>(r0) * x_stride, x_stride, yb + static_cast<size_t>(c0) * y_stride, y_stride,
-          s + static_cast<size_t>(c0) * s_stride + static_cast<size_t>(r0), s_stride);
-    }
-  }
+  gemm_tiles<float_gemm<L, LY>, gemm_rm, gemm_rn>(n, nrows, ncols, gemm_rm, s, s_stride, x, x_stride, y, y_stride);
 }
 
 }  // namespace

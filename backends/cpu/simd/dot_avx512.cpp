@@ -555,22 +555,6 @@ struct float_gemm {
 constexpr int gemm_rm = 4;  // weight rows per register tile
 constexpr int gemm_rn = 6;  // activation rows per register tile (4 x 6 accumulators + 4 + 1 of 32 zmm)
 
-using gemm_fn = void (*)(int64_t, const char*, size_t, const char*, size_t, float*, size_t);
-
-template <class K, int RM, int... RN>
-constexpr std::array<gemm_fn, sizeof...(RN)> gemm_row_of(std::integer_sequence<int, RN...>) {
-  return {&K::template run<RM, RN + 1>...};
-}
-
-template <class K, int... RM>
-constexpr std::array<std::array<gemm_fn, gemm_rn>, sizeof...(RM)> gemm_table_of(std::integer_sequence<int, RM...>) {
-  return {gemm_row_of<K, RM + 1>(std::make_integer_sequence<int, gemm_rn>{})...};
-}
-
-// gemm_table<K>[rm - 1][rn - 1]: K::run<rm, rn>.
-template <class K>
-constexpr auto gemm_table = gemm_table_of<K>(std::make_integer_sequence<int, gemm_rm>{});
-
 // s[c * s_stride + r] = dot(row r of x, row c of y) for r < nrows, c < ncols, in register tiles: for each
 // group of gemm_rm weight rows (reused from L1), every group of gemm_rn activation rows. With fewer
 // activation rows than a tile's (matrix-vector products, weights streamed from memory) one weight row at a
@@ -578,18 +562,8 @@ constexpr auto gemm_table = gemm_table_of<K>(std::make_integer_sequence<int, gem
 template <class K>
 void gemm_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x, size_t x_stride,
                const void* y, size_t y_stride) {
-  const char* xb = static_cast<const char*>(x);
-  const char* yb = static_cast<const char*>(y);
   const int64_t rows_per = ncols >= gemm_rn ? gemm_rm : 1;
-  for (int64_t r0 = 0; r0 < nrows; r0 += rows_per) {
-    const int64_t rm = std::min<int64_t>(rows_per, nrows - r0);
-    for (int64_t c0 = 0; c0 < ncols; c0 += gemm_rn) {
-      const int64_t rn = std::min<int64_t>(gemm_rn, ncols - c0);
-      gemm_table<K>[static_cast<size_t>(rm - 1)][static_cast<size_t>(rn - 1)](
-          n, xb + static_cast<size_t>(r0) * x_stride, x_stride, yb + static_cast<size_t>(c0) * y_stride, y_stride,
-          s + static_cast<size_t>(c0) * s_stride + static_cast<size_t>(r0), s_stride);
-    }
-  }
+  gemm_tiles<K, gemm_rm, gemm_rn>(n, nrows, ncols, rows_per, s, s_stride, x, x_stride, y, y_stride);
 }
 
 struct f32_loads {

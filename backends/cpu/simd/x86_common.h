@@ -25,8 +25,10 @@
 #pragma GCC diagnostic pop
 #endif
 
+#include <array>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "runtime/quants.h"  // block layouts only; its inline functions are not used here
 
@@ -111,6 +113,40 @@ inline void stream_ahead(const void* p) {
   constexpr int lines = bytes + 32 < 64 ? 1 : (bytes + 32) / 64;  // bytes / 64, rounded
   const char* c = static_cast<const char*>(p) + stream_distance;
   for (int l = 0; l < lines; ++l) _mm_prefetch(c + 64 * l, _MM_HINT_T0);
+}
+
+// Register-tile GEMMs of float weights (float_gemm in dot_avx2.cpp and dot_avx512.cpp): K::run<rm, rn>(n, x,
+// x_stride, y, y_stride, s, s_stride) computes rm weight rows x rn activation rows.
+// gemm_table<K, RM, RN>[rm - 1][rn - 1] is K::run<rm, rn> for rm <= RM, rn <= RN.
+using gemm_fn = void (*)(int64_t, const char*, size_t, const char*, size_t, float*, size_t);
+
+template <class K, int RM, int... RN>
+constexpr std::array<gemm_fn, sizeof...(RN)> gemm_row_of(std::integer_sequence<int, RN...>) {
+  return {&K::template run<RM, RN + 1>...};
+}
+template <class K, int NRN, int... RM>
+constexpr std::array<std::array<gemm_fn, NRN>, sizeof...(RM)> gemm_table_of(std::integer_sequence<int, RM...>) {
+  return {gemm_row_of<K, RM + 1>(std::make_integer_sequence<int, NRN>{})...};
+}
+template <class K, int RM, int RN>
+constexpr auto gemm_table = gemm_table_of<K, RN>(std::make_integer_sequence<int, RM>{});
+
+// s[c * s_stride + r] = dot(row r of x, row c of y) for r < nrows, c < ncols, by K's register tiles: for each
+// group of rows_per (<= RM) weight rows, every group of RN activation rows.
+template <class K, int RM, int RN>
+void gemm_tiles(int64_t n, int64_t nrows, int64_t ncols, int64_t rows_per, float* s, size_t s_stride, const void* x,
+                size_t x_stride, const void* y, size_t y_stride) {
+  const char* xb = static_cast<const char*>(x);
+  const char* yb = static_cast<const char*>(y);
+  for (int64_t r0 = 0; r0 < nrows; r0 += rows_per) {
+    const int64_t rm = nrows - r0 < rows_per ? nrows - r0 : rows_per;
+    for (int64_t c0 = 0; c0 < ncols; c0 += RN) {
+      const int64_t rn = ncols - c0 < RN ? ncols - c0 : RN;
+      gemm_table<K, RM, RN>[static_cast<size_t>(rm - 1)][static_cast<size_t>(rn - 1)](
+          n, xb + static_cast<size_t>(r0) * x_stride, x_stride, yb + static_cast<size_t>(c0) * y_stride, y_stride,
+          s + static_cast<size_t>(c0) * s_stride + static_cast<size_t>(r0), s_stride);
+    }
+  }
 }
 
 // s[r] = dot(row r of x, y) for r < nrows, rows x_stride bytes apart. flatten is meant to inline the dot
