@@ -78,13 +78,13 @@ tensor* graph_builder::attention(uint32_t il, tensor* q, tensor* k, tensor* v, f
   tensor* kview = view_3d(ctx, k_stored, hd_k, n_kv, n_head_kv, k_row, row_size(ck->type, hd_k), 0);  // [hd, n_kv, h_kv]
   tensor* qp = permute(ctx, q, 0, 2, 1, 3);                                                              // [hd, n_tok, h]
   if (!v_trans && mask != nullptr && !is_quantized(ck->type) && !is_quantized(cv->type)) {
-    // Host layers (K and V in a row per cell: the CPU's layout): one op, the scores of a few query rows at a
+    // CPU layers (K and V in a row per cell: the CPU's layout): one op, the scores of a few query rows at a
     // time in cache instead of a score matrix in memory; the same values as the unfused graph below.
     tensor* vview = view_3d(ctx, v_stored, hd_v, n_kv, n_head_kv, row_size(cv->type, n_embd_v), row_size(cv->type, hd_v), 0);
     tensor* out = flash_attn(ctx, qp, kview, vview, mask, kq_scale);  // [hd_v, h, n_tok]
     return reshape(ctx, out, hd_v * n_head, n_tokens);
   }
-  // Host layers (V in a row per cell: the CPU's layout) skip the scores the mask hides whole.
+  // CPU layers (V in a row per cell: the CPU's layout) skip the scores the mask hides whole.
   tensor* kq = mask != nullptr && !v_trans && !is_quantized(cv->type) ? mul_mat_masked(ctx, kview, qp, mask)
                                                     : mul_mat(ctx, kview, qp);                          // [n_kv, n_tok, h]
   kq = soft_max(ctx, kq, mask, kq_scale);

@@ -46,9 +46,9 @@ class kv_cache {
   type type_k() const { return type_k_; }
   type type_v() const { return type_v_; }
   // Whether layer il keeps V transposed ([n_ctx, n_embd_v_gqa]: a row per dimension, for the devices' dense
-  // matrix products) or a row per cell ([n_embd_v_gqa, n_ctx]: quantized V, and every layer in host memory,
-  // whose CPU product reads V's rows in cell order and so gives a sequence the same sums wherever its cells
-  // are and whatever else is cached).
+  // matrix products) or a row per cell ([n_embd_v_gqa, n_ctx]: quantized V, and every layer a CPU device
+  // computes (host memory, CPU instances), whose product reads V's rows in cell order and so gives a
+  // sequence the same sums wherever its cells are and whatever else is cached).
   bool v_trans(uint32_t il) const { return v_trans_[il]; }
   bool any_v_trans() const;
   tensor* k(uint32_t il) const { return k_[il]; }  // [n_embd_k_gqa, n_ctx]

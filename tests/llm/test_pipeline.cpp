@@ -233,3 +233,94 @@ TEST_CASE("SmolLM2 over CPU and CPU1: a ring of 2 groups gives the same tokens a
   auto m = model::load(*path, {.devices = {{&cpu1, 16}}});
   check_ring(*m, 12);
 }
+
+
+namespace {
+
+// Batch invariance: four sequences' logits (a row per prompt and per step, teacher-forced tokens) decoded
+// each alone, and arriving one after another so that every batch mixes one sequence's prompt with the
+// others' steps (the scheduler actor's batches when sessions start at different times). The cells a
+// sequence gets are scattered among the others' and n_kv differs, yet each row must be the same bits.
+using rows_by_seq = std::map<std::pair<int32_t, int>, std::vector<float>>;  // (sequence, row) -> logits
+
+rows_by_seq decode_plan(const model& m, const std::vector<std::vector<std::pair<int32_t, int>>>& plan) {
+  llm_context ctx(m, {.n_ctx = 512, .n_ubatch = 64, .n_seq_max = 4, .n_threads = 1});
+  std::vector<int32_t> pos(4, 0);
+  std::vector<int> rows(4, 0);
+  rows_by_seq out;
+  for (const auto& step : plan) {
+    batch b;
+    for (const auto& [s, n] : step) {
+      const auto stream = tokens_of(40 + 7 * s, m.hp().n_vocab);
+      for (int i = 0; i < n; ++i, ++pos[static_cast<size_t>(s)]) {
+        b.add(stream[static_cast<size_t>(pos[static_cast<size_t>(s)] + 3 * s)], pos[static_cast<size_t>(s)], s, i + 1 == n);
+      }
+    }
+    ctx.decode(b);
+    for (size_t i = 0; i < step.size(); ++i) {
+      const auto l = ctx.logits(i);
+      out[{step[i].first, rows[static_cast<size_t>(step[i].first)]++}] = {l.begin(), l.end()};
+    }
+  }
+  return out;
+}
+
+void check_batch_invariance(const model& m) {
+  const int prompt[4] = {13, 17, 21, 15};
+  const int steps = 6;
+  std::vector<std::vector<std::pair<int32_t, int>>> alone, staggered;
+  for (int32_t s = 0; s < 4; ++s) {
+    alone.push_back({{s, prompt[s]}});
+    for (int k = 0; k < steps; ++k) alone.push_back({{s, 1}});
+  }
+  // Sequence s's prompt joins the steps of the ones before it; then all four step together; then they end
+  // one after another.
+  std::vector<int> done(4, 0);
+  for (int32_t s = 0; s < 4; ++s) {
+    std::vector<std::pair<int32_t, int>> step;
+    for (int32_t o = 0; o < s; ++o) {
+      step.push_back({o, 1});
+      ++done[static_cast<size_t>(o)];
+    }
+    step.push_back({s, prompt[s]});
+    staggered.push_back(step);
+  }
+  for (int32_t first = 0; first < 4; ++first) {
+    while (done[static_cast<size_t>(first)] < steps) {
+      std::vector<std::pair<int32_t, int>> step;
+      for (int32_t o = first; o < 4; ++o) {
+        if (done[static_cast<size_t>(o)] < steps) {
+          step.push_back({o, 1});
+          ++done[static_cast<size_t>(o)];
+        }
+      }
+      staggered.push_back(step);
+    }
+  }
+  const rows_by_seq want = decode_plan(m, alone);
+  const rows_by_seq got = decode_plan(m, staggered);
+  REQUIRE(want.size() == 4 * (steps + 1));
+  REQUIRE(got.size() == want.size());
+  for (const auto& [key, row] : want) {
+    INFO("sequence " << key.first << ", row " << key.second);
+    CHECK(test::same_bits(got.at(key), row));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("stories260K over CPU and CPU1: a sequence's logits are the same bits whatever else its batches hold", "[llm][pipeline][invariance]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  device_i& cpu1 = add_cpu_instance({.index = 1, .n_threads = 1});
+  auto m = model::load(*path, {.devices = {{&cpu1, 3}}});
+  check_batch_invariance(*m);
+}
+
+TEST_CASE("SmolLM2 over CPU and CPU1: a sequence's logits are the same bits whatever else its batches hold", "[llm][pipeline][invariance][smollm2]") {
+  const auto path = test::smollm2_path();
+  if (!path) return;
+  device_i& cpu1 = add_cpu_instance({.index = 1, .n_threads = 1});
+  auto m = model::load(*path, {.devices = {{&cpu1, 15}}});
+  check_batch_invariance(*m);
+}
