@@ -234,7 +234,6 @@ TEST_CASE("SmolLM2 over CPU and CPU1: a ring of 2 groups gives the same tokens a
   check_ring(*m, 12);
 }
 
-
 namespace {
 
 // Batch invariance: four sequences' logits (a row per prompt and per step, teacher-forced tokens) decoded
@@ -245,16 +244,15 @@ using rows_by_seq = std::map<std::pair<int32_t, int>, std::vector<float>>;  // (
 
 rows_by_seq decode_plan(const model& m, const std::vector<std::vector<std::pair<int32_t, int>>>& plan) {
   llm_context ctx(m, {.n_ctx = 512, .n_ubatch = 64, .n_seq_max = 4, .n_threads = 1});
+  const auto tokens = tokens_of(64, m.hp().n_vocab);  // sequence s's token at position p: tokens[p + 3 s]
   std::vector<int32_t> pos(4, 0);
   std::vector<int> rows(4, 0);
   rows_by_seq out;
   for (const auto& step : plan) {
     batch b;
     for (const auto& [s, n] : step) {
-      const auto stream = tokens_of(40 + 7 * s, m.hp().n_vocab);
-      for (int i = 0; i < n; ++i, ++pos[static_cast<size_t>(s)]) {
-        b.add(stream[static_cast<size_t>(pos[static_cast<size_t>(s)] + 3 * s)], pos[static_cast<size_t>(s)], s, i + 1 == n);
-      }
+      int32_t& p = pos[static_cast<size_t>(s)];
+      for (int i = 0; i < n; ++i, ++p) b.add(tokens.at(static_cast<size_t>(p + 3 * s)), p, s, i + 1 == n);
     }
     ctx.decode(b);
     for (size_t i = 0; i < step.size(); ++i) {
