@@ -506,6 +506,10 @@ inline __m512 load_f32_tail(const float* p, __mmask16 m) { return _mm512_maskz_l
 inline __m512 load_f16(const uint16_t* p) { return _mm512_cvtph_ps(load256(p)); }
 inline __m512 load_f16_tail(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 
+// How far ahead of a streamed weight row's loads the float kernels prefetch (measured on a Sapphire
+// Rapids-class core: 1-2 KiB ahead reads a 256 MiB f16 matrix 10-20% faster than no prefetch).
+constexpr int64_t stream_prefetch_bytes = 2048;
+
 // Float weights (f32, f16) against f32 activation rows: register tiles of RM weight rows x RN activation rows,
 // one zmm accumulator per element, 16 values per step: the RM weight vectors are loaded (and converted)
 // once for the RN rows and each activation vector once for the RM rows, so a 4 x 6 tile does 24 FMAs for
@@ -530,6 +534,14 @@ struct float_gemm {
     }
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
+      // One weight row streamed from memory (matrix-vector products): a software prefetch well ahead of
+      // the loads keeps more line fills in flight than the hardware prefetcher alone (rows are contiguous,
+      // so past this row's end it fetches the next rows'). It changes no arithmetic.
+      if constexpr (RM == 1) {
+        if ((i * static_cast<int64_t>(sizeof(T))) % 64 == 0) {
+          _mm_prefetch(reinterpret_cast<const char*>(xr[0] + i) + stream_prefetch_bytes, _MM_HINT_T0);
+        }
+      }
       __m512 xv[RM];
       for (int r = 0; r < RM; ++r) xv[r] = LX::load(xr[r] + i);
       for (int c = 0; c < RN; ++c) {
