@@ -176,7 +176,7 @@ constexpr int64_t tile_n = 16;
 
 // Fast path: tiles of dst for matrix-matrix products, row chunks for matrix-vector ones.
 constexpr int64_t fast_tile_m = 16;
-constexpr int64_t fast_tile_n = 16;
+constexpr int64_t fast_tile_n = 32;
 constexpr int64_t chunks_per_thread = 8;  // matrix-vector: enough chunks to even out uneven threads
 constexpr int64_t min_chunk_rows = 16;
 

@@ -236,7 +236,7 @@ TEST_CASE("simd vec_dot_rows equals one vec_dot per row, bit for bit", "[cpu][si
   }
 }
 
-TEST_CASE("simd vec_dot_tile equals one vec_dot per element, bit for bit, for batches 1..8", "[cpu][simd]") {
+TEST_CASE("simd vec_dot_tile equals one vec_dot per element, bit for bit, for batches 1..19", "[cpu][simd]") {
   int checked = 0;
   for (isa level : simd_levels()) {
     const simd::kernel_table& kt = simd::table(level);
@@ -254,7 +254,7 @@ TEST_CASE("simd vec_dot_tile equals one vec_dot per element, bit for bit, for ba
               quantize_ref(w, random_floats(static_cast<size_t>(n), 60 + static_cast<uint32_t>(r), -0.5f, hi));
           std::memcpy(x.data() + x_stride * static_cast<size_t>(r), row.data(), row.size());
         }
-        for (int64_t cols : {1, 2, 3, 4, 5, 6, 7, 8, 13}) {
+        for (int64_t cols : {1, 2, 3, 4, 5, 6, 7, 8, 13, 16, 19}) {
           INFO("level " << cpu::isa_name(level) << ", weights " << type_name(w) << ", n " << n << ", batch " << cols);
           std::vector<uint8_t> y(y_stride * static_cast<size_t>(cols));
           for (int64_t c = 0; c < cols; ++c) {

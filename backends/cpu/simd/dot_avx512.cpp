@@ -24,6 +24,71 @@ namespace ymm {
 
 namespace {
 
+// Horizontal sums of many vectors at once: out[i] = _mm512_reduce_add_ps(v[i]) for i < N, bit for bit.
+// _mm512_reduce_add_ps adds lanes i and i + 8, then i and i + 4, i and i + 2, i and i + 1 (8 dependent
+// shuffles and adds per vector); the same pairing tree is done here for 16 vectors in 15 steps of two
+// shuffles and an add, each step serving two vectors (float addition is commutative, so which operand of
+// a pair comes first does not change a bit). A tile's 8 .. 24 dot products of short rows (attention's
+// 64-value heads, k = 576 weight rows) spent as much time in their reductions as in their products.
+[[gnu::always_inline]] inline __m512 reduce_add_x16(const __m512* v) {
+  __m512 w[8], u[4], z[2];
+  for (int k = 0; k < 8; ++k) {  // lanes i + (i + 8): v[2k] in lanes 0..7, v[2k + 1] in 8..15
+    w[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+  }
+  for (int m = 0; m < 4; ++m) {  // + 4: 128-bit chunk j holds v[4m + j]
+    u[m] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * m], w[2 * m + 1], 0x88),
+                         _mm512_shuffle_f32x4(w[2 * m], w[2 * m + 1], 0xDD));
+  }
+  for (int l = 0; l < 2; ++l) {  // + 2: chunk j holds v[8l + j] in lanes 0, 1 and v[8l + 4 + j] in 2, 3
+    z[l] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * l], u[2 * l + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(u[2 * l], u[2 * l + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // + 1: lane 4j + t holds the sum of v[j + 4t]; a permute puts the sum of v[i] in lane i.
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+// The same for 8 vectors: the first three steps on them alone, the last on the one vector left.
+[[gnu::always_inline]] inline __m256 reduce_add_x8(const __m512* v) {
+  __m512 w[4], u[2];
+  for (int k = 0; k < 4; ++k) {
+    w[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+  }
+  for (int m = 0; m < 2; ++m) {
+    u[m] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * m], w[2 * m + 1], 0x88),
+                         _mm512_shuffle_f32x4(w[2 * m], w[2 * m + 1], 0xDD));
+  }
+  const __m512 z = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // Lane 4j of r: the sum of v[j], lane 4j + 1: of v[4 + j].
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(z, z, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(z, z, _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_castps512_ps256(
+      _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), r));
+}
+
+template <int N>
+[[gnu::always_inline]] inline void reduce_add_n(const __m512* v, float* out) {
+  if constexpr (N == 8) {
+    _mm256_storeu_ps(out, reduce_add_x8(v));
+    return;
+  }
+  for (int i0 = 0; i0 < N; i0 += 16) {
+    if (N - i0 == 1) {
+      out[i0] = _mm512_reduce_add_ps(v[i0]);
+      break;
+    }
+    __m512 b[16];
+    for (int i = 0; i < 16; ++i) b[i] = i0 + i < N ? v[i0 + i] : _mm512_setzero_ps();
+    const __m512 r = reduce_add_x16(b);
+    if (N - i0 >= 16) _mm512_storeu_ps(out + i0, r);
+    else _mm512_mask_storeu_ps(out + i0, static_cast<__mmask16>((1u << (N - i0)) - 1), r);
+  }
+}
+
 // Blocks i and i + 1 of q4_0 / q4_1 nibbles in one zmm, in value order. The two 16-byte nibble arrays become
 // one ymm [qs_i | qs_i+1]; a zmm of that and the same shifted right by 4 holds [lo_i | lo_i+1 | hi_i |
 // hi_i+1] after the 0x0F mask, and a 64-bit permute puts it in value order [lo_i | hi_i | lo_i+1 | hi_i+1],
@@ -130,25 +195,25 @@ template <int bias>
 struct blocks_q8_0 {
   using block = block_q8_0;
   using act = act_i;
-  static act get(const void* y, int64_t p, bool half) {
+  [[gnu::always_inline]] static act get(const void* y, int64_t p, bool half) {
     return make_act_i<bias>(static_cast<const block*>(y), p, half);
   }
 };
 struct blocks_q8_1 {
   using block = block_q8_1;
   using act = act_f;
-  static act get(const void* y, int64_t p, bool half) { return make_act_f(static_cast<const block*>(y), p, half); }
+  [[gnu::always_inline]] static act get(const void* y, int64_t p, bool half) { return make_act_f(static_cast<const block*>(y), p, half); }
 };
 struct prepared_i {
   using act = act_i;
-  static act get(const void* y, int64_t p, bool) {
+  [[gnu::always_inline]] static act get(const void* y, int64_t p, bool) {
     const prepared_pair& pp = static_cast<const prepared_pair*>(y)[p];
     return {_mm512_loadu_si512(pp.q), _mm512_loadu_ps(pp.d), _mm512_loadu_si512(pp.t)};
   }
 };
 struct prepared_f {
   using act = act_f;
-  static act get(const void* y, int64_t p, bool) {
+  [[gnu::always_inline]] static act get(const void* y, int64_t p, bool) {
     const prepared_pair& pp = static_cast<const prepared_pair*>(y)[p];
     return {_mm512_loadu_si512(pp.q), _mm512_loadu_ps(pp.d), _mm512_loadu_ps(pp.t)};
   }
@@ -175,14 +240,14 @@ struct w_q4_0 {
   using block = block_q4_0;
   __m512i q;  // nibbles, unsigned
   __m512 d;
-  static w_q4_0 decode(const block* x, int64_t p, bool half) {
+  [[gnu::always_inline]] static w_q4_0 decode(const block* x, int64_t p, bool half) {
     const block& a = x[2 * p];
     if (half) return {_mm512_zextsi256_si512(nibbles_32(a.qs)), halves_f16(u16(a.d), 0)};
     const block& b = x[2 * p + 1];
     return {nibbles_64(a.qs, b.qs), halves_f16(u16(a.d), u16(b.d))};
   }
   // sum (q - 8) r: byte products onto -8 sum(r).
-  void apply(const act_i& y, __m512& acc) const {
+  [[gnu::always_inline]] void apply(const act_i& y, __m512& acc) const {
     const __m512i sumi = _mm512_dpbusd_epi32(y.t, q, y.q);
     acc = _mm512_fmadd_ps(_mm512_mul_ps(d, y.d), _mm512_cvtepi32_ps(sumi), acc);
   }
@@ -201,7 +266,7 @@ struct w_q5_0 {
   using block = block_q5_0;
   __m512i q;
   __m512 d;
-  static w_q5_0 decode(const block* x, int64_t p, bool half) {
+  [[gnu::always_inline]] static w_q5_0 decode(const block* x, int64_t p, bool half) {
     const block& a = x[2 * p];
     if (half) {
       return {_mm512_or_si512(_mm512_zextsi256_si512(nibbles_32(a.qs)), high_bits_64(a.qh, nullptr)),
@@ -210,7 +275,7 @@ struct w_q5_0 {
     const block& b = x[2 * p + 1];
     return {_mm512_or_si512(nibbles_64(a.qs, b.qs), high_bits_64(a.qh, b.qh)), halves_f16(u16(a.d), u16(b.d))};
   }
-  void apply(const act_i& y, __m512& acc) const {
+  [[gnu::always_inline]] void apply(const act_i& y, __m512& acc) const {
     const __m512i sumi = _mm512_dpbusd_epi32(y.t, q, y.q);
     acc = _mm512_fmadd_ps(_mm512_mul_ps(d, y.d), _mm512_cvtepi32_ps(sumi), acc);
   }
@@ -220,7 +285,7 @@ struct w_q8_0 {
   using block = block_q8_0;
   __m512i u;  // quants + 128 (the sign bit flipped), unsigned
   __m512 d;
-  static w_q8_0 decode(const block* x, int64_t p, bool half) {
+  [[gnu::always_inline]] static w_q8_0 decode(const block* x, int64_t p, bool half) {
     const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
     const block& a = x[2 * p];
     if (half) return {_mm512_xor_si512(_mm512_zextsi256_si512(load256(a.qs)), bias), halves_f16(u16(a.d), 0)};
@@ -229,7 +294,7 @@ struct w_q8_0 {
     return {_mm512_xor_si512(q, bias), halves_f16(u16(a.d), u16(b.d))};
   }
   // sum q r: byte products of q + 128 onto -128 sum(r).
-  void apply(const act_i& y, __m512& acc) const {
+  [[gnu::always_inline]] void apply(const act_i& y, __m512& acc) const {
     const __m512i sumi = _mm512_dpbusd_epi32(y.t, u, y.q);
     acc = _mm512_fmadd_ps(_mm512_mul_ps(d, y.d), _mm512_cvtepi32_ps(sumi), acc);
   }
@@ -241,7 +306,7 @@ struct w_q4_1 {
   using block = block_q4_1;
   __m512i q;
   __m512 d, m;
-  static w_q4_1 decode(const block* x, int64_t p, bool half) {
+  [[gnu::always_inline]] static w_q4_1 decode(const block* x, int64_t p, bool half) {
     w_q4_1 w;
     const block& a = x[2 * p];
     if (half) {
@@ -254,7 +319,7 @@ struct w_q4_1 {
     }
     return w;
   }
-  void apply(const act_f& y, __m512& acc, __m512& acc_m) const {
+  [[gnu::always_inline]] void apply(const act_f& y, __m512& acc, __m512& acc_m) const {
     const __m512i sumi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, y.q);
     acc = _mm512_fmadd_ps(_mm512_mul_ps(d, y.d), _mm512_cvtepi32_ps(sumi), acc);
     acc_m = _mm512_fmadd_ps(m, y.t, acc_m);
@@ -264,7 +329,7 @@ struct w_q4_1 {
 // q5_1 (x = dx q + m, q = nibble + 16 * bit) against q8_1: as q4_1.
 struct w_q5_1 : w_q4_1 {
   using block = block_q5_1;
-  static w_q5_1 decode(const block* x, int64_t p, bool half) {
+  [[gnu::always_inline]] static w_q5_1 decode(const block* x, int64_t p, bool half) {
     w_q5_1 w;
     const block& a = x[2 * p];
     if (half) {
@@ -321,7 +386,9 @@ struct pair_kernel {
       const W w0 = W::decode(x, p, true);
       for (int c = 0; c < NC; ++c) step(w0, Src::get(vy[c], p, true), acc0[c], acc1[c], p % 2 != 0);
     }
-    for (int c = 0; c < NC; ++c) out[c] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[c], acc1[c]));
+    __m512 sums[NC];
+    for (int c = 0; c < NC; ++c) sums[c] = _mm512_add_ps(acc0[c], acc1[c]);
+    reduce_add_n<NC>(sums, out);
   }
 
   // RM weight rows (x_stride bytes apart) x NC activation rows: out[c * s_stride + r]. Per element exactly
@@ -358,11 +425,14 @@ struct pair_kernel {
     }
     if (p < full) pair(p++, false, false);
     if (nb % 2 != 0) pair(p, true, p % 2 != 0);
+    __m512 sums[NC * RM];
     for (int c = 0; c < NC; ++c) {
-      for (int r = 0; r < RM; ++r) {
-        out[static_cast<size_t>(c) * s_stride + static_cast<size_t>(r)] =
-            _mm512_reduce_add_ps(_mm512_add_ps(acc0[r][c], acc1[r][c]));
-      }
+      for (int r = 0; r < RM; ++r) sums[c * RM + r] = _mm512_add_ps(acc0[r][c], acc1[r][c]);
+    }
+    float o[NC * RM];
+    reduce_add_n<NC * RM>(sums, o);
+    for (int c = 0; c < NC; ++c) {
+      for (int r = 0; r < RM; ++r) out[static_cast<size_t>(c) * s_stride + static_cast<size_t>(r)] = o[c * RM + r];
     }
   }
 };
@@ -376,6 +446,18 @@ void pair_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_strid
   if (ncols < tile_max_cols || nrows < 2) return dot_tile<K>(n, nrows, ncols, s, s_stride, x, x_stride, y, y_stride);
   const char* xb = static_cast<const char*>(x);
   const char* yb = static_cast<const char*>(y);
+  int64_t c8 = 0;
+  for (; c8 + 8 <= ncols; c8 += 8) {
+    const void* ys[8];
+    for (int c = 0; c < 8; ++c) ys[c] = yb + static_cast<size_t>(c8 + c) * y_stride;
+    float* sc = s + static_cast<size_t>(c8) * s_stride;
+    for (int64_t r = 0; r < nrows; ++r) K::template run_rows<1, 8>(n, xb + static_cast<size_t>(r) * x_stride, x_stride, ys, sc + r, s_stride);
+  }
+  if (c8 > 0) {
+    if (c8 == ncols) return;
+    return pair_tile<K>(n, nrows, ncols - c8, s + static_cast<size_t>(c8) * s_stride, s_stride, x, x_stride,
+                        yb + static_cast<size_t>(c8) * y_stride, y_stride);
+  }
   for (int64_t c0 = 0; c0 < ncols; c0 += tile_max_cols) {
     const int nc = static_cast<int>(std::min<int64_t>(tile_max_cols, ncols - c0));
     const void* ys[tile_max_cols] = {};
@@ -460,10 +542,12 @@ struct q4_K_tile {
         acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi[c]), acc[c]);
       }
     }
+    float sums[NC];
+    reduce_add_n<NC>(acc, sums);
     for (int c = 0; c < NC; ++c) {
       __m128 r = _mm_add_ps(acc_m[c], _mm_movehl_ps(acc_m[c], acc_m[c]));
       r = _mm_add_ss(r, _mm_movehdup_ps(r));
-      out[c] = _mm512_reduce_add_ps(acc[c]) + _mm_cvtss_f32(r);
+      out[c] = sums[c] + _mm_cvtss_f32(r);
     }
   }
 };
@@ -558,8 +642,14 @@ struct float_gemm {
         for (int r = 0; r < RM; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], yv, acc[r][c]);
       }
     }
+    __m512 flat[RN * RM];
     for (int c = 0; c < RN; ++c) {
-      for (int r = 0; r < RM; ++r) s[static_cast<size_t>(c) * s_stride + static_cast<size_t>(r)] = _mm512_reduce_add_ps(acc[r][c]);
+      for (int r = 0; r < RM; ++r) flat[c * RM + r] = acc[r][c];
+    }
+    float o[RN * RM];
+    reduce_add_n<RN * RM>(flat, o);
+    for (int c = 0; c < RN; ++c) {
+      for (int r = 0; r < RM; ++r) s[static_cast<size_t>(c) * s_stride + static_cast<size_t>(r)] = o[c * RM + r];
     }
   }
 };
