@@ -552,9 +552,72 @@ struct q4_K_tile {
   }
 };
 
+// q6_K: each 64-value chunk k (values 64 k .. 64 k + 63) in one zmm. In half h = k / 2 of a block the 64
+// bytes ql[64 h ..] hold values 128 h + 0..63 in their low nibbles and 128 h + 64..127 in their high
+// nibbles; qh[32 h + l] holds the two high bits of value 128 h + 32 j + l in bits 2 j. maddubs of the
+// unsigned 6-bit values against one 64-byte load of y -> 32 int16 pair sums; madd with the scale of each
+// 16 values (vpermw of the 16 int16 scales) -> 16 int32; the -32 of every value as 32 sum_j scale_j
+// bsum_j (y's sums over its 16-value groups), as the AVX2 kernel does. NC activation rows at once.
+struct q6_K_tile {
+  template <int NC>
+  static void run(int64_t n, const void* vx, const void* const* vy, float* out) {
+    const block_q6_K* x = static_cast<const block_q6_K*>(vx);
+    const block_q8_K* y[NC];
+    __m512 acc[NC];
+    for (int c = 0; c < NC; ++c) {
+      y[c] = static_cast<const block_q8_K*>(vy[c]);
+      acc[c] = _mm512_setzero_ps();
+    }
+    const int64_t nb = n / qk_k;
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    const __m512i m2 = _mm512_set1_epi8(3);
+    // vpermw indices of chunk k: int16 lane L (bytes 2L, 2L + 1, values 64 k + 2L ..) takes scale 4k + L / 8.
+    __m512i scale_idx[4];
+    for (int k = 0; k < 4; ++k) {
+      alignas(64) int32_t idx[16];
+      for (int m = 0; m < 16; ++m) idx[m] = (4 * k + m / 4) * 0x10001;
+      scale_idx[k] = _mm512_load_si512(idx);
+    }
+    for (int64_t i = 0; i < nb; ++i) {
+      stream_ahead<sizeof(x[i])>(x + i);
+      const float xd = h2f(x[i].d);
+      const __m256i scales16 = _mm256_cvtepi8_epi16(load128(x[i].scales));
+      const __m512i scales = _mm512_castsi256_si512(scales16);
+      __m512i sumi[NC];
+      for (int c = 0; c < NC; ++c) sumi[c] = _mm512_setzero_si512();
+      for (int h = 0; h < 2; ++h) {
+        const __m512i ql = _mm512_loadu_si512(x[i].ql + 64 * h);
+        const __m256i qh = load256(x[i].qh + 32 * h);
+        const __m512i qh01 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+        const __m512i q[2] = {
+            _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(_mm512_and_si512(qh01, m2), 4)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                            _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh01, 4), m2), 4)),
+        };
+        for (int j = 0; j < 2; ++j) {
+          const int k = 2 * h + j;
+          const __m512i sc = _mm512_permutexvar_epi16(scale_idx[k], scales);
+          for (int c = 0; c < NC; ++c) {
+            const __m512i p = _mm512_maddubs_epi16(q[j], _mm512_loadu_si512(y[c][i].qs + 64 * k));
+            sumi[c] = _mm512_add_epi32(sumi[c], _mm512_madd_epi16(sc, p));
+          }
+        }
+      }
+      for (int c = 0; c < NC; ++c) {
+        const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(scales16, load256(y[c][i].bsums)), 5);
+        sumi[c] = _mm512_sub_epi32(sumi[c], _mm512_zextsi256_si512(offset));
+        const float d = y[c][i].d * xd;
+        acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi[c]), acc[c]);
+      }
+    }
+    reduce_add_n<NC>(acc, out);
+  }
+};
+
 }  // namespace
 
 TROUPE_SIMD_TILE(vec_dot_q4_K, q4_K_tile)
+TROUPE_SIMD_TILE(vec_dot_q6_K, q6_K_tile)
 
 // q4_0, q4_1, q8_0: vec_dot, vec_dot_rows and the tiles on q8_0 / q8_1 blocks, and the tiles on prepared
 // rows.

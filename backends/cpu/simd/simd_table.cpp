@@ -150,7 +150,8 @@ kernel_table avx512_table() {
   set_dot(t, type::q5_1, vec_dot_q5_1, vec_dot_q5_1_rows);
   set_dot(t, type::q8_0, vec_dot_q8_0, vec_dot_q8_0_rows);
   set_dot(t, type::q4_K, vec_dot_q4_K, vec_dot_q4_K_rows);
-  // Every tile of a type whose dot this level replaces (q5_K, q6_K keep the AVX2 ones, with their dots).
+  set_dot(t, type::q6_K, vec_dot_q6_K, vec_dot_q6_K_rows);
+  // Every tile of a type whose dot this level replaces (q5_K keeps the AVX2 one, with its dot).
   set_tile(t, type::f32, vec_dot_f32_tile);
   set_tile(t, type::f16, vec_dot_f16_tile);
   t.mad_tile[static_cast<size_t>(type::f32)] = mad_tile_f32;
@@ -161,6 +162,7 @@ kernel_table avx512_table() {
   set_tile(t, type::q5_1, vec_dot_q5_1_tile, vec_dot_q5_1_prepared_tile, tile_prepare_q5_1, tile_prepared_size);
   set_tile(t, type::q8_0, vec_dot_q8_0_tile, vec_dot_q8_0_prepared_tile, tile_prepare_q8_0, tile_prepared_size);
   set_tile(t, type::q4_K, vec_dot_q4_K_tile);
+  set_tile(t, type::q6_K, vec_dot_q6_K_tile);
   if (host_cpu_features().avx512bf16) {
     set_dot(t, type::bf16, avx512bf16::vec_dot_bf16, avx512bf16::vec_dot_bf16_rows);
     set_tile(t, type::bf16, nullptr);  // the AVX2 tile is not bit-identical to vdpbf16ps

@@ -107,12 +107,14 @@ TROUPE_SIMD_DOT(vec_dot_q5_0);
 TROUPE_SIMD_DOT(vec_dot_q5_1);
 TROUPE_SIMD_DOT(vec_dot_q8_0);
 TROUPE_SIMD_DOT(vec_dot_q4_K);
+TROUPE_SIMD_DOT(vec_dot_q6_K);
 TROUPE_SIMD_TILE_DECL(vec_dot_q4_0);
 TROUPE_SIMD_TILE_DECL(vec_dot_q4_1);
 TROUPE_SIMD_TILE_DECL(vec_dot_q5_0);
 TROUPE_SIMD_TILE_DECL(vec_dot_q5_1);
 TROUPE_SIMD_TILE_DECL(vec_dot_q8_0);
 TROUPE_SIMD_TILE_DECL(vec_dot_q4_K);
+TROUPE_SIMD_TILE_DECL(vec_dot_q6_K);
 TROUPE_SIMD_TILE_DECL(vec_dot_f32);
 TROUPE_SIMD_TILE_DECL(vec_dot_f16);
 // The 32-value block types' tiles on prepared activation rows (simd.h: tile_prepare).
