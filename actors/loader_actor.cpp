@@ -165,6 +165,7 @@ loader_actor::behavior_type loader(loader_ptr self, runtime_env_ptr env, memory_
         }
         llm::model_params mp;
         mp.use_mmap = r.use_mmap;
+        mp.huge_pages = r.huge_pages;
         for (const device_layers& d : r.devices) {
           device_i* dev = registry::instance().find(d.device);
           if (dev == nullptr || !st.devices.count(d.device)) {
@@ -185,7 +186,7 @@ loader_actor::behavior_type loader(loader_ptr self, runtime_env_ptr env, memory_
         load->progress = req.progress;
         try {
           load->opened = llm::model::open(r.path, mp);
-          load->job = std::make_unique<load_job>(load->opened->loader().begin(load->opened->plan(), {.use_mmap = r.use_mmap}));
+          load->job = std::make_unique<load_job>(load->opened->loader().begin(load->opened->plan(), {.use_mmap = r.use_mmap, .huge_pages = r.huge_pages}));
         } catch (const std::exception& e) {
           return error_from(e);
         }

@@ -48,6 +48,7 @@ struct model_settings {
   std::string path;                    // GGUF file
   std::vector<device_layers> devices;  // layers per device; empty: everything on the CPU
   bool use_mmap = true;
+  bool huge_pages = true;              // host weights copied into 2 MiB pages where that pays (load_params)
   bool parallel = true;                // upload to every device at once (false: one device after another)
   uint32_t n_ctx = 2048;               // KV cells shared by the model's sessions
   uint32_t n_batch = 512;              // tokens per decode call

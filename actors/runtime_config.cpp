@@ -74,13 +74,14 @@ void parse_peers(const toml::table& root, runtime_config& c, const std::string& 
 // A [[model]] table: the model_settings fields (n_threads is `threads`), validated by model_settings with
 // the error placed at the key at fault.
 model_settings parse_model(const toml::table& t, const std::string& source) {
-  check_keys(t, {"name", "path", "devices", "use_mmap", "parallel", "n_ctx", "n_batch", "n_ubatch", "n_pipeline", "n_seq_max", "threads",
+  check_keys(t, {"name", "path", "devices", "use_mmap", "huge_pages", "parallel", "n_ctx", "n_batch", "n_ubatch", "n_pipeline", "n_seq_max", "threads",
                  "n_ctx_seq", "kv_type", "chat_template", "overrides", "placement", "min_nodes"},
              "[[model]]", source);
   model_settings m;
   m.name = get<std::string>(t, "name", "", "model", source);
   m.path = get<std::string>(t, "path", "", "model", source);
   m.use_mmap = get<bool>(t, "use_mmap", m.use_mmap, "model", source);
+  m.huge_pages = get<bool>(t, "huge_pages", m.huge_pages, "model", source);
   m.parallel = get<bool>(t, "parallel", m.parallel, "model", source);
   m.n_ctx = get<uint32_t>(t, "n_ctx", m.n_ctx, "model", source);
   m.n_batch = get<uint32_t>(t, "n_batch", m.n_batch, "model", source);

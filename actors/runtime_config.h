@@ -22,6 +22,7 @@
 //   n_seq_max = 4                  # sessions at once
 //   threads = 2                    # decode threads; 0: all
 //   use_mmap = true
+//   huge_pages = true              # host weights copied into 2 MiB pages where the kernel offers them
 //   parallel = true                # upload to every device at once (false: one after another)
 //   n_ctx_seq = 0                  # cells one session may use; 0: n_ctx / n_seq_max
 //   kv_type = "f16"                # KV cache type: "f16", "f32" or "q8_0"

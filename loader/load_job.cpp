@@ -4,9 +4,11 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "loader/model_loader.h"
 #include "loader/ranges.h"
+#include "runtime/huge_pages.h"
 #include "runtime/log.h"
 
 namespace troupe {
@@ -27,6 +29,7 @@ struct target_state {
   std::vector<std::unique_ptr<memory_lock>> locks;
   uint64_t mapped = 0;
   uint64_t copied = 0;
+  bool huge_pages = false;  // a host type's weights copied out of the mapping (load_params::huge_pages)
   std::atomic<bool> started{false};
   std::atomic<bool> done{false};
 };
@@ -55,6 +58,13 @@ struct load_job::impl {
   }
   void check_cancel() const {
     if (cancel.load()) throw load_cancelled("model loading cancelled");
+  }
+  // The policy of load_params::huge_pages for a host buffer type that could wrap the mapping; records
+  // the choice in st.
+  bool into_huge_pages(const buffer_type_i& b, target_state& st) const {
+    st.huge_pages = params.huge_pages && !params.use_mlock && b.is_host() && st.bytes >= params.huge_pages_min &&
+                    transparent_huge_pages() && st.bytes <= available_host_memory() / 2;
+    return st.huge_pages;
   }
   void upload_mapped(buffer_type_i* buft, target_state& st, const progress_fn& progress);
   void upload_copied(buffer_type_i* buft, target_state& st, const progress_fn& progress);
@@ -137,7 +147,7 @@ void load_job::upload(buffer_type_i* b, const progress_fn& progress) {
   target_state& st = *it->second;
   if (st.started.exchange(true)) throw error("load job: buffer type " + std::string(b->name()) + " uploaded twice");
   s.check_cancel();
-  if (s.use_mmap && wraps_host_memory(*b)) {
+  if (s.use_mmap && wraps_host_memory(*b) && !s.into_huge_pages(*b, st)) {
     s.upload_mapped(b, st, progress);
   } else {
     s.upload_copied(b, st, progress);
@@ -248,18 +258,24 @@ model_weights load_job::finish() {
     w.mapped_bytes_ += st.mapped;
     w.copied_bytes_ += st.copied;
   }
+  // The buffer types whose weights are used in place in the mapping.
+  std::set<const buffer_type_i*> in_place;
+  for (const auto& [buft, st] : s.state) {
+    if (wraps_host_memory(*const_cast<buffer_type_i*>(buft)) && !st->huge_pages) in_place.insert(buft);
+  }
   s.state.clear();
 
-  // Pages that only device contexts needed (now copied) are released from the mapping.
+  // Pages that only copied contexts needed (devices', host weights in huge pages) are released from the
+  // mapping.
   if (s.use_mmap) {
     std::vector<std::vector<std::pair<uint64_t, uint64_t>>> keep(w.maps_.size());
     for (const auto& [buft, rs] : s.ranges) {
-      if (!wraps_host_memory(*buft)) continue;
+      if (in_place.count(buft) == 0) continue;
       for (const file_range& r : rs) keep[r.file].emplace_back(r.begin, r.end);
     }
     for (auto& k : keep) std::sort(k.begin(), k.end());
     for (const auto& [buft, rs] : s.ranges) {
-      if (wraps_host_memory(*buft)) continue;
+      if (in_place.count(buft) != 0) continue;
       for (const file_range& r : rs) {
         // Release [r.begin, r.end) minus every kept range of the same file.
         uint64_t cur = r.begin;

@@ -45,6 +45,13 @@ struct load_params {
   bool use_mmap = true;    // map the files; weights used in place where possible
   bool use_mlock = false;  // lock mapped weights in RAM
   bool prefetch = true;    // posix_madvise(WILLNEED) on the mapped ranges
+  // With mmap, a host buffer type's weights of huge_pages_min bytes or more are copied out of the mapping
+  // into 2 MiB pages (runtime/huge_pages.h) where the kernel offers transparent huge pages, no mlock is
+  // asked for and they take at most half the available memory; otherwise they are used in place. Generation
+  // streams every weight per token and reads them ~40% faster from huge pages than from the file's 4 KiB
+  // pages. The copied ranges are released from the mapping afterwards, as device ranges are.
+  bool huge_pages = true;
+  uint64_t huge_pages_min = uint64_t{16} << 20;
   size_t staging_size = size_t{64} << 20;  // bytes per read without mmap
   // Called after each tensor with (bytes loaded, bytes total); returning false cancels the load.
   std::function<bool(uint64_t, uint64_t)> progress;

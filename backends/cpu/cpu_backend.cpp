@@ -9,11 +9,13 @@
 #include <new>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/thread_pool.h"
 #include "runtime/error.h"
+#include "runtime/huge_pages.h"
 
 namespace troupe::cpu {
 namespace {
@@ -42,6 +44,9 @@ class host_buffer final : public host_memory_buffer {
   // owned: memory from aligned_alloc, freed with the buffer; otherwise the caller's memory.
   host_buffer(buffer_type_i& type, void* base, size_t size, bool owned)
       : host_memory_buffer(type, base, size), owned_(owned) {}
+  // Memory in (2 MiB) pages of its own, unmapped with the buffer.
+  host_buffer(buffer_type_i& type, host_pages pages, size_t size)
+      : host_memory_buffer(type, pages.data(), size), owned_(false), pages_(std::move(pages)) {}
   ~host_buffer() override {
     if (owned_) std::free(base());
   }
@@ -53,6 +58,7 @@ class host_buffer final : public host_memory_buffer {
 
  private:
   bool owned_;
+  host_pages pages_;
 };
 
 class host_buffer_type_impl final : public buffer_type_i {
@@ -65,6 +71,12 @@ class host_buffer_type_impl final : public buffer_type_i {
                                 std::to_string(max_size_));
     }
     // Never hand out a null base, even for an empty buffer, so tensors of size 0 still have an address.
+    // Buffers of a huge page or more (weights, KV cache, compute) get pages of their own, advised to be
+    // transparent huge pages (runtime/huge_pages.h: streamed weights read ~40% faster from them).
+    if (size >= host_pages::huge_page) {
+      host_pages pages = host_pages::allocate(size);
+      if (pages.data() != nullptr) return std::make_unique<host_buffer>(*this, std::move(pages), size);
+    }
     const size_t bytes = std::max<size_t>(host_alignment, (size + host_alignment - 1) / host_alignment * host_alignment);
     void* p = std::aligned_alloc(host_alignment, bytes);
     if (p == nullptr) {

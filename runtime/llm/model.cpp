@@ -64,7 +64,7 @@ std::unique_ptr<model> model::open(const std::filesystem::path& path, const mode
 
 std::unique_ptr<model> model::load(const std::filesystem::path& path, const model_params& params) {
   std::unique_ptr<model> m = open(path, params);
-  m->attach(m->loader_->load(m->plan_, {.use_mmap = params.use_mmap, .use_mlock = params.use_mlock, .progress = params.progress}));
+  m->attach(m->loader_->load(m->plan_, {.use_mmap = params.use_mmap, .use_mlock = params.use_mlock, .huge_pages = params.huge_pages, .progress = params.progress}));
   return m;
 }
 

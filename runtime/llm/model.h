@@ -24,6 +24,7 @@ struct model_params {
   std::vector<std::pair<std::string, device_i*>> overrides;     // tensor-name regex -> device
   bool use_mmap = true;
   bool use_mlock = false;
+  bool huge_pages = true;  // host weights copied into 2 MiB pages where that pays (load_params::huge_pages)
   std::function<bool(uint64_t, uint64_t)> progress;             // (bytes loaded, total); false cancels
 };
 

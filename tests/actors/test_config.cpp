@@ -33,6 +33,7 @@ n_ubatch = 128
 n_seq_max = 3
 threads = 1
 use_mmap = false
+huge_pages = false
 devices = [{ device = "CPU1", layers = 2 }]
 )");
   CHECK(c.devices == std::vector<std::string>{"CPU", "CPU1"});
@@ -52,6 +53,7 @@ devices = [{ device = "CPU1", layers = 2 }]
   CHECK(m.n_seq_max == 3);
   CHECK(m.n_threads == 1);
   CHECK_FALSE(m.use_mmap);
+  CHECK_FALSE(m.huge_pages);
   REQUIRE(m.devices.size() == 1);
   CHECK(m.devices[0].device == "CPU1");
   CHECK(m.devices[0].layers == 2);

@@ -218,20 +218,22 @@ TEST_CASE("simd vec_dot_rows equals one vec_dot per row, bit for bit", "[cpu][si
     if (!cpu::isa_supported(level)) continue;
     const simd::kernel_table& kt = simd::table(level);
     for (type w : weight_types) {
-      INFO("level " << cpu::isa_name(level) << ", weights " << type_name(w));
-      const int64_t n = lengths_for(w)[1];
-      const int64_t rows = 5;
-      const size_t stride = row_size(w, n) + 64;  // rows need not be adjacent
-      std::vector<uint8_t> x(stride * rows);
-      for (int64_t r = 0; r < rows; ++r) {
-        const std::vector<uint8_t> row = quantize_ref(w, random_floats(static_cast<size_t>(n), 40 + static_cast<uint32_t>(r)));
-        std::memcpy(x.data() + stride * static_cast<size_t>(r), row.data(), row.size());
+      // 37 rows: two groups of 16 (the float kernels' matrix-vector path sums 16 rows at once) and 5 more.
+      for (int64_t n : lengths_for(w)) {
+        INFO("level " << cpu::isa_name(level) << ", weights " << type_name(w) << ", n " << n);
+        const int64_t rows = 37;
+        const size_t stride = row_size(w, n) + 64;  // rows need not be adjacent
+        std::vector<uint8_t> x(stride * rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          const std::vector<uint8_t> row = quantize_ref(w, random_floats(static_cast<size_t>(n), 40 + static_cast<uint32_t>(r)));
+          std::memcpy(x.data() + stride * static_cast<size_t>(r), row.data(), row.size());
+        }
+        const std::vector<uint8_t> y = quantize_ref(traits(w).vec_dot_type, random_floats(static_cast<size_t>(n), 50));
+        std::vector<float> got(rows, -1.0f), want(rows);
+        kt.dot_rows(w)(n, rows, got.data(), x.data(), stride, y.data());
+        for (int64_t r = 0; r < rows; ++r) kt.dot(w)(n, &want[static_cast<size_t>(r)], x.data() + stride * static_cast<size_t>(r), y.data());
+        CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * rows) == 0);
       }
-      const std::vector<uint8_t> y = quantize_ref(traits(w).vec_dot_type, random_floats(static_cast<size_t>(n), 50));
-      std::vector<float> got(rows, -1.0f), want(rows);
-      kt.dot_rows(w)(n, rows, got.data(), x.data(), stride, y.data());
-      for (int64_t r = 0; r < rows; ++r) kt.dot(w)(n, &want[static_cast<size_t>(r)], x.data() + stride * static_cast<size_t>(r), y.data());
-      CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * rows) == 0);
     }
   }
 }

@@ -2,6 +2,7 @@
 // tensor shared), and the real stories260K model with and without mmap.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
@@ -9,6 +10,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "loader/gguf_writer.h"
 #include "loader/model_loader.h"
+#include "runtime/huge_pages.h"
 #include "tests/support/copy_device.h"
 #include "tests/test_models.h"
 
@@ -219,4 +221,54 @@ TEST_CASE("stories260K loads in place with mmap and by copy without it", "[loade
   tensor* embd = mapped.get("token_embd.weight");
   CHECK(embd->ne[0] == 64);
   CHECK(embd->ne[1] == 512);
+}
+
+TEST_CASE("host weights are copied into huge pages where the kernel offers them and used in place otherwise", "[loader][model]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  model_loader loader(*path);
+  placement_params p;
+  p.host = &cpu::cpu_device().buffer_type();
+  const placement plan = loader.plan(p);
+  uint64_t total = 0;
+  for (const auto& t : loader.tensors()) total += t.n_bytes;
+  model_weights mapped = loader.load(plan, {.huge_pages = false});
+  // The threshold lowered so that this 1 MiB model qualifies.
+  model_weights paged = loader.load(plan, {.huge_pages = true, .huge_pages_min = 0});
+  CHECK(mapped.mapped_bytes() == total);
+  if (transparent_huge_pages()) {
+    CHECK(paged.copied_bytes() == total);
+    CHECK(paged.mapped_bytes() == 0);
+  } else {
+    WARN("this kernel offers no transparent huge pages: weights stay in the mapping");
+    CHECK(paged.mapped_bytes() == total);
+  }
+  // Below the threshold (16 MiB by default) the weights stay in the mapping.
+  CHECK(loader.load(plan).mapped_bytes() == total);
+  for (const auto& t : loader.tensors()) {
+    REQUIRE(nbytes(*paged.get(t.name)) == t.n_bytes);
+    CHECK(std::memcmp(mapped.get(t.name)->data, paged.get(t.name)->data, t.n_bytes) == 0);
+  }
+  memory_ledger ledger;
+  paged.account(ledger);
+  CHECK(ledger.usage("CPU").model == total);
+}
+
+TEST_CASE("host buffers of a huge page or more are zero-filled 2 MiB-aligned pages of their own", "[loader][memory]") {
+  host_pages pages = host_pages::allocate(3 << 20);
+  REQUIRE(pages.data() != nullptr);
+  CHECK(reinterpret_cast<uintptr_t>(pages.data()) % host_pages::huge_page == 0);
+  CHECK(pages.size() == (4u << 20));
+  const auto* bytes = static_cast<const unsigned char*>(pages.data());
+  CHECK(std::all_of(bytes, bytes + pages.size(), [](unsigned char b) { return b == 0; }));
+  host_pages moved = std::move(pages);
+  CHECK(pages.data() == nullptr);
+  CHECK(moved.size() == (4u << 20));
+
+  buffer_ptr big = cpu::cpu_device().buffer_type().alloc_buffer((2u << 20) + 100);
+  CHECK(reinterpret_cast<uintptr_t>(big->base()) % host_pages::huge_page == 0);
+  CHECK(big->size() == (2u << 20) + 100);
+  std::memset(big->base(), 0x5A, big->size());
+  buffer_ptr small = cpu::cpu_device().buffer_type().alloc_buffer(4096);
+  CHECK(reinterpret_cast<uintptr_t>(small->base()) % 64 == 0);
 }

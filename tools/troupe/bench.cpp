@@ -44,6 +44,7 @@ struct bench_options {
   std::string rpc_key_file;
   llm::offload_request offload;
   std::string pipeline = "on";  // micro-batches of a prompt in flight over several devices at once
+  std::string huge_pages = "on";  // host weights copied into 2 MiB pages where that pays
   std::string trace;            // Chrome trace of the measured runs
   int n_parallel = 1;           // sequences generating at once in the tg test
 };
@@ -137,6 +138,7 @@ int run_bench(const bench_options& o) {
     return 1;
   }
   llm::model_params mp;
+  mp.huge_pages = o.huge_pages == "on";
   std::vector<std::shared_ptr<rpc::client>> peers;
   if (!o.rpc.empty()) {
     const std::string key = o.rpc_key_file.empty() ? std::string() : rpc::load_key_file(o.rpc_key_file);
@@ -278,6 +280,9 @@ command_fn add_bench(CLI::App& app) {
   app.add_option("-b,--ubatch-size", o->n_batch, "(-ub) tokens per graph");
   app.add_option("--pipeline", o->pipeline,
                  "on: a prompt's micro-batches in flight over the devices at once (several devices only); off: one at a time")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--huge-pages", o->huge_pages,
+                 "on: host weights copied out of the file mapping into 2 MiB pages where the kernel offers them (faster generation); off: used in place")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--n-parallel", o->n_parallel, "(-np) sequences generating at once in the tg test (tg counts all their tokens)");
   add_trace_option(app, o->trace);

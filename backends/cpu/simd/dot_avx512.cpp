@@ -715,6 +715,23 @@ struct float_gemm {
       for (int r = 0; r < RM; ++r) s[static_cast<size_t>(c) * s_stride + static_cast<size_t>(r)] = o[c * RM + r];
     }
   }
+
+  // s[r] = run<1, 1>(row r of x, y) for 16 rows, n a multiple of 16 (see gemm_tile).
+  static void matvec16(int64_t n, const char* x, size_t x_stride, const float* y, float* s) {
+    __m512 acc[16];
+    for (int r = 0; r < 16; ++r) {
+      const T* xr = reinterpret_cast<const T*>(x + static_cast<size_t>(r) * x_stride);
+      __m512 a = _mm512_setzero_ps();
+      for (int64_t i = 0; i < n; i += 16) {
+        if ((i * static_cast<int64_t>(sizeof(T))) % 64 == 0) {
+          _mm_prefetch(reinterpret_cast<const char*>(xr + i) + stream_prefetch_bytes, _MM_HINT_T0);
+        }
+        a = _mm512_fmadd_ps(LX::load(xr + i), load_f32(y + i), a);
+      }
+      acc[r] = a;
+    }
+    _mm512_storeu_ps(s, reduce_add_x16(acc));
+  }
 };
 
 constexpr int gemm_rm = 4;  // weight rows per register tile
@@ -724,9 +741,24 @@ constexpr int gemm_rn = 6;  // activation rows per register tile (4 x 6 accumula
 // group of gemm_rm weight rows (reused from L1), every group of gemm_rn activation rows. With fewer
 // activation rows than a tile's (matrix-vector products, weights streamed from memory) one weight row at a
 // time: a core reads one stream faster than several interleaved.
+//
+// A matrix-vector product (one activation row) takes 16 weight rows at a time, one after the other, each
+// its own chain of FMAs as in run<1, 1> (and its prefetch), and sums the 16 accumulators at once
+// (reduce_add_x16): the same bits as one run<1, 1> per row, without a horizontal sum per row.
 template <class K>
 void gemm_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x, size_t x_stride,
                const void* y, size_t y_stride) {
+  if (ncols == 1 && n % 16 == 0) {
+    const int64_t full = nrows - nrows % 16;
+    for (int64_t r0 = 0; r0 < full; r0 += 16) {
+      K::matvec16(n, static_cast<const char*>(x) + static_cast<size_t>(r0) * x_stride, x_stride,
+                  static_cast<const float*>(y), s + r0);
+    }
+    if (full == nrows) return;
+    return gemm_tiles<K, gemm_rm, gemm_rn>(n, nrows - full, 1, 1, s + full, s_stride,
+                                           static_cast<const char*>(x) + static_cast<size_t>(full) * x_stride,
+                                           x_stride, y, y_stride);
+  }
   const int64_t rows_per = ncols >= gemm_rn ? gemm_rm : 1;
   gemm_tiles<K, gemm_rm, gemm_rn>(n, nrows, ncols, rows_per, s, s_stride, x, x_stride, y, y_stride);
 }
