@@ -5,6 +5,7 @@
 #include <caf/to_string.hpp>
 
 #include "loader/model_loader.h"
+#include "runtime/llm/sampler.h"
 
 namespace troupe::actors {
 
@@ -32,6 +33,7 @@ caf::error error_from(const std::exception& e) {
   if (dynamic_cast<const load_cancelled*>(&e) != nullptr) return make_error(errc::cancelled, what);
   if (dynamic_cast<const capacity_error*>(&e) != nullptr) return make_error(errc::capacity, what);
   if (dynamic_cast<const out_of_memory_error*>(&e) != nullptr) return make_error(errc::out_of_memory, what);
+  if (dynamic_cast<const llm::sampling_error*>(&e) != nullptr) return make_error(errc::bad_request, what);
   return make_error(errc::failed, what);
 }
 

@@ -46,6 +46,7 @@ struct answer_sink {
 // (its peer is gone, it is being loaded again) is a 503 to retry later, anything else a 500.
 api_error error_for(const actors::request_error& e) {
   if (e.is(actors::errc::capacity)) return api_error(400, "invalid_request_error", e.what());
+  if (e.is(actors::errc::bad_request)) return api_error(400, "invalid_request_error", e.what());
   if (e.is(actors::errc::down)) return api_error(503, "unavailable_error", e.what());
   return api_error(500, "server_error", e.what());
 }
@@ -110,6 +111,15 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(bool chat, const std:
     n_prompt = actors::prompt_tokens(*ms.model, gr).size();
   } catch (const std::exception& e) {
     throw bad_request(std::string("cannot tokenize the prompt: ") + e.what(), chat ? "messages" : "prompt");
+  }
+  // Token ids the request names must exist (checked here: once the answer starts, its status is 200).
+  const int32_t n_vocab = ms.model->vocab->n_tokens();
+  for (const llm::token_bias& b : r.params.logit_bias) {
+    if (b.token >= n_vocab) {
+      throw bad_request("'logit_bias' names token " + std::to_string(b.token) + ", outside the vocabulary (0.." +
+                            std::to_string(n_vocab - 1) + ")",
+                        "logit_bias");
+    }
   }
   const uint32_t n_ctx = ms.model->settings.n_ctx_seq;
   if (n_prompt >= n_ctx) {

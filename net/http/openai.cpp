@@ -1,5 +1,6 @@
 #include "net/http/openai.h"
 
+#include <charconv>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -174,6 +175,24 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
     }
     for (const std::string& st : g.stop) {
       if (st.empty()) throw bad_request("'stop' strings must not be empty", "stop");
+    }
+  }
+  if (present(body, "logit_bias") && !body["logit_bias"].is_null()) {
+    // {"token id": bias}: ids as decimal strings (JSON keys), biases in [-100, 100]; -100 bans the token.
+    const json& lb = body["logit_bias"];
+    if (!lb.is_object()) throw bad_request("'logit_bias' must be an object mapping token ids to biases", "logit_bias");
+    if (lb.size() > 1024) throw bad_request("'logit_bias' may hold at most 1024 tokens", "logit_bias");
+    for (const auto& [key, value] : lb.items()) {
+      const std::string field = "logit_bias." + key;
+      int64_t id = -1;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id > INT32_MAX) {
+        throw bad_request("'logit_bias' keys must be token ids (decimal integers >= 0), got '" + key + "'", "logit_bias");
+      }
+      if (!value.is_number()) throw bad_request("'" + field + "' must be a number", field);
+      const double b = value.get<double>();
+      if (!(b >= -100 && b <= 100)) throw bad_request("'" + field + "' must be in [-100, 100]", field);
+      g.logit_bias.push_back({static_cast<int32_t>(id), static_cast<float>(b)});
     }
   }
   if (present(body, "n") && in_range(body, "n", 1, 1, true) != 1) throw bad_request("'n' must be 1", "n");

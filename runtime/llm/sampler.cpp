@@ -264,6 +264,50 @@ std::unique_ptr<sampler_stage_i> make_greedy() { return std::make_unique<greedy_
 
 std::unique_ptr<sampler_stage_i> make_dist(uint32_t seed) { return std::make_unique<dist_stage>(seed); }
 
+namespace {
+
+class logit_bias_stage final : public sampler_stage_i {
+ public:
+  explicit logit_bias_stage(std::vector<token_bias> b)
+      : biases_(std::move(b)),
+        bans_(std::any_of(biases_.begin(), biases_.end(), [](const token_bias& x) { return x.bias <= -100.0f; })) {}
+  std::string_view name() const override { return "logit_bias"; }
+  void apply(candidates& c) override {
+    // Candidates arrive as assign() left them (id i at index i) when this stage runs first; otherwise
+    // search by id.
+    for (const token_bias& b : biases_) {
+      token_candidate* t = nullptr;
+      const auto i = static_cast<size_t>(b.token);
+      if (b.token >= 0 && i < c.data.size() && c.data[i].id == b.token) {
+        t = &c.data[i];
+      } else {
+        for (token_candidate& x : c.data) {
+          if (x.id == b.token) {
+            t = &x;
+            break;
+          }
+        }
+      }
+      if (t == nullptr) continue;
+      t->logit = b.bias <= -100.0f ? -INFINITY : t->logit + b.bias;
+    }
+    if (!biases_.empty()) c.sorted = false;
+    if (bans_ && std::none_of(c.data.begin(), c.data.end(), [](const token_candidate& x) { return x.logit > -INFINITY; })) {
+      throw sampling_error("sampling: 'logit_bias' leaves no token to choose (every candidate is banned)");
+    }
+  }
+
+ private:
+  std::vector<token_bias> biases_;
+  bool bans_;
+};
+
+}  // namespace
+
+std::unique_ptr<sampler_stage_i> make_logit_bias(std::vector<token_bias> biases) {
+  return std::make_unique<logit_bias_stage>(std::move(biases));
+}
+
 // ---- params and chain ----
 
 void sampling_params::validate() const {
@@ -278,10 +322,15 @@ void sampling_params::validate() const {
   if (repeat_penalty <= 0.0f) bad_param("repeat_penalty", "> 0 (1: off)", str(repeat_penalty));
   check_finite("frequency_penalty", frequency_penalty);
   check_finite("presence_penalty", presence_penalty);
+  for (const token_bias& b : logit_bias) {
+    if (b.token < 0) bad_param("logit_bias", "token ids >= 0", str(b.token));
+    if (!(b.bias >= -100.0f && b.bias <= 100.0f)) bad_param("logit_bias", "biases in [-100, 100]", str(b.bias));
+  }
 }
 
 sampler_chain::sampler_chain(const sampling_params& p) {
   p.validate();
+  if (!p.logit_bias.empty()) add(make_logit_bias(p.logit_bias));
   const bool penalties_on =
       p.penalty_last_n > 0 && (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
   if (penalties_on) add(make_penalties(p.penalty_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty));

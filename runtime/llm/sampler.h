@@ -87,6 +87,17 @@ std::unique_ptr<sampler_stage_i> make_greedy();
 // Chooses at random by softmax probability, with std::mt19937 seeded with `seed`.
 std::unique_ptr<sampler_stage_i> make_dist(uint32_t seed);
 
+// A bias added to one token's logit before the other stages (OpenAI's logit_bias): -100 or less bans the
+// token (its logit becomes -inf).
+struct token_bias {
+  int32_t token = 0;
+  float bias = 0.0f;
+  friend bool operator==(const token_bias&, const token_bias&) = default;
+};
+// Adds each bias to its token's logit (a bias <= -100 sets it to -inf). Token ids outside the candidates
+// are the caller's to refuse (sequence checks them against the vocabulary).
+std::unique_ptr<sampler_stage_i> make_logit_bias(std::vector<token_bias> biases);
+
 struct sampling_params {
   uint32_t seed = 0;             // seed of the random draw
   float temperature = 0.8f;      // 0: greedy (argmax after penalties); otherwise > 0
@@ -97,6 +108,7 @@ struct sampling_params {
   float repeat_penalty = 1.0f;   // 1: off; > 0
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
+  std::vector<token_bias> logit_bias;  // applied first; each bias in [-100, 100]
 
   // Throws sampling_error naming the first bad field.
   void validate() const;
@@ -106,8 +118,8 @@ struct sampling_params {
 class sampler_chain {
  public:
   sampler_chain() = default;  // no stages: sample() is greedy
-  // penalties (when on) -> top_k -> top_p -> min_p -> temperature -> dist, or penalties -> greedy when
-  // temperature == 0. Validates p.
+  // logit_bias (when given) -> penalties (when on) -> top_k -> top_p -> min_p -> temperature -> dist, or
+  // logit_bias -> penalties -> greedy when temperature == 0. Validates p.
   explicit sampler_chain(const sampling_params& p);
 
   sampler_chain& add(std::unique_ptr<sampler_stage_i> stage);

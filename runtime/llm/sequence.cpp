@@ -11,6 +11,12 @@ sequence::sequence(const vocab& v, std::span<const token_id> cached, std::span<c
     : vocab_(v), params_(p), n_ctx_(n_ctx), chain_(p), detok_(v) {
   result_.n_prompt = static_cast<int32_t>(prompt.size());
   if (prompt.empty()) throw error("generate: empty prompt");
+  for (const token_bias& b : p.logit_bias) {
+    if (b.token < 0 || b.token >= v.n_tokens()) {
+      throw sampling_error("sampling: 'logit_bias' names token " + std::to_string(b.token) +
+                           ", outside the vocabulary (0.." + std::to_string(v.n_tokens() - 1) + ")");
+    }
+  }
   if (prompt.size() >= n_ctx) {
     throw capacity_error("generate: the prompt has " + std::to_string(prompt.size()) + " tokens, the context holds " +
                          std::to_string(n_ctx));

@@ -136,6 +136,12 @@ TEST_CASE("OpenAI requests: fields parsed, defaults kept", "[http][openai]") {
   CHECK(r.params.frequency_penalty == -0.5f);
   CHECK(r.stream);
   CHECK(r.include_usage);
+  CHECK(r.params.logit_bias.empty());
+
+  const completion_request b =
+      parse_completion_request(R"({"model": "m", "prompt": "Once", "logit_bias": {"7": -100, "49000": 2.5}})", false);
+  // In the parsed object's key order (nlohmann::json sorts keys as strings).
+  CHECK(b.params.logit_bias == std::vector<llm::token_bias>{{49000, 2.5f}, {7, -100.0f}});
 
   const completion_request c = parse_completion_request(R"({"model": "m", "prompt": "Once", "stop": "x"})", false);
   CHECK(c.prompt == "Once");
@@ -173,6 +179,11 @@ TEST_CASE("OpenAI requests: each bad field is a 400 naming it", "[http][openai]"
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"})", "stream", "true or false"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "presence_penalty": 3})", "presence_penalty", "from -2 to 2"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream_options": 1})", "stream_options", "object"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": [1]})", "logit_bias", "must be an object"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 1}})", "logit_bias", "token ids"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"-3": 1}})", "logit_bias", "token ids"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"12": "up"}})", "logit_bias.12", "must be a number"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"12": -101}})", "logit_bias.12", "[-100, 100]"},
   };
   for (const bad& b : cases) {
     INFO(b.body);

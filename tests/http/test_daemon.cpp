@@ -3,6 +3,8 @@
 // stories260K with greedy decoding against the reference tokens of ../shared/models/README.md.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -197,6 +199,32 @@ TEST_CASE("daemon: chat and completions, plain and streamed, equal the reference
     std::string text;
     for (size_t i = 0; i + 2 < ev.size(); ++i) text += json::parse(ev[i])["choices"][0]["text"].get<std::string>();
     CHECK(text == reference_text);
+  }
+  SECTION("logit_bias: -100 bans the greedy answer's first token and +100 forces a token") {
+    json body = greedy_chat(4);
+    body["logit_bias"] = {{std::to_string(reference_tokens[0]), -100}};
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+    const std::vector<int> banned = json::parse(r->body)["choices"][0]["tokens"].get<std::vector<int>>();
+    REQUIRE_FALSE(banned.empty());
+    CHECK(banned[0] != reference_tokens[0]);
+    CHECK(std::find(banned.begin(), banned.end(), reference_tokens[0]) == banned.end());
+
+    body["logit_bias"] = {{"401", 100}};
+    r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+    CHECK(json::parse(r->body)["choices"][0]["tokens"].get<std::vector<int>>() == std::vector<int>{401, 401, 401, 401});
+
+    // A token id outside the vocabulary (stories260K has 512): a 400 naming logit_bias.
+    body["logit_bias"] = {{"512", 5}};
+    r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    REQUIRE(r);
+    INFO(r->body);
+    CHECK(r->status == 400);
+    CHECK(json::parse(r->body)["error"]["param"] == "logit_bias");
+    CHECK_THAT(r->body, Contains("outside the vocabulary"));
   }
   SECTION("stop strings end the answer before them") {
     json body = greedy_chat();

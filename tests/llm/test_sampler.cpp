@@ -74,6 +74,43 @@ TEST_CASE("sampler: greedy", "[sampler]") {
   CHECK(empty.sample(std::vector<float>{ninf, -5.0f, ninf}) == 1);
 }
 
+TEST_CASE("sampler: logit_bias adds to a token's logit and -100 bans it", "[sampler]") {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.5f, 3.0f};
+  sampling_params p = sampling_params{};
+  p.temperature = 0.0f;
+  p.penalty_last_n = 0;
+  CHECK(sampler_chain(p).sample(logits) == 1);
+  p.logit_bias = {{1, -100.0f}};  // banned: 4 (tied with 1) is next
+  CHECK(sampler_chain(p).sample(logits) == 4);
+  p.logit_bias = {{1, -100.0f}, {4, -0.5f}, {3, 2.25f}};  // 3: 2.75 beats 4: 2.5 and 2: 2
+  sampler_chain c(p);
+  CHECK(c.describe() == "logit_bias -> greedy");
+  CHECK(c.sample(logits) == 3);
+  CHECK(c.last().data.size() == 5);
+  // Every token banned: an error, not a token.
+  p.logit_bias.clear();
+  for (int32_t i = 0; i < 5; ++i) p.logit_bias.push_back({i, -100.0f});
+  CHECK_THROWS_AS(sampler_chain(p).sample(logits), sampling_error);
+  // Sampling at temperature 1 never draws a banned token.
+  sampling_params s;
+  s.top_k = 0;
+  s.top_p = 1.0f;
+  s.min_p = 0.0f;
+  s.penalty_last_n = 0;
+  s.logit_bias = {{1, -100.0f}, {4, -100.0f}};
+  for (uint32_t seed = 1; seed <= 50; ++seed) {
+    s.seed = seed;
+    const token_id t = sampler_chain(s).sample(logits);
+    CHECK(t != 1);
+    CHECK(t != 4);
+  }
+  sampling_params bad;
+  bad.logit_bias = {{-1, 1.0f}};
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("logit_bias"));
+  bad.logit_bias = {{2, 101.0f}};
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("logit_bias"));
+}
+
 TEST_CASE("sampler: top_k", "[sampler]") {
   const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.5f, 3.0f};
   CHECK(after(make_top_k(2), logits) == ids{1, 4});
