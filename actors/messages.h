@@ -217,6 +217,7 @@ struct chat_message {
 struct generate_request {
   bool chat = false;                   // true: messages through the model's chat template; false: prompt
   std::string prompt;
+  std::vector<int32_t> prompt_ids;     // chat false and not empty: the prompt as token ids, used as given
   std::vector<chat_message> messages;
   generation_params params;
   token_subscriber subscriber;         // optional: receives (token_atom, token_event) per piece
@@ -447,7 +448,7 @@ typename Inspector::result_type inspect(Inspector& f, chat_message& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
-  return f(caf::meta::type_name("generate_request"), x.chat, x.prompt, x.messages, x.params, x.subscriber);
+  return f(caf::meta::type_name("generate_request"), x.chat, x.prompt, x.prompt_ids, x.messages, x.params, x.subscriber);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_event& x) {

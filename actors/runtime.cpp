@@ -261,6 +261,14 @@ actors::generate_reply session::generate(const std::string& prompt, const actors
   return run(std::move(r), on_piece);
 }
 
+actors::generate_reply session::generate(const std::vector<int32_t>& prompt_ids, const actors::generation_params& p,
+                                         const token_callback& on_piece) {
+  actors::generate_request r;
+  r.prompt_ids = prompt_ids;
+  r.params = p;
+  return run(std::move(r), on_piece);
+}
+
 actors::generate_reply session::chat(const std::vector<actors::chat_message>& messages, const actors::generation_params& p,
                                      const token_callback& on_piece) {
   actors::generate_request r;

@@ -64,6 +64,9 @@ class session {
   // Completion of a prompt; blocks until the answer is done.
   actors::generate_reply generate(const std::string& prompt, const actors::generation_params& p = {},
                                   const token_callback& on_piece = {});
+  // Completion of a prompt given as token ids (used as given: no BOS is added).
+  actors::generate_reply generate(const std::vector<int32_t>& prompt_ids, const actors::generation_params& p = {},
+                                  const token_callback& on_piece = {});
   // The next answer of a chat (the whole conversation, formatted with the model's chat template); the
   // cached prefix of the previous turn is reused.
   actors::generate_reply chat(const std::vector<actors::chat_message>& messages, const actors::generation_params& p = {},

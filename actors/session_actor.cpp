@@ -145,6 +145,16 @@ session_actor::behavior_type session(session_ptr self, std::shared_ptr<const loa
 }  // namespace
 
 std::vector<llm::token_id> prompt_tokens(const loaded_model& m, const generate_request& r) {
+  if (!r.chat && !r.prompt_ids.empty()) {
+    const int32_t n = m.vocab->n_tokens();
+    for (size_t i = 0; i < r.prompt_ids.size(); ++i) {
+      if (r.prompt_ids[i] < 0 || r.prompt_ids[i] >= n) {
+        throw troupe::error("prompt token " + std::to_string(i) + " is " + std::to_string(r.prompt_ids[i]) +
+                    ", outside the vocabulary (0.." + std::to_string(n - 1) + ")");
+      }
+    }
+    return r.prompt_ids;
+  }
   if (!r.chat) return m.vocab->tokenize(r.prompt, true);
   std::vector<llm::chat_message> chat;
   for (const chat_message& c : r.messages) chat.push_back({c.role, c.content});

@@ -105,6 +105,7 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(bool chat, const std:
   actors::generate_request gr;
   gr.chat = r.chat;
   gr.prompt = r.prompt;
+  gr.prompt_ids = r.prompt_ids;
   gr.messages = r.messages;
   size_t n_prompt = 0;
   try {
@@ -161,7 +162,9 @@ bool daemon::write_answer(answer_state& st, httplib::DataSink& sink) {
   for (int attempt = 0;; ++attempt) {
     try {
       session& sess = st.claim->get();
-      reply = req.chat ? sess.chat(req.messages, req.params, on_piece) : sess.generate(req.prompt, req.params, on_piece);
+      reply = req.chat                    ? sess.chat(req.messages, req.params, on_piece)
+              : req.prompt_ids.empty() ? sess.generate(req.prompt, req.params, on_piece)
+                                       : sess.generate(req.prompt_ids, req.params, on_piece);
       break;
     } catch (const actors::request_error& e) {
       // The session's actor is gone (its model was loaded again after a peer reconnected, say) and nothing

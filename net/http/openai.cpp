@@ -126,14 +126,30 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
   } else {
     if (!present(body, "prompt")) throw bad_request("'prompt' is required", "prompt");
     const json& p = body["prompt"];
+    // A string, an array of one string, an array of token ids, or an array of one array of token ids.
+    const auto token_ids = [&](const json& a) {
+      if (a.empty()) throw bad_request("'prompt' must not be empty", "prompt");
+      for (size_t i = 0; i < a.size(); ++i) {
+        const json& t = a[i];
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
+          throw bad_request("'prompt[" + std::to_string(i) + "]' must be a token id (an integer >= 0)", "prompt");
+        }
+        r.prompt_ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+      }
+    };
     if (p.is_string()) {
       r.prompt = p.get<std::string>();
     } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
       r.prompt = p[0].get<std::string>();
+    } else if (p.is_array() && !p.empty() && p[0].is_number()) {
+      token_ids(p);
+    } else if (p.is_array() && p.size() == 1 && p[0].is_array()) {
+      token_ids(p[0]);
     } else {
-      throw bad_request("'prompt' must be a string (or an array of one string)", "prompt");
+      throw bad_request("'prompt' must be a string, an array of token ids, or an array of one of them (one prompt per request)",
+                        "prompt");
     }
-    if (r.prompt.empty()) throw bad_request("'prompt' must not be empty", "prompt");
+    if (r.prompt.empty() && r.prompt_ids.empty()) throw bad_request("'prompt' must not be empty", "prompt");
   }
 
   actors::generation_params& g = r.params;

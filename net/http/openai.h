@@ -46,6 +46,7 @@ struct completion_request {
   bool chat = false;
   std::string model;
   std::string prompt;                         // /v1/completions
+  std::vector<int32_t> prompt_ids;            // /v1/completions with a prompt of token ids
   std::vector<actors::chat_message> messages; // /v1/chat/completions
   actors::generation_params params;
   bool max_tokens_given = false;

@@ -143,6 +143,11 @@ TEST_CASE("OpenAI requests: fields parsed, defaults kept", "[http][openai]") {
   // In the parsed object's key order (nlohmann::json sorts keys as strings).
   CHECK(b.params.logit_bias == std::vector<llm::token_bias>{{49000, 2.5f}, {7, -100.0f}});
 
+  CHECK(parse_completion_request(R"({"model": "m", "prompt": [1, 403, 407]})", false).prompt_ids ==
+        std::vector<int32_t>{1, 403, 407});
+  CHECK(parse_completion_request(R"({"model": "m", "prompt": [[1, 403]]})", false).prompt_ids == std::vector<int32_t>{1, 403});
+  CHECK(parse_completion_request(R"({"model": "m", "prompt": ["Once"]})", false).prompt == "Once");
+
   const completion_request c = parse_completion_request(R"({"model": "m", "prompt": "Once", "stop": "x"})", false);
   CHECK(c.prompt == "Once");
   CHECK(c.params.stop == std::vector<std::string>{"x"});
@@ -199,6 +204,11 @@ TEST_CASE("OpenAI requests: each bad field is a 400 naming it", "[http][openai]"
   CHECK(request_error(R"({"model": "m"})", false).param() == "prompt");
   CHECK(request_error(R"({"model": "m", "prompt": ""})", false).param() == "prompt");
   CHECK(request_error(R"({"model": "m", "prompt": 7})", false).param() == "prompt");
+  CHECK(request_error(R"({"model": "m", "prompt": []})", false).param() == "prompt");
+  CHECK(request_error(R"({"model": "m", "prompt": [1, -2]})", false).param() == "prompt");
+  CHECK_THAT(std::string(request_error(R"({"model": "m", "prompt": [1, 2.5]})", false).what()), Contains("'prompt[1]'"));
+  CHECK(request_error(R"({"model": "m", "prompt": ["a", "b"]})", false).param() == "prompt");
+  CHECK(request_error(R"({"model": "m", "prompt": [[1], [2]]})", false).param() == "prompt");
 }
 
 TEST_CASE("OpenAI responses: shapes of answers, chunks and usage", "[http][openai]") {

@@ -226,6 +226,26 @@ TEST_CASE("daemon: chat and completions, plain and streamed, equal the reference
     CHECK(json::parse(r->body)["error"]["param"] == "logit_bias");
     CHECK_THAT(r->body, Contains("outside the vocabulary"));
   }
+  SECTION("completions of a prompt given as token ids") {
+    // ../shared/models/README.md: "Once upon a time" with BOS is [1, 403, 407, 261, 378].
+    for (const json& prompt : {json::array({1, 403, 407, 261, 378}), json::array({json::array({1, 403, 407, 261, 378})})}) {
+      INFO(prompt.dump());
+      const json body = {{"model", "stories"}, {"prompt", prompt}, {"temperature", 0}, {"max_tokens", 32}, {"return_tokens", true}};
+      auto r = c.Post("/v1/completions", body.dump(), "application/json");
+      REQUIRE(r);
+      REQUIRE(r->status == 200);
+      const json j = json::parse(r->body);
+      CHECK(j["choices"][0]["tokens"].get<std::vector<int>>() == reference_tokens);
+      CHECK(j["choices"][0]["text"] == reference_text);
+      CHECK(j["usage"]["prompt_tokens"] == 5);
+    }
+    const json bad = {{"model", "stories"}, {"prompt", {1, 403, 9999}}, {"max_tokens", 4}};
+    auto r = c.Post("/v1/completions", bad.dump(), "application/json");
+    REQUIRE(r);
+    CHECK(r->status == 400);
+    CHECK(json::parse(r->body)["error"]["param"] == "prompt");
+    CHECK_THAT(r->body, Contains("outside the vocabulary"));
+  }
   SECTION("stop strings end the answer before them") {
     json body = greedy_chat();
     body["stop"] = "Lily";
