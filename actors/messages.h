@@ -457,7 +457,7 @@ typename Inspector::result_type inspect(Inspector& f, token_event& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_reply& x) {
   return f(caf::meta::type_name("generate_reply"), x.session, x.text, x.finish, x.tokens, x.n_prompt, x.n_prompt_decoded,
-           x.prompt_seconds, x.gen_seconds);
+           x.prompt_seconds, x.gen_seconds, x.logprobs);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, session_request& x) {
@@ -520,7 +520,18 @@ typename Inspector::result_type inspect(Inspector& f, token_bias& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_params& x) {
   return f(caf::meta::type_name("generate_params"), x.max_tokens, x.seed, x.temperature, x.top_k, x.top_p, x.min_p,
-           x.penalty_last_n, x.repeat_penalty, x.frequency_penalty, x.presence_penalty, x.logit_bias, x.stop);
+           x.penalty_last_n, x.repeat_penalty, x.frequency_penalty, x.presence_penalty, x.logit_bias, x.stop,
+           x.logprobs);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_prob& x) {
+  return f(caf::meta::type_name("token_prob"), x.token, x.logprob, x.text);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_logprob& x) {
+  return f(caf::meta::type_name("token_logprob"), x.token, x.logprob, x.text, x.top);
 }
 
 }  // namespace troupe::llm

@@ -224,8 +224,23 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
     }
   }
   if (present(body, "return_tokens")) r.return_tokens = boolean(body, "return_tokens");
-  if (present(body, "logprobs") && body["logprobs"].is_boolean() && body["logprobs"].get<bool>()) {
-    throw bad_request("'logprobs' is not supported", "logprobs");
+  // Log-probabilities: chat takes logprobs (true / false) and top_logprobs (0..20); completions the legacy
+  // logprobs: N (0..20), the N most likely tokens at each position besides the sampled one.
+  constexpr int max_lp = llm::generate_params::max_logprobs;
+  if (chat) {
+    const bool on = present(body, "logprobs") && boolean(body, "logprobs");
+    if (present(body, "top_logprobs")) {
+      const int n = static_cast<int>(in_range(body, "top_logprobs", 0, max_lp, true));
+      if (!on) throw bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+      g.logprobs = n;
+    } else if (on) {
+      g.logprobs = 0;
+    }
+  } else if (present(body, "logprobs")) {
+    g.logprobs = static_cast<int32_t>(in_range(body, "logprobs", 0, max_lp, true));
+  }
+  if (g.logprobs >= 0 && r.stream) {
+    throw bad_request("'logprobs' with 'stream' is not supported yet (ask without streaming)", "logprobs");
   }
   if (present(body, "tools") && body["tools"].is_array() && !body["tools"].empty()) {
     throw bad_request("'tools' is not supported", "tools");
@@ -245,6 +260,41 @@ json envelope(const completion_request& r, const std::string& id, int64_t create
               {"system_fingerprint", "troupe"}};
 }
 
+json utf8_bytes(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+// choices[].logprobs: chat's {"content": [{token, logprob, bytes, top_logprobs}]}, or the completions' legacy
+// {tokens, token_logprobs, top_logprobs, text_offset}; null when not asked for.
+json logprobs_json(const completion_request& r, const actors::generate_reply& reply) {
+  if (r.params.logprobs < 0) return nullptr;
+  if (r.chat) {
+    json content = json::array();
+    for (const llm::token_logprob& t : reply.logprobs) {
+      json top = json::array();
+      for (const llm::token_prob& c : t.top) {
+        top.push_back({{"token", c.text}, {"logprob", c.logprob}, {"bytes", utf8_bytes(c.text)}});
+      }
+      content.push_back({{"token", t.text}, {"logprob", t.logprob}, {"bytes", utf8_bytes(t.text)}, {"top_logprobs", top}});
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  size_t offset = 0;
+  for (const llm::token_logprob& t : reply.logprobs) {
+    tokens.push_back(t.text);
+    lps.push_back(t.logprob);
+    json top = json::object();
+    for (const llm::token_prob& c : t.top) top[c.text] = c.logprob;
+    tops.push_back(top);
+    offsets.push_back(offset);
+    offset += t.text.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
 json usage(const actors::generate_reply& reply) {
   const int64_t completion = static_cast<int64_t>(reply.tokens.size());
   return json{{"prompt_tokens", reply.n_prompt},
@@ -258,7 +308,7 @@ json usage(const actors::generate_reply& reply) {
 json completion_response(const completion_request& r, const std::string& id, int64_t created,
                          const actors::generate_reply& reply) {
   json j = envelope(r, id, created, false);
-  json choice = {{"index", 0}, {"finish_reason", finish_reason(reply.finish)}, {"logprobs", nullptr}};
+  json choice = {{"index", 0}, {"finish_reason", finish_reason(reply.finish)}, {"logprobs", logprobs_json(r, reply)}};
   if (r.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", reply.text}};
   } else {

@@ -6,7 +6,7 @@
 //
 // Sampling fields: temperature (0: greedy), top_p, top_k, min_p, max_tokens (max_completion_tokens),
 // stop (a string or up to 16 strings), seed (absent: a random one), presence_penalty, frequency_penalty,
-// repeat_penalty, logit_bias ({"token id": bias in [-100, 100]}, -100 bans), stream, stream_options.include_usage. troupe's additions: return_tokens (the answer's
+// repeat_penalty, logit_bias ({"token id": bias in [-100, 100]}, -100 bans), stream, stream_options.include_usage. logprobs (chat: logprobs + top_logprobs 0..20; completions: logprobs N), not with stream yet. troupe's additions: return_tokens (the answer's
 // token ids in choices[i].tokens). Unknown fields are ignored (clients send many); a known field with the
 // wrong type or a value out of range is an error naming it. n must be 1.
 #pragma once

@@ -21,6 +21,12 @@ namespace troupe::llm {
 struct generate_params : sampling_params {
   int32_t max_tokens = 256;           // generated tokens at most (the context may end the answer earlier)
   std::vector<std::string> stop;      // stop strings: generation ends before the first match
+  // -1: no log-probabilities; 0..max_logprobs: each generated token's log-probability and the n most
+  // likely tokens' (generate_result::logprobs). The distribution is the one the token was drawn from: after
+  // logit_bias, penalties, the filters and temperature; at temperature 0 (greedy) the softmax of the logits
+  // after logit_bias and penalties (temperature 1), as llama-server reports it.
+  int32_t logprobs = -1;
+  static constexpr int32_t max_logprobs = 20;
   friend bool operator==(const generate_params&, const generate_params&) = default;
 
   // Greedy decoding (temperature 0) of at most max_tokens tokens.
@@ -32,8 +38,24 @@ struct generate_params : sampling_params {
   }
 };
 
+// One candidate's log-probability, with its text (the token's piece; may be part of a UTF-8 character).
+struct token_prob {
+  token_id token = 0;
+  float logprob = 0.0f;
+  std::string text;
+  friend bool operator==(const token_prob&, const token_prob&) = default;
+};
+
+// A generated token's log-probability and the most likely candidates at its position (highest first, ties
+// by lower id).
+struct token_logprob : token_prob {
+  std::vector<token_prob> top;
+  friend bool operator==(const token_logprob&, const token_logprob&) = default;
+};
+
 struct generate_result {
   std::vector<token_id> tokens;  // generated
+  std::vector<token_logprob> logprobs;  // one per token when generate_params::logprobs >= 0
   std::string text;              // generated text (without a matched stop string)
   std::string finish;            // "stop", "length" or "cancelled"
   int32_t n_prompt = 0;          // prompt tokens in the request

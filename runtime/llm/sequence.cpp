@@ -1,6 +1,7 @@
 #include "runtime/llm/sequence.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "runtime/error.h"
 
@@ -11,6 +12,10 @@ sequence::sequence(const vocab& v, std::span<const token_id> cached, std::span<c
     : vocab_(v), params_(p), n_ctx_(n_ctx), chain_(p), detok_(v) {
   result_.n_prompt = static_cast<int32_t>(prompt.size());
   if (prompt.empty()) throw error("generate: empty prompt");
+  if (p.logprobs < -1 || p.logprobs > generate_params::max_logprobs) {
+    throw sampling_error("sampling: 'logprobs' must be -1 (off) or 0.." + std::to_string(generate_params::max_logprobs) +
+                         ", got " + std::to_string(p.logprobs));
+  }
   for (const token_bias& b : p.logit_bias) {
     if (b.token < 0 || b.token >= v.n_tokens()) {
       throw sampling_error("sampling: 'logit_bias' names token " + std::to_string(b.token) +
@@ -60,6 +65,43 @@ void sequence::cancel() {
   finish("cancelled", false);
 }
 
+// log softmax over the candidates the chain left (their logits after bias, penalties, filters and
+// temperature), for the sampled token and the params_.logprobs most likely.
+token_logprob sequence::logprob_of(token_id t) const {
+  const std::vector<token_candidate>& c = chain_.last().data;
+  float max = -INFINITY;
+  for (const token_candidate& x : c) max = std::max(max, x.logit);
+  double sum = 0.0;
+  for (const token_candidate& x : c) {
+    if (x.logit > -INFINITY) sum += std::exp(static_cast<double>(x.logit - max));
+  }
+  const double lse = static_cast<double>(max) + std::log(sum);
+  auto lp = [&](float logit) { return static_cast<float>(static_cast<double>(logit) - lse); };
+  token_logprob out;
+  out.token = t;
+  out.logprob = -INFINITY;
+  out.text = vocab_.token_to_piece(t);
+  for (const token_candidate& x : c) {
+    if (x.id == t) {
+      out.logprob = lp(x.logit);
+      break;
+    }
+  }
+  const size_t n = std::min<size_t>(static_cast<size_t>(params_.logprobs), c.size());
+  if (n == 0) return out;
+  std::vector<const token_candidate*> order(c.size());
+  for (size_t i = 0; i < c.size(); ++i) order[i] = &c[i];
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(),
+                    [](const token_candidate* a, const token_candidate* b) {
+                      return a->logit != b->logit ? a->logit > b->logit : a->id < b->id;
+                    });
+  for (size_t i = 0; i < n; ++i) {
+    if (!(order[i]->logit > -INFINITY)) break;  // banned or filtered out: not a candidate
+    out.top.push_back({order[i]->id, lp(order[i]->logit), vocab_.token_to_piece(order[i]->id)});
+  }
+  return out;
+}
+
 sequence_output sequence::advance(std::span<const float> logits) {
   if (done_) throw error("sequence: advance after the answer is done");
   cached_.insert(cached_.end(), pending_.tokens.begin(), pending_.tokens.end());
@@ -75,6 +117,7 @@ sequence_output sequence::advance(std::span<const float> logits) {
   ++n_sampled_;
   if (vocab_.is_eog(t)) return finish("stop", true);
   result_.tokens.push_back(t);
+  if (params_.logprobs >= 0) result_.logprobs.push_back(logprob_of(t));
   result_.text += detok_.push(t);
   // Stop strings: cut the text before the first match; hold back a tail that may begin one.
   bool stopped = false;

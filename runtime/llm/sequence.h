@@ -63,6 +63,7 @@ class sequence {
 
  private:
   sequence_output finish(std::string finish, bool flush);
+  token_logprob logprob_of(token_id t) const;
 
   const vocab& vocab_;
   generate_params params_;

@@ -147,6 +147,13 @@ TEST_CASE("OpenAI requests: fields parsed, defaults kept", "[http][openai]") {
         std::vector<int32_t>{1, 403, 407});
   CHECK(parse_completion_request(R"({"model": "m", "prompt": [[1, 403]]})", false).prompt_ids == std::vector<int32_t>{1, 403});
   CHECK(parse_completion_request(R"({"model": "m", "prompt": ["Once"]})", false).prompt == "Once");
+  CHECK(parse_completion_request(R"({"model": "m", "prompt": "Once", "logprobs": 5})", false).params.logprobs == 5);
+  CHECK(parse_completion_request(R"({"model": "m", "prompt": "Once"})", false).params.logprobs == -1);
+  CHECK(request_error(R"({"model": "m", "prompt": "Once", "logprobs": 21})", false).param() == "logprobs");
+  CHECK(parse_completion_request(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true})", true)
+            .params.logprobs == 0);
+  CHECK(parse_completion_request(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": false})", true)
+            .params.logprobs == -1);
 
   const completion_request c = parse_completion_request(R"({"model": "m", "prompt": "Once", "stop": "x"})", false);
   CHECK(c.prompt == "Once");
@@ -185,6 +192,10 @@ TEST_CASE("OpenAI requests: each bad field is a 400 naming it", "[http][openai]"
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "presence_penalty": 3})", "presence_penalty", "from -2 to 2"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream_options": 1})", "stream_options", "object"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": [1]})", "logit_bias", "must be an object"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs", "needs 'logprobs'"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})", "top_logprobs", "from 0 to 20"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": 1})", "logprobs", "true or false"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "stream": true})", "logprobs", "not supported yet"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 1}})", "logit_bias", "token ids"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"-3": 1}})", "logit_bias", "token ids"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"12": "up"}})", "logit_bias.12", "must be a number"},

@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <regex>
@@ -225,6 +226,82 @@ TEST_CASE("daemon: chat and completions, plain and streamed, equal the reference
     CHECK(r->status == 400);
     CHECK(json::parse(r->body)["error"]["param"] == "logit_bias");
     CHECK_THAT(r->body, Contains("outside the vocabulary"));
+  }
+  SECTION("logprobs: the sampled token's log-probability and the most likely, sorted, on chat and completions") {
+    json body = greedy_chat();
+    body["logprobs"] = true;
+    body["top_logprobs"] = 2;
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+    const json j = json::parse(r->body);
+    CHECK(j["choices"][0]["tokens"].get<std::vector<int>>() == reference_tokens);  // greedy answer unchanged
+    const json& content = j["choices"][0]["logprobs"]["content"];
+    REQUIRE(content.size() == reference_tokens.size());
+    std::string text;
+    for (const json& t : content) {
+      const double lp = t["logprob"].get<double>();
+      CHECK(lp <= 0.0);
+      REQUIRE(t["top_logprobs"].size() == 2);
+      // Greedy: the sampled token is the most likely one.
+      CHECK(t["top_logprobs"][0]["token"] == t["token"]);
+      CHECK(t["top_logprobs"][0]["logprob"].get<double>() == lp);
+      CHECK(t["top_logprobs"][1]["logprob"].get<double>() <= lp);
+      CHECK(std::exp(lp) + std::exp(t["top_logprobs"][1]["logprob"].get<double>()) <= 1.0 + 1e-6);
+      std::string bytes;
+      for (const json& b : t["bytes"]) bytes += static_cast<char>(b.get<int>());
+      CHECK(bytes == t["token"].get<std::string>());
+      text += t["token"].get<std::string>();
+    }
+    CHECK(text == reference_text);
+
+    const json cb = {{"model", "stories"}, {"prompt", "Once upon a time"}, {"temperature", 0}, {"max_tokens", 8},
+                     {"logprobs", 3}};
+    r = c.Post("/v1/completions", cb.dump(), "application/json");
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+    const json lp = json::parse(r->body)["choices"][0]["logprobs"];
+    REQUIRE(lp["tokens"].size() == 8);
+    REQUIRE(lp["token_logprobs"].size() == 8);
+    REQUIRE(lp["top_logprobs"].size() == 8);
+    size_t offset = 0;
+    for (size_t i = 0; i < 8; ++i) {
+      CHECK(lp["token_logprobs"][i].get<double>() <= 0.0);
+      CHECK(lp["top_logprobs"][i].size() <= 3);
+      CHECK(lp["top_logprobs"][i].contains(lp["tokens"][i].get<std::string>()));
+      CHECK(lp["text_offset"][i].get<size_t>() == offset);
+      offset += lp["tokens"][i].get<std::string>().size();
+    }
+    // Sampling at temperature 0.7 with top_k 2 (top_p, min_p off): the distribution each token was drawn
+    // from is the two candidates left, so their probabilities add up to 1 and the token is one of them.
+    json tb = greedy_chat(16);
+    tb["temperature"] = 0.7;
+    tb["top_k"] = 2;
+    tb["top_p"] = 1;
+    tb["min_p"] = 0;
+    tb["seed"] = 11;
+    tb["logprobs"] = true;
+    tb["top_logprobs"] = 5;
+    r = c.Post("/v1/chat/completions", tb.dump(), "application/json");
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+    const json sampled = json::parse(r->body)["choices"][0]["logprobs"]["content"];
+    REQUIRE_FALSE(sampled.empty());
+    for (const json& t : sampled) {
+      REQUIRE(t["top_logprobs"].size() == 2);
+      double sum = 0;
+      bool found = false;
+      for (const json& e : t["top_logprobs"]) {
+        sum += std::exp(e["logprob"].get<double>());
+        found |= e["token"] == t["token"] && e["logprob"] == t["logprob"];
+      }
+      CHECK(sum == Approx(1.0).epsilon(1e-5));
+      CHECK(found);
+    }
+    // Without the field: null, as before.
+    r = c.Post("/v1/chat/completions", greedy_chat(2).dump(), "application/json");
+    REQUIRE(r);
+    CHECK(json::parse(r->body)["choices"][0]["logprobs"].is_null());
   }
   SECTION("completions of a prompt given as token ids") {
     // ../shared/models/README.md: "Once upon a time" with BOS is [1, 403, 407, 261, 378].
