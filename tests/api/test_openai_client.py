@@ -1,0 +1,197 @@
+"""The daemon driven by the official `openai` Python client (PyPI), as a user of OpenAI's API would drive it.
+
+Starts a real `troupe serve --config configs/daemon.toml` (its [server] port set to 0 in a temporary copy)
+with the fetched SmolLM2 model, and checks the rows of issue 20 that troupe answers today: chat and
+completions, streaming with usage, logprobs (chat and legacy completions), logit_bias, seed, a prompt of
+token ids. Run by CTest (`api: openai client`) with the project's virtual environment (.venv, made by
+scripts/install-deps). Exit 77 (skipped) without the model or the client, except under CI=true, where
+either missing is a failure.
+"""
+import argparse
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+ARGS = None
+SKIP = 77
+
+
+def in_ci():
+    return os.environ.get("CI") == "true"
+
+
+def skip_or_fail(why):
+    if in_ci():
+        print(f"FAIL: {why} (CI=true: this test must run)", file=sys.stderr)
+        sys.exit(1)
+    print(f"SKIPPED: {why}", file=sys.stderr)
+    sys.exit(SKIP)
+
+
+class Daemon:
+    def __init__(self, troupe, config_text, cwd):
+        self.dir = tempfile.TemporaryDirectory()
+        path = os.path.join(self.dir.name, "daemon.toml")
+        with open(path, "w") as f:
+            f.write(config_text)
+        self.log = open(os.path.join(self.dir.name, "stderr"), "w+")
+        self.proc = subprocess.Popen([troupe, "serve", "--config", path], cwd=cwd, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        self.port = None
+        while time.monotonic() < deadline and self.port is None:
+            if self.proc.poll() is not None:
+                raise RuntimeError("troupe serve exited: " + self.text())
+            m = re.search(r"listening on http://127\.0\.0\.1:([0-9]+)", self.text())
+            if m:
+                self.port = int(m.group(1))
+            else:
+                time.sleep(0.1)
+        if self.port is None:
+            raise RuntimeError("troupe serve did not start: " + self.text())
+
+    def text(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+        self.dir.cleanup()
+
+
+class OpenAIClient(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        import openai
+        with open(os.path.join(ARGS.source, "configs", "daemon.toml")) as f:
+            config = f.read()
+        # Any free port, and the model's path made absolute (the copy lives in a temporary folder).
+        config = re.sub(r"(?m)^port = [0-9]+", "port = 0", config, count=1)
+        config = re.sub(r'(?m)^path = "[^"]*"', 'path = "' + ARGS.model + '"', config, count=1)
+        cls.daemon = Daemon(ARGS.troupe, config, ARGS.source)
+        cls.client = openai.OpenAI(base_url=f"http://127.0.0.1:{cls.daemon.port}/v1", api_key="none",
+                                   max_retries=0, timeout=120)
+        cls.model = "smollm2"
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+
+    def chat(self, **kw):
+        kw.setdefault("messages", [{"role": "user", "content": "What is the capital of France?"}])
+        kw.setdefault("max_tokens", 12)
+        return self.client.chat.completions.create(model=self.model, **kw)
+
+    def test_models(self):
+        ids = [m.id for m in self.client.models.list()]
+        self.assertIn(self.model, ids)
+
+    def test_chat_and_stream_with_usage(self):
+        plain = self.chat(temperature=0)
+        self.assertTrue(plain.choices[0].message.content)
+        self.assertEqual(plain.usage.completion_tokens, 12)
+        text, usage = "", None
+        for chunk in self.chat(temperature=0, stream=True, stream_options={"include_usage": True}):
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+            if chunk.usage:
+                usage = chunk.usage
+        self.assertEqual(text, plain.choices[0].message.content)
+        self.assertEqual(usage.completion_tokens, 12)
+
+    def test_chat_logprobs(self):
+        r = self.chat(temperature=0, logprobs=True, top_logprobs=2)
+        content = r.choices[0].logprobs.content
+        self.assertEqual(len(content), r.usage.completion_tokens)
+        for t in content:
+            self.assertLessEqual(t.logprob, 0.0)
+            self.assertEqual(len(t.top_logprobs), 2)
+            self.assertGreaterEqual(t.top_logprobs[0].logprob, t.top_logprobs[1].logprob)
+            # Temperature 0: the first of top_logprobs is the sampled token.
+            self.assertEqual(t.top_logprobs[0].token, t.token)
+            self.assertEqual(t.top_logprobs[0].logprob, t.logprob)
+            self.assertLessEqual(math.exp(t.top_logprobs[0].logprob) + math.exp(t.top_logprobs[1].logprob), 1.0 + 1e-6)
+        self.assertEqual("".join(t.token for t in content), r.choices[0].message.content)
+
+    def test_completions_legacy_logprobs_and_token_prompt(self):
+        r = self.client.completions.create(model=self.model, prompt="The capital of France is", max_tokens=6,
+                                           temperature=0, logprobs=3)
+        lp = r.choices[0].logprobs
+        self.assertEqual(len(lp.tokens), 6)
+        self.assertTrue(all(v <= 0.0 for v in lp.token_logprobs))
+        self.assertTrue(all(len(top) <= 3 for top in lp.top_logprobs))
+        self.assertEqual(lp.text_offset[0], 0)
+        # A prompt of token ids (here the ids of an earlier answer, return_tokens): used as given.
+        ids = self.client.completions.create(model=self.model, prompt="The capital of France is", max_tokens=5,
+                                             temperature=0, extra_body={"return_tokens": True}).model_dump()["choices"][0]["tokens"]
+        self.assertEqual(len(ids), 5)
+        r2 = self.client.completions.create(model=self.model, prompt=ids, max_tokens=4, temperature=0)
+        r3 = self.client.completions.create(model=self.model, prompt=[ids], max_tokens=4, temperature=0)
+        self.assertEqual(r2.usage.prompt_tokens, len(ids))
+        self.assertEqual(r2.choices[0].text, r3.choices[0].text)
+        import openai
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.completions.create(model=self.model, prompt=[1, 10**8], max_tokens=1)
+        self.assertIn("outside the vocabulary", str(e.exception))
+
+    def test_logit_bias_and_seed(self):
+        first = self.chat(temperature=0, max_tokens=1, logprobs=True)
+        banned = self.chat(temperature=0, max_tokens=1, logprobs=True,
+                           logit_bias={str(self.token_id(first)): -100})
+        self.assertNotEqual(banned.choices[0].logprobs.content[0].token, first.choices[0].logprobs.content[0].token)
+        a = self.chat(temperature=1.0, seed=1234)
+        b = self.chat(temperature=1.0, seed=1234)
+        self.assertEqual(a.choices[0].message.content, b.choices[0].message.content)
+
+    def token_id(self, reply):
+        # The daemon's return_tokens extension (extra_body) gives the ids of an answer.
+        r = self.client.chat.completions.create(model=self.model, messages=[
+            {"role": "user", "content": "What is the capital of France?"}], max_tokens=1, temperature=0,
+            extra_body={"return_tokens": True})
+        return r.model_dump()["choices"][0]["tokens"][0]
+
+    def test_bad_requests_are_400s_naming_the_field(self):
+        import openai
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.chat(top_logprobs=2)
+        self.assertIn("top_logprobs", str(e.exception))
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.chat(logit_bias={"999999": 5})
+        self.assertIn("logit_bias", str(e.exception))
+
+
+def main():
+    global ARGS
+    p = argparse.ArgumentParser()
+    p.add_argument("--troupe", required=True)
+    p.add_argument("--source", required=True)
+    ARGS, rest = p.parse_known_args()
+    ARGS.troupe = os.path.abspath(ARGS.troupe)
+    ARGS.source = os.path.abspath(ARGS.source)
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        venv_python = os.path.join(ARGS.source, ".venv", "bin", "python")
+        if os.path.isfile(venv_python) and os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(ARGS.source, ".venv")):
+            os.execv(venv_python, [venv_python] + sys.argv)
+        skip_or_fail("the openai package is not installed (scripts/install-deps makes .venv with it)")
+    ARGS.model = os.path.join(ARGS.source, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not os.path.isfile(ARGS.model):
+        skip_or_fail(f"{ARGS.model} is missing (scripts/fetch-model downloads it)")
+    r = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2).result
+    sys.exit(0 if r.wasSuccessful() else 1)
+
+
+if __name__ == "__main__":
+    main()
