@@ -228,6 +228,9 @@ struct token_event {
   uint64_t session = 0;
   std::string piece;
   int32_t token = -1;
+  // With generate_params::logprobs >= 0: the log-probabilities of the tokens sampled since the previous
+  // event (the tokens whose text this piece completes).
+  std::vector<llm::token_logprob> logprobs;
   friend bool operator==(const token_event&, const token_event&) = default;
 };
 
@@ -452,7 +455,7 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_event& x) {
-  return f(caf::meta::type_name("token_event"), x.session, x.piece, x.token);
+  return f(caf::meta::type_name("token_event"), x.session, x.piece, x.token, x.logprobs);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_reply& x) {

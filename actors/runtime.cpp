@@ -258,7 +258,7 @@ actors::generate_reply session::generate(const std::string& prompt, const actors
   actors::generate_request r;
   r.prompt = prompt;
   r.params = p;
-  return run(std::move(r), on_piece);
+  return run_pieces(std::move(r), on_piece);
 }
 
 actors::generate_reply session::generate(const std::vector<int32_t>& prompt_ids, const actors::generation_params& p,
@@ -266,7 +266,7 @@ actors::generate_reply session::generate(const std::vector<int32_t>& prompt_ids,
   actors::generate_request r;
   r.prompt_ids = prompt_ids;
   r.params = p;
-  return run(std::move(r), on_piece);
+  return run_pieces(std::move(r), on_piece);
 }
 
 actors::generate_reply session::chat(const std::vector<actors::chat_message>& messages, const actors::generation_params& p,
@@ -275,10 +275,15 @@ actors::generate_reply session::chat(const std::vector<actors::chat_message>& me
   r.chat = true;
   r.messages = messages;
   r.params = p;
-  return run(std::move(r), on_piece);
+  return run_pieces(std::move(r), on_piece);
 }
 
-actors::generate_reply session::run(actors::generate_request r, const token_callback& on_piece) {
+actors::generate_reply session::run_pieces(actors::generate_request r, const token_callback& on_piece) {
+  if (!on_piece) return run(std::move(r), token_event_callback{});
+  return run(std::move(r), [&on_piece](const actors::token_event& e) { return on_piece(e.piece); });
+}
+
+actors::generate_reply session::run(actors::generate_request r, const token_event_callback& on_piece) {
   if (!handle_) throw actors::request_error(actors::make_error(actors::errc::not_found, "session is closed"));
   // This thread's scoped actor is the subscriber: pieces and the reply arrive in order, and the callback
   // runs here. (A scoped actor is untyped: it subscribes because the receive below handles tokens.)
@@ -297,7 +302,7 @@ actors::generate_reply session::run(actors::generate_request r, const token_call
       [&](actors::token_atom, const actors::token_event& e) {
         text += e.piece;
         if (e.token >= 0) tokens.push_back(e.token);
-        if (on_piece && !cancel_sent && !on_piece(e.piece)) {
+        if (on_piece && !cancel_sent && !on_piece(e)) {
           caf::anon_send(handle_, actors::cancel_atom_v);
           cancel_sent = true;
         }

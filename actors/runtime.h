@@ -46,6 +46,8 @@ namespace troupe {
 
 // Called with each piece of generated text as it arrives; returning false cancels the answer.
 using token_callback = std::function<bool(std::string_view piece)>;
+// The same with the whole event (the piece and, when asked for, its tokens' log-probabilities).
+using token_event_callback = std::function<bool(const actors::token_event& event)>;
 // Load progress: (bytes loaded, bytes in all).
 using progress_callback = std::function<void(uint64_t, uint64_t)>;
 
@@ -71,6 +73,8 @@ class session {
   // cached prefix of the previous turn is reused.
   actors::generate_reply chat(const std::vector<actors::chat_message>& messages, const actors::generation_params& p = {},
                               const token_callback& on_piece = {});
+  // Any request (prompt, token ids or chat), each token event passed to on_event as it arrives.
+  actors::generate_reply run(actors::generate_request r, const token_event_callback& on_event);
   // Ends the current answer (from any thread); generate()/chat() then return with finish "cancelled".
   void cancel();
   // Forgets the conversation's cached tokens.
@@ -84,7 +88,7 @@ class session {
  private:
   friend class engine;
   session(caf::actor_system& sys, actors::session_actor h) : sys_(&sys), handle_(std::move(h)) {}
-  actors::generate_reply run(actors::generate_request r, const token_callback& on_piece);
+  actors::generate_reply run_pieces(actors::generate_request r, const token_callback& on_piece);
 
   caf::actor_system* sys_ = nullptr;
   actors::session_actor handle_;

@@ -18,6 +18,7 @@ struct session_state {
   uint64_t id = 0;
   std::vector<llm::token_id> cached;        // tokens the sequence holds from earlier turns
   std::unique_ptr<llm::sequence> current;   // the answer in progress
+  size_t logprobs_sent = 0;                  // of current's logprobs, those already in token events
   caf::typed_response_promise<generate_reply> promise;
   token_subscriber subscriber;
   bool cancelled = false;
@@ -62,7 +63,13 @@ void send_step(session_ptr self) {
               return;
             }
             if (!out.piece.empty() && s.subscriber) {
-              caf::anon_send(s.subscriber, token_atom_v, token_event{s.id, out.piece, out.token});
+              token_event ev{s.id, out.piece, out.token, {}};
+              const auto& lps = s.current->result().logprobs;
+              if (s.logprobs_sent < lps.size()) {
+                ev.logprobs.assign(lps.begin() + static_cast<std::ptrdiff_t>(s.logprobs_sent), lps.end());
+                s.logprobs_sent = lps.size();
+              }
+              caf::anon_send(s.subscriber, token_atom_v, std::move(ev));
             }
             if (!out.done) {
               send_step(self);
@@ -101,6 +108,7 @@ session_actor::behavior_type session(session_ptr self, std::shared_ptr<const loa
         }
         st.subscriber = r.subscriber;
         st.cancelled = false;
+        st.logprobs_sent = 0;
         st.promise = self->make_response_promise<generate_reply>();
         send_step(self);
         return st.promise;

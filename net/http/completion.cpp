@@ -142,10 +142,13 @@ bool daemon::write_answer(answer_state& st, httplib::DataSink& sink) {
   const std::string endpoint = req.chat ? "chat" : "completions";
   bool first = true;  // nothing of a streamed answer went out yet
   auto last_beat = clock_type::now();
-  const auto on_piece = [&](std::string_view piece) -> bool {
+  size_t text_offset = 0;  // of the streamed text so far (the completions' legacy logprobs)
+  const auto on_event = [&](const actors::token_event& e) -> bool {
     if (cancel_all_.load() || clock_type::now() >= st.deadline) return false;
     if (req.stream) {
-      const bool ok = out.write("data: " + dump(stream_chunk(req, st.id, st.created, piece, first)) + "\n\n");
+      const bool ok =
+          out.write("data: " + dump(stream_chunk(req, st.id, st.created, e.piece, first, &e.logprobs, text_offset)) + "\n\n");
+      for (const llm::token_logprob& t : e.logprobs) text_offset += t.text.size();
       first = false;
       return ok;
     }
@@ -162,9 +165,13 @@ bool daemon::write_answer(answer_state& st, httplib::DataSink& sink) {
   for (int attempt = 0;; ++attempt) {
     try {
       session& sess = st.claim->get();
-      reply = req.chat                    ? sess.chat(req.messages, req.params, on_piece)
-              : req.prompt_ids.empty() ? sess.generate(req.prompt, req.params, on_piece)
-                                       : sess.generate(req.prompt_ids, req.params, on_piece);
+      actors::generate_request gr;
+      gr.chat = req.chat;
+      gr.prompt = req.prompt;
+      gr.prompt_ids = req.prompt_ids;
+      gr.messages = req.messages;
+      gr.params = req.params;
+      reply = sess.run(std::move(gr), on_event);
       break;
     } catch (const actors::request_error& e) {
       // The session's actor is gone (its model was loaded again after a peer reconnected, say) and nothing

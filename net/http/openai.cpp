@@ -239,9 +239,6 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
   } else if (present(body, "logprobs")) {
     g.logprobs = static_cast<int32_t>(in_range(body, "logprobs", 0, max_lp, true));
   }
-  if (g.logprobs >= 0 && r.stream) {
-    throw bad_request("'logprobs' with 'stream' is not supported yet (ask without streaming)", "logprobs");
-  }
   if (present(body, "tools") && body["tools"].is_array() && !body["tools"].empty()) {
     throw bad_request("'tools' is not supported", "tools");
   }
@@ -268,11 +265,11 @@ json utf8_bytes(const std::string& s) {
 
 // choices[].logprobs: chat's {"content": [{token, logprob, bytes, top_logprobs}]}, or the completions' legacy
 // {tokens, token_logprobs, top_logprobs, text_offset}; null when not asked for.
-json logprobs_json(const completion_request& r, const actors::generate_reply& reply) {
+json logprobs_json(const completion_request& r, const std::vector<llm::token_logprob>& logprobs, size_t offset = 0) {
   if (r.params.logprobs < 0) return nullptr;
   if (r.chat) {
     json content = json::array();
-    for (const llm::token_logprob& t : reply.logprobs) {
+    for (const llm::token_logprob& t : logprobs) {
       json top = json::array();
       for (const llm::token_prob& c : t.top) {
         top.push_back({{"token", c.text}, {"logprob", c.logprob}, {"bytes", utf8_bytes(c.text)}});
@@ -282,8 +279,7 @@ json logprobs_json(const completion_request& r, const actors::generate_reply& re
     return {{"content", content}, {"refusal", nullptr}};
   }
   json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
-  size_t offset = 0;
-  for (const llm::token_logprob& t : reply.logprobs) {
+  for (const llm::token_logprob& t : logprobs) {
     tokens.push_back(t.text);
     lps.push_back(t.logprob);
     json top = json::object();
@@ -308,7 +304,7 @@ json usage(const actors::generate_reply& reply) {
 json completion_response(const completion_request& r, const std::string& id, int64_t created,
                          const actors::generate_reply& reply) {
   json j = envelope(r, id, created, false);
-  json choice = {{"index", 0}, {"finish_reason", finish_reason(reply.finish)}, {"logprobs", logprobs_json(r, reply)}};
+  json choice = {{"index", 0}, {"finish_reason", finish_reason(reply.finish)}, {"logprobs", logprobs_json(r, reply.logprobs)}};
   if (r.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", reply.text}};
   } else {
@@ -323,9 +319,11 @@ json completion_response(const completion_request& r, const std::string& id, int
   return j;
 }
 
-json stream_chunk(const completion_request& r, const std::string& id, int64_t created, std::string_view piece, bool first) {
+json stream_chunk(const completion_request& r, const std::string& id, int64_t created, std::string_view piece, bool first,
+                  const std::vector<llm::token_logprob>* logprobs, size_t text_offset) {
   json j = envelope(r, id, created, true);
   json choice = {{"index", 0}, {"finish_reason", nullptr}, {"logprobs", nullptr}};
+  if (logprobs != nullptr) choice["logprobs"] = logprobs_json(r, *logprobs, text_offset);
   if (r.chat) {
     json delta = {{"content", std::string(piece)}};
     if (first) delta["role"] = "assistant";

@@ -6,7 +6,7 @@
 //
 // Sampling fields: temperature (0: greedy), top_p, top_k, min_p, max_tokens (max_completion_tokens),
 // stop (a string or up to 16 strings), seed (absent: a random one), presence_penalty, frequency_penalty,
-// repeat_penalty, logit_bias ({"token id": bias in [-100, 100]}, -100 bans), stream, stream_options.include_usage. logprobs (chat: logprobs + top_logprobs 0..20; completions: logprobs N), not with stream yet. troupe's additions: return_tokens (the answer's
+// repeat_penalty, logit_bias ({"token id": bias in [-100, 100]}, -100 bans), stream, stream_options.include_usage. logprobs (chat: logprobs + top_logprobs 0..20; completions: logprobs N), streamed too. troupe's additions: return_tokens (the answer's
 // token ids in choices[i].tokens). Unknown fields are ignored (clients send many); a known field with the
 // wrong type or a value out of range is an error naming it. n must be 1.
 #pragma once
@@ -62,8 +62,10 @@ completion_request parse_completion_request(std::string_view body, bool chat);
 json completion_response(const completion_request& r, const std::string& id, int64_t created,
                          const actors::generate_reply& reply);
 // One streamed piece: a delta with content (chat) or text (completions); finish_reason null.
+// With r.params.logprobs >= 0, logprobs (the piece's tokens) go into choices[0].logprobs; text_offset: the
+// bytes of answer streamed before this piece (the completions' legacy text_offset).
 json stream_chunk(const completion_request& r, const std::string& id, int64_t created, std::string_view piece,
-                  bool first);
+                  bool first, const std::vector<llm::token_logprob>* logprobs = nullptr, size_t text_offset = 0);
 // The last chunk of choices: empty delta, the finish reason.
 json stream_finish(const completion_request& r, const std::string& id, int64_t created, const std::string& finish);
 // The usage chunk (stream_options.include_usage): no choices.

@@ -123,6 +123,12 @@ class OpenAIClient(unittest.TestCase):
             self.assertEqual(t.top_logprobs[0].logprob, t.logprob)
             self.assertLessEqual(math.exp(t.top_logprobs[0].logprob) + math.exp(t.top_logprobs[1].logprob), 1.0 + 1e-6)
         self.assertEqual("".join(t.token for t in content), r.choices[0].message.content)
+        # Streamed, the chunks' entries together are the plain answer's.
+        streamed = []
+        for chunk in self.chat(temperature=0, logprobs=True, top_logprobs=2, stream=True):
+            if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
+                streamed.extend(chunk.choices[0].logprobs.content)
+        self.assertEqual([(t.token, t.logprob) for t in streamed], [(t.token, t.logprob) for t in content])
 
     def test_completions_legacy_logprobs_and_token_prompt(self):
         r = self.client.completions.create(model=self.model, prompt="The capital of France is", max_tokens=6,

@@ -195,7 +195,6 @@ TEST_CASE("OpenAI requests: each bad field is a 400 naming it", "[http][openai]"
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs", "needs 'logprobs'"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})", "top_logprobs", "from 0 to 20"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": 1})", "logprobs", "true or false"},
-      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "stream": true})", "logprobs", "not supported yet"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 1}})", "logit_bias", "token ids"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"-3": 1}})", "logit_bias", "token ids"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"12": "up"}})", "logit_bias.12", "must be a number"},

@@ -298,6 +298,34 @@ TEST_CASE("daemon: chat and completions, plain and streamed, equal the reference
       CHECK(sum == Approx(1.0).epsilon(1e-5));
       CHECK(found);
     }
+    // Streamed: each chunk carries its tokens' entries; together they are the plain answer's.
+    json sb = greedy_chat();
+    sb["logprobs"] = true;
+    sb["top_logprobs"] = 2;
+    sb["stream"] = true;
+    auto s = c.Post("/v1/chat/completions", sb.dump(), "application/json");
+    REQUIRE(s);
+    REQUIRE(s->status == 200);
+    json streamed = json::array();
+    for (const std::string& ev : sse_events(s->body)) {
+      if (ev == "[DONE]") continue;
+      const json chunk = json::parse(ev);
+      if (chunk["choices"].empty() || chunk["choices"][0]["logprobs"].is_null()) continue;
+      for (const json& t : chunk["choices"][0]["logprobs"]["content"]) streamed.push_back(t);
+    }
+    CHECK(streamed == content);
+    json sc = cb;
+    sc["stream"] = true;
+    s = c.Post("/v1/completions", sc.dump(), "application/json");
+    REQUIRE(s);
+    std::vector<size_t> offsets;
+    for (const std::string& ev : sse_events(s->body)) {
+      if (ev == "[DONE]") continue;
+      const json chunk = json::parse(ev);
+      if (chunk["choices"].empty() || chunk["choices"][0]["logprobs"].is_null()) continue;
+      for (const json& o : chunk["choices"][0]["logprobs"]["text_offset"]) offsets.push_back(o.get<size_t>());
+    }
+    CHECK(offsets == lp["text_offset"].get<std::vector<size_t>>());
     // Without the field: null, as before.
     r = c.Post("/v1/chat/completions", greedy_chat(2).dump(), "application/json");
     REQUIRE(r);

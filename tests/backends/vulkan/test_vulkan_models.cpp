@@ -102,16 +102,16 @@ TEST_CASE("the actor runtime on Vulkan0: both uploads at once, its breakdown row
   actors::model_settings ms{.n_ctx = 256, .n_seq_max = 1, .n_threads = 2};
   ms.devices = {{"CPU1", 15}, {dev, 16}};
   const actors::model_info info = eng.load_model("smol", path->string(), ms);
-  std::vector<actors::upload_result> copied;  // the two devices' uploads (the host's part is mapped)
+  std::vector<actors::upload_result> copied;  // the two devices' uploads
   for (const actors::upload_result& u : info.uploads) {
     if (u.device == "CPU1" || u.device == dev) copied.push_back(u);
   }
   REQUIRE(copied.size() == 2);
+  for (const actors::upload_result& u : copied) CHECK(u.bytes > 0);
+  // Every upload counts towards the wall time, the host's too (its token embeddings, 28 MiB, are copied
+  // into huge pages where the kernel offers them: load_params::huge_pages).
   double sum = 0;
-  for (const actors::upload_result& u : copied) {
-    CHECK(u.bytes > 0);
-    sum += u.seconds;
-  }
+  for (const actors::upload_result& u : info.uploads) sum += u.seconds;
   WARN("uploads: " << copied[0].device << " " << copied[0].bytes << " bytes in " << copied[0].seconds * 1e3 << " ms, "
                    << copied[1].device << " " << copied[1].bytes << " bytes in " << copied[1].seconds * 1e3
                    << " ms; wall time of the uploads " << info.upload_seconds * 1e3 << " ms");
