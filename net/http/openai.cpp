@@ -239,6 +239,19 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
   } else if (present(body, "logprobs")) {
     g.logprobs = static_cast<int32_t>(in_range(body, "logprobs", 0, max_lp, true));
   }
+  // Constrained output is not there yet: refused rather than silently ignored (a client asking for JSON
+  // would otherwise get prose).
+  if (present(body, "response_format")) {
+    const json& rf = body["response_format"];
+    if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string()) {
+      throw bad_request("'response_format' must be an object with a string 'type'", "response_format");
+    }
+    const std::string type = rf["type"].get<std::string>();
+    if (type != "text") {
+      throw bad_request("'response_format' type '" + type + "' is not supported yet (only 'text')", "response_format");
+    }
+  }
+  if (present(body, "grammar")) throw bad_request("'grammar' is not supported yet", "grammar");
   if (present(body, "tools") && body["tools"].is_array() && !body["tools"].empty()) {
     throw bad_request("'tools' is not supported", "tools");
   }

@@ -149,6 +149,7 @@ TEST_CASE("OpenAI requests: fields parsed, defaults kept", "[http][openai]") {
   CHECK(parse_completion_request(R"({"model": "m", "prompt": ["Once"]})", false).prompt == "Once");
   CHECK(parse_completion_request(R"({"model": "m", "prompt": "Once", "logprobs": 5})", false).params.logprobs == 5);
   CHECK(parse_completion_request(R"({"model": "m", "prompt": "Once"})", false).params.logprobs == -1);
+  CHECK(parse_completion_request(R"({"model": "m", "prompt": "Once", "response_format": {"type": "text"}})", false).prompt == "Once");
   CHECK(request_error(R"({"model": "m", "prompt": "Once", "logprobs": 21})", false).param() == "logprobs");
   CHECK(parse_completion_request(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true})", true)
             .params.logprobs == 0);
@@ -193,6 +194,9 @@ TEST_CASE("OpenAI requests: each bad field is a 400 naming it", "[http][openai]"
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream_options": 1})", "stream_options", "object"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": [1]})", "logit_bias", "must be an object"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs", "needs 'logprobs'"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", "response_format", "not supported yet"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": "json"})", "response_format", "must be an object"},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "grammar": "root ::= \"a\""})", "grammar", "not supported yet"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})", "top_logprobs", "from 0 to 20"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": 1})", "logprobs", "true or false"},
       {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 1}})", "logit_bias", "token ids"},
