@@ -15,7 +15,7 @@ namespace troupe {
 
 namespace {
 
-bool wraps_host_memory(buffer_type_i& buft) {
+bool wraps_host_memory(const buffer_type_i& buft) {
   device_i& dev = buft.device();
   return dev.caps().buffer_from_host_ptr && &dev.buffer_type() == &buft;
 }
@@ -261,7 +261,7 @@ model_weights load_job::finish() {
   // The buffer types whose weights are used in place in the mapping.
   std::set<const buffer_type_i*> in_place;
   for (const auto& [buft, st] : s.state) {
-    if (wraps_host_memory(*const_cast<buffer_type_i*>(buft)) && !st->huge_pages) in_place.insert(buft);
+    if (wraps_host_memory(*buft) && !st->huge_pages) in_place.insert(buft);
   }
   s.state.clear();
 

@@ -44,6 +44,17 @@ struct answer_sink {
 
 // The HTTP error for a failed answer: a full context is the request's fault (400), a model that is down
 // (its peer is gone, it is being loaded again) is a 503 to retry later, anything else a 500.
+// What the session actor is asked for a parsed request.
+actors::generate_request generate_request_of(const completion_request& r) {
+  actors::generate_request gr;
+  gr.chat = r.chat;
+  gr.prompt = r.prompt;
+  gr.prompt_ids = r.prompt_ids;
+  gr.messages = r.messages;
+  gr.params = r.params;
+  return gr;
+}
+
 api_error error_for(const actors::request_error& e) {
   if (e.is(actors::errc::capacity)) return api_error(400, "invalid_request_error", e.what());
   if (e.is(actors::errc::bad_request)) return api_error(400, "invalid_request_error", e.what());
@@ -102,11 +113,7 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(bool chat, const std:
                     "the model '" + r.model + "' is " + (why.empty() ? std::string("still loading") : "unavailable: " + why));
   }
   // The prompt must leave room for at least one token of answer in the session's context.
-  actors::generate_request gr;
-  gr.chat = r.chat;
-  gr.prompt = r.prompt;
-  gr.prompt_ids = r.prompt_ids;
-  gr.messages = r.messages;
+  const actors::generate_request gr = generate_request_of(r);
   size_t n_prompt = 0;
   try {
     n_prompt = actors::prompt_tokens(*ms.model, gr).size();
@@ -165,13 +172,7 @@ bool daemon::write_answer(answer_state& st, httplib::DataSink& sink) {
   for (int attempt = 0;; ++attempt) {
     try {
       session& sess = st.claim->get();
-      actors::generate_request gr;
-      gr.chat = req.chat;
-      gr.prompt = req.prompt;
-      gr.prompt_ids = req.prompt_ids;
-      gr.messages = req.messages;
-      gr.params = req.params;
-      reply = sess.run(std::move(gr), on_event);
+      reply = sess.run(generate_request_of(req), on_event);
       break;
     } catch (const actors::request_error& e) {
       // The session's actor is gone (its model was loaded again after a peer reconnected, say) and nothing
