@@ -524,7 +524,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_params& x) {
   return f(caf::meta::type_name("generate_params"), x.max_tokens, x.seed, x.temperature, x.top_k, x.top_p, x.min_p,
            x.penalty_last_n, x.repeat_penalty, x.frequency_penalty, x.presence_penalty, x.logit_bias, x.stop,
-           x.logprobs);
+           x.logprobs, x.grammar);
 }
 
 template <class Inspector>

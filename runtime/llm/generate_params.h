@@ -27,6 +27,10 @@ struct generate_params : sampling_params {
   // after logit_bias and penalties (temperature 1), as llama-server reports it.
   int32_t logprobs = -1;
   static constexpr int32_t max_logprobs = 20;
+  // A GBNF grammar (runtime/llm/grammar.h) the answer must follow; "" for none. Tokens that would leave
+  // the grammar's language are banned before the other sampling stages; the answer ends ("stop") when the
+  // grammar can take nothing more. Stop strings and max_tokens still apply.
+  std::string grammar;
   friend bool operator==(const generate_params&, const generate_params&) = default;
 
   // Greedy decoding (temperature 0) of at most max_tokens tokens.

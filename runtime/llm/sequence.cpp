@@ -22,6 +22,7 @@ sequence::sequence(const vocab& v, std::span<const token_id> cached, std::span<c
                            ", outside the vocabulary (0.." + std::to_string(v.n_tokens() - 1) + ")");
     }
   }
+  if (!p.grammar.empty()) grammar_ = std::make_unique<grammar_matcher>(grammar::parse(p.grammar));
   if (prompt.size() >= n_ctx) {
     throw capacity_error("generate: the prompt has " + std::to_string(prompt.size()) + " tokens, the context holds " +
                          std::to_string(n_ctx));
@@ -112,10 +113,24 @@ sequence_output sequence::advance(std::span<const float> logits) {
   }
   // Up to max_tokens samples, each decoded (the next pending step) after it is streamed.
   if (n_sampled_ >= params_.max_tokens || cached_.size() + 1 >= n_ctx_) return finish("length", true);
+  if (grammar_) {
+    // Ban what the grammar does not allow; the chain then samples among the rest as usual.
+    if (grammar_->allowed_tokens(vocab_, allowed_) == 0) {
+      throw grammar_error("grammar: no token of the vocabulary can continue the answer after '" + result_.text + "'");
+    }
+    masked_.assign(logits.begin(), logits.end());
+    for (size_t i = 0; i < masked_.size(); ++i) {
+      if (i >= allowed_.size() || allowed_[i] == 0) masked_[i] = -INFINITY;
+    }
+    logits = masked_;
+  }
   const token_id t = chain_.sample(logits);
   chain_.accept(t);
   ++n_sampled_;
   if (vocab_.is_eog(t)) return finish("stop", true);
+  if (grammar_ && !grammar_->accept(vocab_.token_to_piece(t))) {
+    throw grammar_error("grammar: token " + std::to_string(t) + " was sampled outside the grammar");  // internal invariant
+  }
   result_.tokens.push_back(t);
   if (params_.logprobs >= 0) result_.logprobs.push_back(logprob_of(t));
   result_.text += detok_.push(t);
@@ -146,6 +161,13 @@ sequence_output sequence::advance(std::span<const float> logits) {
   }
   if (stopped) {
     sequence_output last = finish("stop", false);
+    last.piece = out.piece + last.piece;
+    last.token = t;
+    return last;
+  }
+  if (grammar_ && grammar_->must_end()) {
+    // The grammar takes nothing more: the answer is complete.
+    sequence_output last = finish("stop", true);
     last.piece = out.piece + last.piece;
     last.token = t;
     return last;

@@ -24,6 +24,7 @@
 
 #include "runtime/llm/detokenizer.h"
 #include "runtime/llm/generate_params.h"
+#include "runtime/llm/grammar.h"
 #include "runtime/llm/sampler.h"
 
 namespace troupe::llm {
@@ -45,7 +46,7 @@ class sequence {
  public:
   // cached: the tokens the sequence holds in the cache now (the previous turn); prompt: the whole prompt.
   // Throws error for an empty prompt, capacity_error when the prompt does not fit n_ctx, sampling_error
-  // for bad sampling parameters.
+  // for bad sampling parameters (grammar_error for a grammar that does not compile).
   sequence(const vocab& v, std::span<const token_id> cached, std::span<const token_id> prompt,
            const generate_params& p, uint32_t n_ctx);
 
@@ -69,6 +70,9 @@ class sequence {
   generate_params params_;
   uint32_t n_ctx_;
   sampler_chain chain_;
+  std::unique_ptr<grammar_matcher> grammar_;  // when params_.grammar is set
+  std::vector<uint8_t> allowed_;              // the grammar's mask at this step
+  std::vector<float> masked_;                 // the logits with disallowed tokens at -inf
   detokenizer detok_;
   std::vector<token_id> cached_;
   sequence_step pending_;

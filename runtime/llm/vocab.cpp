@@ -384,6 +384,34 @@ std::string vocab::token_to_piece(token_id id, bool special) const {
   return impl_->pieces[id];
 }
 
+const vocab::piece_index& vocab::sorted_pieces() const {
+  impl& v = *impl_;
+  std::call_once(v.sorted_once, [&v] {
+    piece_index& p = v.sorted;
+    for (size_t i = 0; i < v.tokens.size(); ++i) {
+      const token_type t = v.tokens[i].type;
+      if (t == token_type::control || t == token_type::unknown || v.pieces[i].empty()) continue;
+      p.order.push_back(static_cast<token_id>(i));
+    }
+    std::sort(p.order.begin(), p.order.end(), [&v](token_id a, token_id b) {
+      const std::string& x = v.pieces[static_cast<size_t>(a)];
+      const std::string& y = v.pieces[static_cast<size_t>(b)];
+      return x != y ? x < y : a < b;
+    });
+    p.text.reserve(p.order.size());
+    p.lcp.assign(p.order.size(), 0);
+    for (size_t i = 0; i < p.order.size(); ++i) {
+      p.text.emplace_back(v.pieces[static_cast<size_t>(p.order[i])]);
+      if (i == 0) continue;
+      const std::string_view a = p.text[i - 1], b = p.text[i];
+      uint32_t k = 0;
+      while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
+      p.lcp[i] = k;
+    }
+  });
+  return v.sorted;
+}
+
 std::string vocab::detokenize(std::span<const token_id> tokens, const detokenize_options& options) const {
   std::string out;
   bool strip = options.strip_leading_space && impl_->type == vocab_type::spm && impl_->add_space_prefix;

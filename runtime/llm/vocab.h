@@ -101,6 +101,17 @@ class vocab {
   bool is_eog(token_id id) const;
   const std::vector<token_id>& eog_tokens() const;
 
+  // The tokens that stand for text (not control or unknown tokens, not empty), ordered by their pieces'
+  // bytes, with each piece's common prefix length with the one before: a flattened trie of the vocabulary
+  // for walks that share work between pieces with a common prefix (the grammar matcher). Built on first
+  // use (thread-safe); the views point into the vocabulary.
+  struct piece_index {
+    std::vector<token_id> order;
+    std::vector<std::string_view> text;  // [i]: the piece of order[i]
+    std::vector<uint32_t> lcp;           // [i]: common prefix length of text[i - 1] and text[i]; [0] = 0
+  };
+  const piece_index& sorted_pieces() const;
+
   // Special tokens; token_null when the vocabulary has none.
   token_id bos() const;
   token_id eos() const;

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -42,6 +43,9 @@ struct vocab::impl {
   std::vector<token_id> special_tokens;
   // token_to_piece(id, special = true) for every token.
   std::vector<std::string> pieces;
+  // vocab::sorted_pieces(), built on first use.
+  std::once_flag sorted_once;
+  vocab::piece_index sorted;
 
   token_id find(std::string_view text) const {
     const auto it = by_text.find(text);

@@ -1,0 +1,318 @@
+// The grammar engine: GBNF parsing and its errors, strings accepted and rejected, UTF-8 split across
+// tokens, the vocabulary mask against a token-by-token check on SmolLM2's 49k pieces, and JSON Schema
+// compilation (every supported keyword, refusals by name) checked by matching JSON texts.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "loader/gguf.h"
+#include "runtime/llm/generator.h"
+#include "runtime/llm/grammar.h"
+#include "runtime/llm/llm_context.h"
+#include "runtime/llm/model.h"
+#include "tests/test_models.h"
+
+using namespace troupe;
+using namespace troupe::llm;
+
+namespace {
+
+bool matches(const std::shared_ptr<const grammar>& g, std::string_view text) {
+  grammar_matcher m(g);
+  return m.accept(text) && m.can_end();
+}
+
+bool gbnf_matches(std::string_view gbnf, std::string_view text) { return matches(grammar::parse(gbnf), text); }
+
+std::string error_of(std::string_view gbnf) {
+  try {
+    grammar::parse(gbnf);
+  } catch (const grammar_error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+std::string schema_error(std::string_view schema) {
+  try {
+    json_schema_to_gbnf(schema);
+  } catch (const grammar_error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+bool schema_matches(std::string_view schema, std::string_view text) {
+  return matches(grammar::parse(json_schema_to_gbnf(schema)), text);
+}
+
+}  // namespace
+
+TEST_CASE("grammar: literals, alternatives, classes and repetition", "[grammar]") {
+  const auto g = grammar::parse(R"(root ::= ("yes" | "no") [.!]? # an answer
+)");
+  CHECK(matches(g, "yes"));
+  CHECK(matches(g, "no!"));
+  CHECK(matches(g, "yes."));
+  CHECK_FALSE(matches(g, "ye"));
+  CHECK_FALSE(matches(g, "yes!!"));
+  CHECK_FALSE(matches(g, "maybe"));
+  CHECK_FALSE(matches(g, ""));
+
+  CHECK(gbnf_matches("root ::= [a-c]+", "abcabc"));
+  CHECK_FALSE(gbnf_matches("root ::= [a-c]+", ""));
+  CHECK_FALSE(gbnf_matches("root ::= [a-c]+", "abd"));
+  CHECK(gbnf_matches("root ::= [^a-c]*", "xyz"));
+  CHECK_FALSE(gbnf_matches("root ::= [^a-c]*", "xaz"));
+  CHECK(gbnf_matches("root ::= \"x\"{2,3}", "xx"));
+  CHECK(gbnf_matches("root ::= \"x\"{2,3}", "xxx"));
+  CHECK_FALSE(gbnf_matches("root ::= \"x\"{2,3}", "x"));
+  CHECK_FALSE(gbnf_matches("root ::= \"x\"{2,3}", "xxxx"));
+  CHECK(gbnf_matches("root ::= \"ab\"{2,}", "ababab"));
+  CHECK_FALSE(gbnf_matches("root ::= \"ab\"{2,}", "aba"));
+  CHECK(gbnf_matches("root ::= \"a\"{3}", "aaa"));
+  CHECK_FALSE(gbnf_matches("root ::= \"a\"{3}", "aaaa"));
+  CHECK(gbnf_matches("root ::= . . .", "a\xC3\xA9z"));  // . is one character, not one byte
+  CHECK_FALSE(gbnf_matches("root ::= . .", "a\xC3\xA9z"));
+  CHECK(gbnf_matches(R"(root ::= "\x41\u00e9\n\t\"\\")", "A\xC3\xA9\n\t\"\\"));
+  CHECK(gbnf_matches(R"(root ::= [\u0400-\u04FF]+)", "\xD0\x9F\xD1\x80\xD0\xB8"));  // Cyrillic
+  CHECK_FALSE(gbnf_matches(R"(root ::= [\u0400-\u04FF]+)", "\xC3\xA9"));
+}
+
+TEST_CASE("grammar: rules, recursion and continuation lines", "[grammar]") {
+  const auto g = grammar::parse(R"(
+root   ::= list
+list   ::= "[" ( item ( "," item )* )? "]"
+item   ::= number
+         | list
+number ::= [0-9]+
+)");
+  CHECK(matches(g, "[]"));
+  CHECK(matches(g, "[1,[2,[]],33]"));
+  CHECK_FALSE(matches(g, "[1,]"));
+  CHECK_FALSE(matches(g, "[[1]"));
+  CHECK_FALSE(matches(g, "[a]"));
+  // Right recursion is fine.
+  CHECK(gbnf_matches("root ::= \"a\" root | \"b\"", "aaab"));
+  CHECK(gbnf_matches("root ::= x* \"!\"\nx ::= \"a\" \"b\"?", "aab!"));
+}
+
+TEST_CASE("grammar: errors name the problem and where it is", "[grammar]") {
+  CHECK_THAT(error_of("root ::= foo"), Catch::Contains("rule 'foo' is used") && Catch::Contains("never defined"));
+  CHECK_THAT(error_of("start ::= \"a\""), Catch::Contains("no rule 'root'"));
+  CHECK_THAT(error_of("root ::= root \"a\" | \"b\""), Catch::Contains("left-recursive"));
+  CHECK_THAT(error_of("root ::= x\nx ::= \"\"? root"), Catch::Contains("left-recursive"));
+  // A repetition of something that can be empty would loop forever too.
+  CHECK_THAT(error_of("root ::= x* \"!\"\nx ::= \"a\"?"), Catch::Contains("left-recursive") && Catch::Contains("empty"));
+  CHECK_THAT(error_of("root ::= \"abc"), Catch::Contains("unterminated literal") && Catch::Contains("line 1"));
+  CHECK_THAT(error_of("root ::= [abc"), Catch::Contains("unterminated character class"));
+  CHECK_THAT(error_of("root ::= \"a\"\nroot ::= \"b\""), Catch::Contains("defined twice") && Catch::Contains("line 2"));
+  CHECK_THAT(error_of("root = \"a\""), Catch::Contains("expected '::='"));
+  CHECK_THAT(error_of("root ::= ( \"a\""), Catch::Contains("expected ')'"));
+  CHECK_THAT(error_of("root ::= \"a\"{3,2}"), Catch::Contains("n < m"));
+  CHECK_THAT(error_of("root ::= \"\\q\""), Catch::Contains("unknown escape"));
+  CHECK_THAT(error_of("root ::= [z-a]"), Catch::Contains("out of order"));
+}
+
+TEST_CASE("grammar: bytes of one character may arrive in different tokens", "[grammar]") {
+  const auto g = grammar::parse(R"(root ::= "a" [\u00e0-\u00ff] "b")");
+  grammar_matcher m(g);
+  CHECK(m.accept("a\xC3"));   // the first byte of U+00E9: some completion is in the class
+  CHECK_FALSE(m.can_end());
+  CHECK_FALSE(m.accepts("\xC2"));  // not a continuation byte
+  CHECK(m.accept("\xA9"));    // U+00E9
+  CHECK(m.accept("b"));
+  CHECK(m.can_end());
+  CHECK(m.must_end());
+
+  grammar_matcher n(g);
+  CHECK_FALSE(n.accept("a\xD0"));  // U+0400.. : no completion is in [U+00E0, U+00FF]
+  CHECK(n.accept("a"));
+  CHECK_FALSE(n.accept("\xC3\x80"));  // U+00C0, below the class
+  CHECK_FALSE(n.accept("\xFF"));       // never valid UTF-8
+}
+
+TEST_CASE("grammar: a rejected step leaves the state as it was", "[grammar]") {
+  const auto g = grammar::parse(R"(root ::= "hello" " world"?)");
+  grammar_matcher m(g);
+  CHECK(m.accept("hel"));
+  CHECK_FALSE(m.accept("lx"));
+  CHECK(m.accept("lo"));
+  CHECK(m.can_end());
+  CHECK_FALSE(m.must_end());
+  CHECK(m.accept(" world"));
+  CHECK(m.must_end());
+}
+
+TEST_CASE("grammar: the vocabulary mask equals checking every token on its own (SmolLM2)", "[grammar][models]") {
+  const auto path = test::smollm2_path();
+  if (!path) return;
+  const vocab v(read_gguf(*path));
+  const auto g = grammar::parse(json_object_gbnf());
+  grammar_matcher m(g);
+  // A few states of a JSON object being written: the start, inside a key, after a colon, inside a string
+  // value mid-character, after a nested value, complete.
+  const std::vector<std::string> steps = {"", "{", "\"na", "me\"", ": ", "\"caf\xC3", "\xA9\"", ", \"n\": [1, 2.5e",
+                                          "3], \"o\": {\"x\": true}", "}"};
+  std::vector<uint8_t> allowed;
+  for (const std::string& s : steps) {
+    REQUIRE(m.accept(s));
+    const size_t n = m.allowed_tokens(v, allowed);
+    size_t expected = 0;
+    size_t mismatches = 0;
+    for (token_id t = 0; t < v.n_tokens(); ++t) {
+      const std::string piece = v.token_to_piece(t);
+      bool ok = !piece.empty() && !v.is_control(t) && m.accepts(piece);
+      if (v.is_eog(t)) ok = m.can_end();
+      expected += ok ? 1 : 0;
+      if (ok != (allowed[static_cast<size_t>(t)] != 0)) ++mismatches;
+    }
+    INFO("after '" << s << "'");
+    CHECK(mismatches == 0);
+    CHECK(n == expected);
+    if (s.empty()) CHECK(n > 0);
+  }
+  CHECK(m.must_end());
+  // Complete: only end-of-generation tokens.
+  m.allowed_tokens(v, allowed);
+  for (token_id t = 0; t < v.n_tokens(); ++t) CHECK((allowed[static_cast<size_t>(t)] != 0) == v.is_eog(t));
+}
+
+TEST_CASE("grammar: any JSON object (response_format json_object)", "[grammar][json]") {
+  const auto g = grammar::parse(json_object_gbnf());
+  CHECK(matches(g, "{}"));
+  CHECK(matches(g, R"({"a": 1, "b": [true, false, null, -0.5e+3, "x\"\\\u00e9"], "c": {"d": {}}})"));
+  CHECK(matches(g, "{\n  \"a\": \"caf\xC3\xA9\"\n}"));
+  CHECK_FALSE(matches(g, "[1]"));          // an object, not any value
+  CHECK_FALSE(matches(g, R"({"a": 01})"));  // no leading zeros
+  CHECK_FALSE(matches(g, R"({"a": 1,})"));
+  CHECK_FALSE(matches(g, R"({'a': 1})"));
+  CHECK_FALSE(matches(g, "{\"a\": \"line\nbreak\"}"));  // control characters must be escaped
+  CHECK_FALSE(matches(g, "```json\n{}"));
+}
+
+TEST_CASE("grammar: JSON Schema types, properties and required", "[grammar][json]") {
+  const char* person = R"({"type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "height": {"type": "number"},
+                   "member": {"type": "boolean"}, "nick": {"type": ["string", "null"]}},
+    "required": ["name", "age"], "additionalProperties": false})";
+  CHECK(schema_matches(person, R"({"name": "Ann", "age": 31})"));
+  CHECK(schema_matches(person, R"({"name": "Ann", "age": -4, "height": 1.7, "member": true, "nick": null})"));
+  CHECK(schema_matches(person, R"({"name": "Ann", "age": 3, "nick": "A"})"));
+  CHECK_FALSE(schema_matches(person, R"({"name": "Ann"})"));                    // age is required
+  CHECK_FALSE(schema_matches(person, R"({"age": 3, "name": "Ann"})"));          // the schema's order
+  CHECK_FALSE(schema_matches(person, R"({"name": "Ann", "age": 3.5})"));        // integer
+  CHECK_FALSE(schema_matches(person, R"({"name": 5, "age": 3})"));
+  CHECK_FALSE(schema_matches(person, R"({"name": "Ann", "age": 3, "member": "yes"})"));
+  CHECK_FALSE(schema_matches(person, R"({"name": "Ann", "age": 3, "other": 1})"));  // no extra keys
+  CHECK_FALSE(schema_matches(person, R"({"name": "Ann", "age": 3,})"));
+  // Only optional properties: the empty object and any ordered subset.
+  const char* opt = R"({"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}})";
+  CHECK(schema_matches(opt, "{}"));
+  CHECK(schema_matches(opt, R"({"b": 2})"));
+  CHECK(schema_matches(opt, R"({"a": 1, "c": 3})"));
+  CHECK_FALSE(schema_matches(opt, R"({, "c": 3})"));
+  CHECK_FALSE(schema_matches(opt, R"({"c": 3, "a": 1})"));
+}
+
+TEST_CASE("grammar: JSON Schema enum, const, arrays, nesting, anyOf, $ref and lengths", "[grammar][json]") {
+  CHECK(schema_matches(R"({"enum": ["red", "green", 3, null]})", "\"green\""));
+  CHECK(schema_matches(R"({"enum": ["red", "green", 3, null]})", "3"));
+  CHECK_FALSE(schema_matches(R"({"enum": ["red", "green"]})", "\"blue\""));
+  CHECK(schema_matches(R"({"const": {"k": [1, "x"]}})", R"({"k":[1,"x"]})"));
+  CHECK_FALSE(schema_matches(R"({"const": "a"})", "\"b\""));
+
+  const char* arr = R"({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3})";
+  CHECK(schema_matches(arr, "[1]"));
+  CHECK(schema_matches(arr, "[1, 2, 3]"));
+  CHECK_FALSE(schema_matches(arr, "[]"));
+  CHECK_FALSE(schema_matches(arr, "[1, 2, 3, 4]"));
+  CHECK_FALSE(schema_matches(arr, "[1, \"2\"]"));
+  CHECK(schema_matches(R"({"type": "array"})", R"([1, "a", {}])"));
+  CHECK(schema_matches(R"({"prefixItems": [{"type": "string"}, {"type": "number"}], "items": false})", R"(["a", 2])"));
+  CHECK_FALSE(schema_matches(R"({"prefixItems": [{"type": "string"}, {"type": "number"}], "items": false})", R"([2, "a"])"));
+
+  const char* nested = R"({"type": "object", "properties": {"user": {"type": "object",
+      "properties": {"id": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+      "required": ["id", "tags"]}}, "required": ["user"]})";
+  CHECK(schema_matches(nested, R"({"user": {"id": 7, "tags": ["a", "b"]}})"));
+  CHECK_FALSE(schema_matches(nested, R"({"user": {"id": 7}})"));
+
+  const char* any = R"({"anyOf": [{"type": "integer"}, {"type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"]}]})";
+  CHECK(schema_matches(any, "12"));
+  CHECK(schema_matches(any, R"({"x": false})"));
+  CHECK_FALSE(schema_matches(any, "\"12\""));
+  CHECK(schema_matches(R"({"oneOf": [{"type": "null"}, {"type": "boolean"}]})", "null"));
+
+  const char* ref = R"({"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
+      "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}}, "required": ["v", "next"]}},
+      "$ref": "#/$defs/node"})";
+  CHECK(schema_matches(ref, R"({"v": 1, "next": {"v": 2, "next": null}})"));
+  CHECK_FALSE(schema_matches(ref, R"({"v": 1, "next": {"v": 2}})"));
+  CHECK(schema_matches(R"({"definitions": {"a": {"type": "boolean"}}, "properties": {"x": {"$ref": "#/definitions/a"}}})", R"({"x": true})"));
+
+  const char* len = R"({"type": "string", "minLength": 2, "maxLength": 3})";
+  CHECK(schema_matches(len, "\"ab\""));
+  CHECK(schema_matches(len, "\"\\u00e9bc\""));
+  CHECK_FALSE(schema_matches(len, "\"a\""));
+  CHECK_FALSE(schema_matches(len, "\"abcd\""));
+  CHECK(schema_matches(R"({"type": "string", "nullable": true})", "null"));
+  CHECK(schema_matches(R"({"type": "object", "additionalProperties": {"type": "integer"}})", R"({"p": 1, "q": 2})"));
+  CHECK_FALSE(schema_matches(R"({"type": "object", "additionalProperties": {"type": "integer"}})", R"({"p": "1"})"));
+  CHECK(schema_matches(R"({"title": "T", "description": "d", "$schema": "x", "type": "boolean", "default": true})", "true"));
+  CHECK(schema_matches("{}", "[1, {\"a\": null}]"));
+}
+
+TEST_CASE("grammar: JSON Schema keywords that are not supported are refused by name", "[grammar][json]") {
+  CHECK_THAT(schema_error(R"({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}})"),
+             Catch::Contains("'minimum'") && Catch::Contains("properties.age.minimum"));
+  CHECK_THAT(schema_error(R"({"type": "string", "pattern": "^a"})"), Catch::Contains("'pattern'"));
+  CHECK_THAT(schema_error(R"({"type": "string", "format": "date-time"})"), Catch::Contains("'format'"));
+  CHECK_THAT(schema_error(R"({"allOf": [{"type": "string"}]})"), Catch::Contains("'allOf'"));
+  CHECK_THAT(schema_error(R"({"type": "array", "items": {"not": {}}})"), Catch::Contains("items.not"));
+  CHECK_THAT(schema_error(R"({"type": "strin"})"), Catch::Contains("unknown type 'strin'"));
+  CHECK_THAT(schema_error(R"({"$ref": "#/$defs/missing"})"), Catch::Contains("does not name a definition"));
+  CHECK_THAT(schema_error(R"({"$ref": "http://example.com/s.json"})"), Catch::Contains("$ref"));
+  CHECK_THAT(schema_error("{\"type\": "), Catch::Contains("not valid JSON"));
+  CHECK_THAT(schema_error(R"({"type": "array", "minItems": -1})"), Catch::Contains("'minItems'"));
+  CHECK_THAT(schema_error("false"), Catch::Contains("matches nothing"));
+}
+
+TEST_CASE("grammar: answers sampled under a grammar are in its language and end with it (stories260K)", "[grammar][models]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  auto m = model::load(*path);
+  const vocab v(m->meta());
+  llm_context ctx(*m, {.n_ctx = 256, .n_threads = 2});
+  const char* gbnf = R"(root ::= ("Yes" | "No") ", the " [a-z]{1,8} " was " ("big" | "small") "." )";
+  const auto g = grammar::parse(gbnf);
+  const auto prompt = v.tokenize("Once upon a time", true);
+  for (uint32_t seed = 1; seed <= 6; ++seed) {
+    generator gen(ctx, v, 0);
+    generate_params p;
+    p.temperature = 1.0f;
+    p.seed = seed;
+    p.max_tokens = 64;
+    p.grammar = gbnf;
+    p.logprobs = 2;
+    const generate_result r = gen.generate(prompt, p);
+    INFO("seed " << seed << ": '" << r.text << "'");
+    CHECK(r.finish == "stop");
+    CHECK(matches(g, r.text));
+    // The log-probabilities are those of the constrained distribution: every top candidate is allowed.
+    for (const token_logprob& lp : r.logprobs) {
+      for (const token_prob& c : lp.top) CHECK(c.logprob > -INFINITY);
+    }
+  }
+  // Greedy: the same text twice, and a grammar error before anything is decoded.
+  generator gen(ctx, v, 0);
+  generate_params p = generate_params::greedy(64);
+  p.grammar = gbnf;
+  const std::string first = gen.generate(prompt, p).text;
+  gen.reset();
+  CHECK(gen.generate(prompt, p).text == first);
+  p.grammar = "root ::= nothing";
+  CHECK_THROWS_AS(gen.generate(prompt, p), grammar_error);
+}
