@@ -453,155 +453,179 @@ constexpr int32_t complete = -1;
 bool is_end(grammar::kind k) { return k == grammar::kind::end || k == grammar::kind::alt; }
 }  // namespace
 
+namespace {
+constexpr int32_t dead = -1, unknown = -2;
+constexpr size_t max_frames = size_t{1} << 22, max_states = size_t{1} << 16;
+
+uint64_t utf8_key(uint32_t cp, uint8_t need, uint8_t len) {
+  return (uint64_t{cp} << 16) | (uint64_t{need} << 8) | len;
+}
+}  // namespace
+
 grammar_matcher::grammar_matcher(std::shared_ptr<const grammar> g) : g_(std::move(g)) {
   if (!g_) throw grammar_error("grammar: no grammar given to the matcher");
   const auto& el = g_->elements();
+  std::vector<int32_t> stacks;
   for (uint32_t a : g_->alternatives(g_->root())) {
     if (is_end(el[a].type)) {
-      stacks_.push_back(complete);
+      stacks.push_back(complete);
     } else {
-      expand(arena_, push(arena_, a, complete), stacks_);
+      expand(push(a, complete), stacks);
     }
   }
-  compact();
+  cur_ = intern(std::move(stacks), {});
 }
 
-int32_t grammar_matcher::push(std::vector<frame>& arena, uint32_t pos, int32_t parent) const {
-  arena.push_back({pos, parent});
-  return static_cast<int32_t>(arena.size() - 1);
+int32_t grammar_matcher::push(uint32_t pos, int32_t parent) const {
+  const uint64_t key = (uint64_t{pos} << 32) | static_cast<uint32_t>(parent);
+  const auto [it, fresh] = frame_ids_.try_emplace(key, static_cast<int32_t>(frames_.size()));
+  if (fresh) frames_.push_back({pos, parent});
+  return it->second;
 }
 
 // Rule references at the top are replaced by each alternative of the rule, until a character class is on
 // top (or the stack is complete).
-void grammar_matcher::expand(std::vector<frame>& arena, int32_t top, std::vector<int32_t>& out) const {
+void grammar_matcher::expand(int32_t top, std::vector<int32_t>& out) const {
   if (top == complete) {
     out.push_back(complete);
     return;
   }
   const auto& el = g_->elements();
-  const uint32_t pos = arena[static_cast<size_t>(top)].pos;
-  if (el[pos].type == grammar::kind::chars) {
+  const frame f = frames_[static_cast<size_t>(top)];
+  if (el[f.pos].type == grammar::kind::chars) {
     out.push_back(top);
     return;
   }
-  const int32_t parent = arena[static_cast<size_t>(top)].parent;
-  const int32_t base = is_end(el[pos + 1].type) ? parent : push(arena, pos + 1, parent);
-  for (uint32_t a : g_->alternatives(el[pos].value)) {
+  const int32_t base = is_end(el[f.pos + 1].type) ? f.parent : push(f.pos + 1, f.parent);
+  for (uint32_t a : g_->alternatives(el[f.pos].value)) {
     if (is_end(el[a].type)) {
-      expand(arena, base, out);
+      expand(base, out);
     } else {
-      expand(arena, push(arena, a, base), out);
+      expand(push(a, base), out);
     }
   }
 }
 
-bool grammar_matcher::step(std::vector<frame>& arena, const std::vector<int32_t>& in, utf8_state& u, uint8_t b,
-                           std::vector<int32_t>& out) const {
-  out.clear();
+int32_t grammar_matcher::intern(std::vector<int32_t> stacks, utf8_state u) const {
+  std::sort(stacks.begin(), stacks.end());
+  stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
+  auto key = std::make_pair(stacks, utf8_key(u.cp, u.need, u.len));
+  const auto it = state_ids_.find(key);
+  if (it != state_ids_.end()) return it->second;
+  state st;
+  st.u = u;
+  st.can_end = u.need == 0 && !stacks.empty() && stacks.front() == complete;
+  st.must_end = u.need == 0 && !stacks.empty() && stacks.back() == complete;
+  st.stacks = std::move(stacks);
+  states_.push_back(std::move(st));
+  next_.resize(states_.size() * 256, unknown);
+  const auto id = static_cast<int32_t>(states_.size() - 1);
+  state_ids_.emplace(std::move(key), id);
+  return id;
+}
+
+int32_t grammar_matcher::step(int32_t s, uint8_t b) const {
+  {
+    const int32_t known = next_[static_cast<size_t>(s) * 256 + b];
+    if (known != unknown) return known;
+  }
+  utf8_state u = states_[static_cast<size_t>(s)].u;
+  const auto result = [&](int32_t next) {
+    next_[static_cast<size_t>(s) * 256 + b] = next;
+    return next;
+  };
   if (u.need == 0) {
     if (b < 0x80) {
-      u.cp = b;
+      u = {b, 0, 0};
     } else if ((b & 0xE0) == 0xC0 && b >= 0xC2) {
-      u = {static_cast<uint32_t>(b & 0x1F), 1};
+      u = {static_cast<uint32_t>(b & 0x1F), 1, 2};
     } else if ((b & 0xF0) == 0xE0) {
-      u = {static_cast<uint32_t>(b & 0x0F), 2};
+      u = {static_cast<uint32_t>(b & 0x0F), 2, 3};
     } else if ((b & 0xF8) == 0xF0 && b <= 0xF4) {
-      u = {static_cast<uint32_t>(b & 0x07), 3};
+      u = {static_cast<uint32_t>(b & 0x07), 3, 4};
     } else {
-      return false;  // a continuation byte or an invalid lead byte
+      return result(dead);  // a continuation byte or an invalid lead byte
     }
   } else {
-    if ((b & 0xC0) != 0x80) return false;
+    if ((b & 0xC0) != 0x80) return result(dead);
     u.cp = (u.cp << 6) | (b & 0x3F);
     --u.need;
   }
   const auto& el = g_->elements();
-  if (u.need > 0) {
-    // Part of a character: keep the stacks some completion of it can match.
+  const std::vector<int32_t> in = states_[static_cast<size_t>(s)].stacks;  // a copy: interning may move states_
+  std::vector<int32_t> out;
+  if (u.len > 1) {
+    // The code points this sequence can still become, without overlong forms and surrogates.
+    static constexpr uint32_t min_of[5] = {0, 0, 0x80, 0x800, 0x10000};
     const uint32_t shift = 6u * u.need;
-    const uint32_t lo = u.cp << shift, hi = lo | ((1u << shift) - 1);
-    for (int32_t s : in) {
-      if (s == complete) continue;
-      if (g_->class_at(el[arena[static_cast<size_t>(s)].pos].value).may_match(lo, hi)) out.push_back(s);
+    const uint32_t lo = std::max(u.cp << shift, min_of[u.len]);
+    const uint32_t hi = std::min((u.cp << shift) | ((1u << shift) - 1), 0x10FFFFu);
+    if (lo > hi || (lo >= 0xD800 && hi <= 0xDFFF)) return result(dead);
+    if (u.need > 0) {
+      // Part of a character: keep the stacks some completion of it can match.
+      for (int32_t t : in) {
+        if (t == complete) continue;
+        if (g_->class_at(el[frames_[static_cast<size_t>(t)].pos].value).may_match(lo, hi)) out.push_back(t);
+      }
+      return result(out.empty() ? dead : intern(std::move(out), u));
     }
-    return !out.empty();
   }
   const uint32_t cp = u.cp;
-  u.cp = 0;
-  for (int32_t s : in) {
-    if (s == complete) continue;
-    const frame f = arena[static_cast<size_t>(s)];
+  for (int32_t t : in) {
+    if (t == complete) continue;
+    const frame f = frames_[static_cast<size_t>(t)];
     if (!g_->class_at(el[f.pos].value).matches(cp)) continue;
-    const int32_t next = is_end(el[f.pos + 1].type) ? f.parent : push(arena, f.pos + 1, f.parent);
-    expand(arena, next, out);
+    expand(is_end(el[f.pos + 1].type) ? f.parent : push(f.pos + 1, f.parent), out);
   }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return !out.empty();
+  return result(out.empty() ? dead : intern(std::move(out), {}));
+}
+
+void grammar_matcher::trim() const {
+  if (frames_.size() <= max_frames && states_.size() <= max_states) return;
+  // Copy the current state's stacks into fresh tables; everything else is dropped.
+  const state cur = states_[static_cast<size_t>(cur_)];
+  std::vector<frame> old = std::move(frames_);
+  frames_.clear();
+  frame_ids_.clear();
+  states_.clear();
+  state_ids_.clear();
+  next_.clear();
+  std::function<int32_t(int32_t)> copy = [&](int32_t t) -> int32_t {
+    if (t == complete) return complete;
+    const frame f = old[static_cast<size_t>(t)];
+    return push(f.pos, copy(f.parent));
+  };
+  std::vector<int32_t> stacks;
+  for (int32_t t : cur.stacks) stacks.push_back(copy(t));
+  cur_ = intern(std::move(stacks), cur.u);
 }
 
 bool grammar_matcher::accepts(std::string_view bytes) const {
-  std::vector<frame> arena = arena_;
-  std::vector<int32_t> cur = stacks_, next;
-  utf8_state u = utf8_;
-  for (char c : bytes) {
-    if (!step(arena, cur, u, static_cast<uint8_t>(c), next)) return false;
-    cur.swap(next);
+  int32_t s = cur_;
+  for (const char c : bytes) {
+    s = step(s, static_cast<uint8_t>(c));
+    if (s == dead) return false;
   }
   return true;
 }
 
 bool grammar_matcher::accept(std::string_view bytes) {
-  std::vector<int32_t> cur = stacks_, next;
-  const size_t arena_size = arena_.size();
-  utf8_state u = utf8_;
-  for (char c : bytes) {
-    if (!step(arena_, cur, u, static_cast<uint8_t>(c), next)) {
-      arena_.resize(arena_size);
-      return false;
-    }
-    cur.swap(next);
+  trim();
+  int32_t s = cur_;
+  for (const char c : bytes) {
+    s = step(s, static_cast<uint8_t>(c));
+    if (s == dead) return false;
   }
-  stacks_ = std::move(cur);
-  utf8_ = u;
-  compact();
+  cur_ = s;
   return true;
 }
 
-bool grammar_matcher::can_end() const {
-  return utf8_.need == 0 && std::find(stacks_.begin(), stacks_.end(), complete) != stacks_.end();
-}
-
-bool grammar_matcher::must_end() const {
-  return utf8_.need == 0 && std::all_of(stacks_.begin(), stacks_.end(), [](int32_t s) { return s == complete; });
-}
-
-// Copies the live stacks into a fresh arena (dropping frames no stack reaches) and merges stacks that are
-// equal frame by frame.
-void grammar_matcher::compact() {
-  std::vector<frame> fresh;
-  std::map<std::pair<uint32_t, int32_t>, int32_t> interned;  // (pos, new parent) -> new index
-  std::vector<int32_t> moved;
-  std::function<int32_t(int32_t)> copy = [&](int32_t s) -> int32_t {
-    if (s == complete) return complete;
-    const frame f = arena_[static_cast<size_t>(s)];
-    const int32_t parent = copy(f.parent);
-    const auto key = std::make_pair(f.pos, parent);
-    const auto it = interned.find(key);
-    if (it != interned.end()) return it->second;
-    fresh.push_back({f.pos, parent});
-    const auto id = static_cast<int32_t>(fresh.size() - 1);
-    interned.emplace(key, id);
-    return id;
-  };
-  for (int32_t s : stacks_) moved.push_back(copy(s));
-  std::sort(moved.begin(), moved.end());
-  moved.erase(std::unique(moved.begin(), moved.end()), moved.end());
-  arena_ = std::move(fresh);
-  stacks_ = std::move(moved);
-}
+bool grammar_matcher::can_end() const { return states_[static_cast<size_t>(cur_)].can_end; }
+bool grammar_matcher::must_end() const { return states_[static_cast<size_t>(cur_)].must_end; }
+size_t grammar_matcher::n_stacks() const { return states_[static_cast<size_t>(cur_)].stacks.size(); }
 
 size_t grammar_matcher::allowed_tokens(const vocab& v, std::vector<uint8_t>& allowed) const {
+  trim();
   allowed.assign(static_cast<size_t>(v.n_tokens()), 0);
   size_t n = 0;
   if (can_end()) {
@@ -614,42 +638,31 @@ size_t grammar_matcher::allowed_tokens(const vocab& v, std::vector<uint8_t>& all
   }
   if (must_end()) return n;
   const vocab::piece_index& sp = v.sorted_pieces();
-  // levels[d]: the stacks after the first d bytes of the current piece; live while depth <= `valid`.
-  std::vector<frame> arena = arena_;
-  const size_t base_arena = arena.size();
-  std::vector<std::vector<int32_t>> levels(1, stacks_);
-  std::vector<utf8_state> utf8(1, utf8_);
-  std::vector<size_t> arena_at(1, base_arena);
-  size_t valid = 0;            // levels[0..valid] computed for the current piece's prefix
+  // level[d]: the state after the first d bytes of the current piece, valid for d <= `valid`.
+  std::vector<int32_t> level(1, cur_);
+  size_t valid = 0;
   size_t dead_depth = SIZE_MAX;  // a prefix of this length of the previous piece matched nothing
   for (size_t i = 0; i < sp.order.size(); ++i) {
-    const token_id id = sp.order[i];
-    const std::string_view piece = sp.text[i];
     const size_t common = sp.lcp[i];
-    // Under a dead prefix: dead too.
-    if (dead_depth != SIZE_MAX && common >= dead_depth) continue;
+    if (dead_depth != SIZE_MAX && common >= dead_depth) continue;  // under a dead prefix: dead too
     dead_depth = SIZE_MAX;
+    const std::string_view piece = sp.text[i];
     valid = std::min(valid, common);
-    arena.resize(arena_at[valid]);
+    if (level.size() < piece.size() + 1) level.resize(piece.size() + 1);
     bool ok = true;
     for (size_t d = valid; d < piece.size(); ++d) {
-      if (levels.size() <= d + 1) {
-        levels.resize(d + 2);
-        utf8.resize(d + 2);
-        arena_at.resize(d + 2);
-      }
-      utf8[d + 1] = utf8[d];
-      if (!step(arena, levels[d], utf8[d + 1], static_cast<uint8_t>(piece[d]), levels[d + 1])) {
+      const int32_t next = step(level[d], static_cast<uint8_t>(piece[d]));
+      if (next == dead) {
         dead_depth = d + 1;
         valid = d;
         ok = false;
         break;
       }
-      arena_at[d + 1] = arena.size();
+      level[d + 1] = next;
       valid = d + 1;
     }
     if (ok) {
-      allowed[static_cast<size_t>(id)] = 1;
+      allowed[static_cast<size_t>(sp.order[i])] = 1;
       ++n;
     }
   }

@@ -17,17 +17,21 @@
 // character and allows a token only when some completion of it can match. Tokens whose piece is empty
 // (control tokens) are never allowed, except the end-of-generation tokens once the text is complete.
 //
-// The matcher is a set of pushdown stacks (each a persistent linked list in an arena, so a step shares
-// structure instead of copying); allowed_tokens walks the vocabulary's pieces in sorted order, reusing the
-// state of the common prefix of consecutive pieces and skipping every piece under a dead prefix, the way
-// one would walk a trie of the vocabulary.
+// The matcher is a set of pushdown stacks, each a linked list of interned frames (equal stacks are one
+// object), and the sets are interned too: they are the states of an automaton whose transitions are
+// computed the first time a byte is tried and then looked up, so inside a JSON string (where the stacks
+// come back to the same set after every character) a byte costs an array lookup. allowed_tokens walks the
+// vocabulary's pieces in sorted order, reusing the state of the common prefix of consecutive pieces and
+// skipping every piece under a dead prefix, the way one would walk a trie of the vocabulary.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/llm/sampler.h"
@@ -95,8 +99,9 @@ class grammar_matcher {
   // can_end()); resized to v.n_tokens(). Returns the number allowed.
   size_t allowed_tokens(const vocab& v, std::vector<uint8_t>& allowed) const;
 
-  // Stacks now (for tests and diagnostics).
-  size_t n_stacks() const { return stacks_.size(); }
+  // Stacks now, and automaton states built so far (for tests and diagnostics).
+  size_t n_stacks() const;
+  size_t n_states() const { return states_.size(); }
 
  private:
   struct frame {
@@ -106,20 +111,32 @@ class grammar_matcher {
   struct utf8_state {
     uint32_t cp = 0;
     uint8_t need = 0;  // continuation bytes still to come
+    uint8_t len = 0;   // bytes of the character being read (0 or 1: none pending)
   };
-  struct scratch;
+  // A set of stacks (tops of interned frames, sorted) and the partial character: one automaton state,
+  // with its transitions filled in as bytes are tried.
+  struct state {
+    std::vector<int32_t> stacks;  // -1: a complete (empty) stack
+    utf8_state u;
+    bool can_end = false, must_end = false;
+  };
 
-  int32_t push(std::vector<frame>& arena, uint32_t pos, int32_t parent) const;
-  void expand(std::vector<frame>& arena, int32_t top, std::vector<int32_t>& out) const;
-  // One byte over `in` into `out`; false when nothing survives.
-  bool step(std::vector<frame>& arena, const std::vector<int32_t>& in, utf8_state& u, uint8_t byte,
-            std::vector<int32_t>& out) const;
-  void compact();
+  int32_t push(uint32_t pos, int32_t parent) const;
+  void expand(int32_t top, std::vector<int32_t>& out) const;
+  int32_t intern(std::vector<int32_t> stacks, utf8_state u) const;
+  // The state after byte b from state s; -1 when nothing survives.
+  int32_t step(int32_t s, uint8_t b) const;
+  // Bounds the memory of the automaton: past a limit, keeps only the current state (re-interned).
+  void trim() const;
 
   std::shared_ptr<const grammar> g_;
-  std::vector<frame> arena_;
-  std::vector<int32_t> stacks_;  // top frame of each stack; -1: a complete (empty) stack
-  utf8_state utf8_;
+  // The automaton, built lazily (mutable: queries fill it in; a matcher is used by one thread at a time).
+  mutable std::vector<frame> frames_;
+  mutable std::unordered_map<uint64_t, int32_t> frame_ids_;  // (pos, parent) -> frame
+  mutable std::vector<state> states_;
+  mutable std::vector<int32_t> next_;  // [state * 256 + byte]: next state, dead (-1) or not computed yet (-2)
+  mutable std::map<std::pair<std::vector<int32_t>, uint64_t>, int32_t> state_ids_;
+  mutable int32_t cur_ = 0;
 };
 
 // GBNF of any JSON object (response_format json_object): whitespace between tokens bounded.

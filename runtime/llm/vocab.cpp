@@ -398,10 +398,17 @@ const vocab::piece_index& vocab::sorted_pieces() const {
       const std::string& y = v.pieces[static_cast<size_t>(b)];
       return x != y ? x < y : a < b;
     });
+    size_t total = 0;
+    for (const token_id id : p.order) total += v.pieces[static_cast<size_t>(id)].size();
+    p.bytes.reserve(total);
+    for (const token_id id : p.order) p.bytes += v.pieces[static_cast<size_t>(id)];
     p.text.reserve(p.order.size());
     p.lcp.assign(p.order.size(), 0);
+    size_t at = 0;
     for (size_t i = 0; i < p.order.size(); ++i) {
-      p.text.emplace_back(v.pieces[static_cast<size_t>(p.order[i])]);
+      const size_t len = v.pieces[static_cast<size_t>(p.order[i])].size();
+      p.text.emplace_back(p.bytes.data() + at, len);
+      at += len;
       if (i == 0) continue;
       const std::string_view a = p.text[i - 1], b = p.text[i];
       uint32_t k = 0;

@@ -104,10 +104,11 @@ class vocab {
   // The tokens that stand for text (not control or unknown tokens, not empty), ordered by their pieces'
   // bytes, with each piece's common prefix length with the one before: a flattened trie of the vocabulary
   // for walks that share work between pieces with a common prefix (the grammar matcher). Built on first
-  // use (thread-safe); the views point into the vocabulary.
+  // use (thread-safe).
   struct piece_index {
     std::vector<token_id> order;
-    std::vector<std::string_view> text;  // [i]: the piece of order[i]
+    std::vector<std::string_view> text;  // [i]: the piece of order[i], views into `bytes`
+    std::string bytes;                   // the pieces back to back in order (a walk reads memory in order)
     std::vector<uint32_t> lcp;           // [i]: common prefix length of text[i - 1] and text[i]; [0] = 0
   };
   const piece_index& sorted_pieces() const;

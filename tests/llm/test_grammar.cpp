@@ -132,6 +132,13 @@ TEST_CASE("grammar: bytes of one character may arrive in different tokens", "[gr
   CHECK(n.accept("a"));
   CHECK_FALSE(n.accept("\xC3\x80"));  // U+00C0, below the class
   CHECK_FALSE(n.accept("\xFF"));       // never valid UTF-8
+  // Overlong forms and surrogates are not characters, even where their value would match.
+  const auto t = grammar::parse(R"(root ::= "t" | [\uD000-\uDFFF])");
+  CHECK_FALSE(grammar_matcher(t).accepts("\xF0\x80\x81\xB4"));  // 't' in four bytes
+  CHECK_FALSE(grammar_matcher(t).accepts("\xC1\xB4"));
+  CHECK_FALSE(grammar_matcher(t).accepts("\xE0\x81"));
+  CHECK_FALSE(grammar_matcher(t).accepts("\xED\xA0"));             // U+D800..
+  CHECK(grammar_matcher(t).accepts("\xED\x80\x80"));              // U+D000
 }
 
 TEST_CASE("grammar: a rejected step leaves the state as it was", "[grammar]") {
@@ -291,6 +298,7 @@ TEST_CASE("grammar: answers sampled under a grammar are in its language and end 
   const auto prompt = v.tokenize("Once upon a time", true);
   for (uint32_t seed = 1; seed <= 6; ++seed) {
     generator gen(ctx, v, 0);
+    gen.reset();  // the sequence's cells from the previous answer
     generate_params p;
     p.temperature = 1.0f;
     p.seed = seed;
@@ -308,6 +316,7 @@ TEST_CASE("grammar: answers sampled under a grammar are in its language and end 
   }
   // Greedy: the same text twice, and a grammar error before anything is decoded.
   generator gen(ctx, v, 0);
+  gen.reset();
   generate_params p = generate_params::greedy(64);
   p.grammar = gbnf;
   const std::string first = gen.generate(prompt, p).text;
