@@ -112,6 +112,8 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(bool chat, const std:
     throw api_error(503, "unavailable_error",
                     "the model '" + r.model + "' is " + (why.empty() ? std::string("still loading") : "unavailable: " + why));
   }
+  // Tools, their calls and results in the model family's syntax (and the grammar of a forced call).
+  prepare_tools(st->request, ms.info.chat_template);
   // The prompt must leave room for at least one token of answer in the session's context.
   const actors::generate_request gr = generate_request_of(r);
   size_t n_prompt = 0;
@@ -150,8 +152,23 @@ bool daemon::write_answer(answer_state& st, httplib::DataSink& sink) {
   bool first = true;  // nothing of a streamed answer went out yet
   auto last_beat = clock_type::now();
   size_t text_offset = 0;  // of the streamed text so far (the completions' legacy logprobs)
+  // With tools, the answer's text is kept and only what cannot begin a call is streamed as content; the
+  // calls go out as tool_calls deltas at the end.
+  const bool hold_calls = req.stream && req.tools_active();
+  std::string answer_text;
+  size_t content_sent = 0;
   const auto on_event = [&](const actors::token_event& e) -> bool {
     if (cancel_all_.load() || clock_type::now() >= st.deadline) return false;
+    if (hold_calls) {
+      answer_text += e.piece;
+      const size_t safe = std::max(content_sent, llm::streamable_content(req.syntax, answer_text));
+      const std::string piece = answer_text.substr(content_sent, safe - content_sent);
+      content_sent = safe;
+      if (piece.empty() && e.logprobs.empty()) return true;
+      const bool ok = out.write("data: " + dump(stream_chunk(req, st.id, st.created, piece, first, &e.logprobs, text_offset)) + "\n\n");
+      first = false;
+      return ok;
+    }
     if (req.stream) {
       const bool ok =
           out.write("data: " + dump(stream_chunk(req, st.id, st.created, e.piece, first, &e.logprobs, text_offset)) + "\n\n");
@@ -212,7 +229,23 @@ bool daemon::write_answer(answer_state& st, httplib::DataSink& sink) {
   st.claim.reset();
   count_request(endpoint, 200);
   if (req.stream) {
-    out.write("data: " + dump(stream_finish(req, st.id, st.created, reply.finish)) + "\n\n");
+    bool called = false;
+    if (hold_calls) {
+      const llm::tool_output calls = tool_calls_of(req, st.id, reply.text);
+      if (calls.calls.empty()) {
+        if (content_sent < reply.text.size()) {
+          out.write("data: " + dump(stream_chunk(req, st.id, st.created, std::string_view(reply.text).substr(content_sent), first)) + "\n\n");
+          first = false;
+        }
+      } else {
+        for (size_t i = 0; i < calls.calls.size(); ++i) {
+          out.write("data: " + dump(stream_tool_call(req, st.id, st.created, calls.calls[i], i, first)) + "\n\n");
+          first = false;
+        }
+        called = true;
+      }
+    }
+    out.write("data: " + dump(stream_finish(req, st.id, st.created, reply.finish, called)) + "\n\n");
     if (req.include_usage) out.write("data: " + dump(stream_usage(req, st.id, st.created, reply)) + "\n\n");
     out.write("data: [DONE]\n\n");
   } else {

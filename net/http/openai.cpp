@@ -1,10 +1,14 @@
 #include "net/http/openai.h"
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <climits>
 #include <cmath>
 #include <cstdio>
 #include <random>
+
+#include "runtime/llm/grammar.h"
 
 namespace troupe::http {
 
@@ -120,8 +124,32 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
       if (role != "system" && role != "user" && role != "assistant" && role != "developer" && role != "tool") {
         throw bad_request("'" + p + ".role' must be system, user, assistant, developer or tool, not '" + role + "'", p + ".role");
       }
-      if (!m.contains("content")) throw bad_request("'" + p + ".content' is required", p + ".content");
-      r.messages.push_back({role == "developer" ? "system" : role, content_text(m["content"], p + ".content")});
+      std::vector<llm::tool_call> calls;
+      if (role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+        const json& tc = m["tool_calls"];
+        if (!tc.is_array()) throw bad_request("'" + p + ".tool_calls' must be an array", p + ".tool_calls");
+        for (size_t k = 0; k < tc.size(); ++k) {
+          const std::string q = p + ".tool_calls[" + std::to_string(k) + "]";
+          const json& c = tc[k];
+          if (!c.is_object() || !c.contains("function") || !c["function"].is_object() || !c["function"].contains("name") ||
+              !c["function"]["name"].is_string()) {
+            throw bad_request("'" + q + "' must be {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}", q);
+          }
+          llm::tool_call call;
+          call.id = c.contains("id") && c["id"].is_string() ? c["id"].get<std::string>() : "";
+          call.name = c["function"]["name"].get<std::string>();
+          const json& a = c["function"].contains("arguments") ? c["function"]["arguments"] : json("{}");
+          call.arguments = a.is_string() ? a.get<std::string>() : a.dump();
+          calls.push_back(std::move(call));
+        }
+      }
+      if (!m.contains("content") && calls.empty()) throw bad_request("'" + p + ".content' is required", p + ".content");
+      if (role == "tool" && (!m.contains("content") || m["content"].is_null())) {
+        throw bad_request("'" + p + ".content' is required for a tool message", p + ".content");
+      }
+      r.messages.push_back({role == "developer" ? "system" : role,
+                            m.contains("content") ? content_text(m["content"], p + ".content") : std::string()});
+      r.message_calls.push_back(std::move(calls));
     }
   } else {
     if (!present(body, "prompt")) throw bad_request("'prompt' is required", "prompt");
@@ -239,23 +267,171 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
   } else if (present(body, "logprobs")) {
     g.logprobs = static_cast<int32_t>(in_range(body, "logprobs", 0, max_lp, true));
   }
-  // Constrained output is not there yet: refused rather than silently ignored (a client asking for JSON
-  // would otherwise get prose).
-  if (present(body, "response_format")) {
+  // Constrained output: response_format json_object / json_schema, or a GBNF grammar (llama-server's
+  // extension), compiled here so a bad one is a 400 naming the field before anything is generated.
+  if (present(body, "response_format") && !body["response_format"].is_null()) {
     const json& rf = body["response_format"];
     if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string()) {
       throw bad_request("'response_format' must be an object with a string 'type'", "response_format");
     }
     const std::string type = rf["type"].get<std::string>();
-    if (type != "text") {
-      throw bad_request("'response_format' type '" + type + "' is not supported yet (only 'text')", "response_format");
+    if (type == "json_object") {
+      g.grammar = std::string(llm::json_object_gbnf());
+    } else if (type == "json_schema") {
+      if (!rf.contains("json_schema") || !rf["json_schema"].is_object()) {
+        throw bad_request("'response_format.json_schema' must be an object with a 'schema'", "response_format.json_schema");
+      }
+      const json& js = rf["json_schema"];
+      if (!js.contains("schema")) {
+        throw bad_request("'response_format.json_schema.schema' is missing", "response_format.json_schema.schema");
+      }
+      // The schema again in its own key order (properties are generated in the order the schema lists them).
+      const std::string schema = nlohmann::ordered_json::parse(text)["response_format"]["json_schema"]["schema"].dump();
+      try {
+        g.grammar = llm::json_schema_to_gbnf(schema);
+      } catch (const llm::grammar_error& e) {
+        throw bad_request(e.what(), "response_format.json_schema.schema");
+      }
+    } else if (type != "text") {
+      throw bad_request("'response_format' type must be 'text', 'json_object' or 'json_schema', got '" + type + "'",
+                        "response_format");
     }
   }
-  if (present(body, "grammar")) throw bad_request("'grammar' is not supported yet", "grammar");
-  if (present(body, "tools") && body["tools"].is_array() && !body["tools"].empty()) {
-    throw bad_request("'tools' is not supported", "tools");
+  if (present(body, "grammar") && !body["grammar"].is_null()) {
+    if (!body["grammar"].is_string()) throw bad_request("'grammar' must be a string (GBNF)", "grammar");
+    if (!g.grammar.empty()) throw bad_request("'grammar' and 'response_format' cannot be used together", "grammar");
+    g.grammar = body["grammar"].get<std::string>();
+  }
+  if (!g.grammar.empty()) {
+    try {
+      (void)llm::grammar::parse(g.grammar);
+    } catch (const llm::grammar_error& e) {
+      throw bad_request(e.what(), present(body, "grammar") ? "grammar" : "response_format");
+    }
+  }
+  if (present(body, "tools") && !body["tools"].is_null()) {
+    if (!chat) throw bad_request("'tools' is for /v1/chat/completions", "tools");
+    const json& tools = body["tools"];
+    if (!tools.is_array()) throw bad_request("'tools' must be an array", "tools");
+    if (tools.size() > 128) throw bad_request("'tools' may hold at most 128 functions", "tools");
+    const nlohmann::ordered_json ordered = tools.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json::parse(text)["tools"];
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const std::string p = "tools[" + std::to_string(i) + "]";
+      const json& t = tools[i];
+      if (!t.is_object() || !t.contains("type") || t["type"] != "function" || !t.contains("function") || !t["function"].is_object()) {
+        throw bad_request("'" + p + "' must be {\"type\": \"function\", \"function\": {...}}", p);
+      }
+      const json& f = t["function"];
+      if (!f.contains("name") || !f["name"].is_string()) throw bad_request("'" + p + ".function.name' must be a string", p + ".function.name");
+      llm::tool_function fn;
+      fn.name = f["name"].get<std::string>();
+      const bool name_ok = !fn.name.empty() && fn.name.size() <= 64 &&
+                           std::all_of(fn.name.begin(), fn.name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; });
+      if (!name_ok) {
+        throw bad_request("'" + p + ".function.name' must be 1 to 64 letters, digits, '_' or '-'", p + ".function.name");
+      }
+      for (const llm::tool_function& other : r.tools) {
+        if (other.name == fn.name) throw bad_request("'" + p + ".function.name' '" + fn.name + "' is given twice", p + ".function.name");
+      }
+      if (f.contains("description") && f["description"].is_string()) fn.description = f["description"].get<std::string>();
+      if (f.contains("parameters") && !f["parameters"].is_null()) {
+        if (!f["parameters"].is_object()) throw bad_request("'" + p + ".function.parameters' must be a JSON Schema object", p + ".function.parameters");
+        fn.parameters = ordered[i]["function"]["parameters"].dump();
+      }
+      r.tools.push_back(std::move(fn));
+    }
+  }
+  if (present(body, "tool_choice") && !body["tool_choice"].is_null()) {
+    const json& tc = body["tool_choice"];
+    if (tc.is_string()) {
+      r.tool_choice = tc.get<std::string>();
+      if (r.tool_choice != "auto" && r.tool_choice != "none" && r.tool_choice != "required") {
+        throw bad_request("'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": {\"name\"}}", "tool_choice");
+      }
+    } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() && tc["function"].contains("name") &&
+               tc["function"]["name"].is_string()) {
+      r.tool_choice = "function";
+      r.tool_choice_name = tc["function"]["name"].get<std::string>();
+      if (std::none_of(r.tools.begin(), r.tools.end(), [&](const llm::tool_function& f) { return f.name == r.tool_choice_name; })) {
+        throw bad_request("'tool_choice' names '" + r.tool_choice_name + "', which is not in 'tools'", "tool_choice");
+      }
+    } else {
+      throw bad_request("'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": {\"name\"}}", "tool_choice");
+    }
+    if (r.tool_choice != "none" && r.tool_choice != "auto" && r.tools.empty()) {
+      throw bad_request("'tool_choice' '" + r.tool_choice + "' needs 'tools'", "tool_choice");
+    }
+  }
+  if (present(body, "parallel_tool_calls")) r.parallel_tool_calls = boolean(body, "parallel_tool_calls");
+  if (r.tools_active() && (r.tool_choice == "required" || r.tool_choice == "function") && !g.grammar.empty()) {
+    throw bad_request("'tool_choice' '" + r.tool_choice + "' cannot be combined with 'response_format' or 'grammar'", "tool_choice");
   }
   return r;
+}
+
+void prepare_tools(completion_request& r, std::string_view template_name) {
+  if (!r.chat) return;
+  r.syntax = llm::tool_syntax_for(template_name);
+  std::vector<actors::chat_message> out;
+  for (size_t i = 0; i < r.messages.size(); ++i) {
+    actors::chat_message m = r.messages[i];
+    if (m.role == "tool") {
+      const llm::chat_message t = llm::render_tool_result(r.syntax, m.content);
+      out.push_back({t.role, t.content});
+      continue;
+    }
+    if (i < r.message_calls.size() && !r.message_calls[i].empty()) {
+      const std::string calls = llm::render_tool_calls(r.syntax, r.message_calls[i]);
+      m.content = m.content.empty() ? calls : m.content + "\n" + calls;
+    }
+    out.push_back(std::move(m));
+  }
+  if (r.tools_active()) {
+    const std::string prompt = llm::tools_prompt(r.syntax, r.tools);
+    if (!out.empty() && out.front().role == "system") {
+      out.front().content += "\n\n" + prompt;
+    } else {
+      out.insert(out.begin(), actors::chat_message{"system", prompt});
+    }
+    if (r.tool_choice == "required" || r.tool_choice == "function") {
+      std::vector<llm::tool_function> which;
+      for (const llm::tool_function& f : r.tools) {
+        if (r.tool_choice == "required" || f.name == r.tool_choice_name) which.push_back(f);
+      }
+      try {
+        r.params.grammar = llm::tool_call_gbnf(r.syntax, which, r.tool_choice == "required" && r.parallel_tool_calls);
+        (void)llm::grammar::parse(r.params.grammar);
+      } catch (const llm::grammar_error& e) {
+        throw bad_request(e.what(), "tools");
+      }
+    }
+  }
+  r.messages = std::move(out);
+}
+
+llm::tool_output tool_calls_of(const completion_request& r, const std::string& id, const std::string& text) {
+  llm::tool_output out = llm::parse_tool_calls(r.syntax, text, r.tools);
+  if (!r.parallel_tool_calls && out.calls.size() > 1) out.calls.resize(1);
+  for (size_t i = 0; i < out.calls.size(); ++i) out.calls[i].id = "call_" + id + "_" + std::to_string(i);
+  return out;
+}
+
+namespace {
+json call_json(const llm::tool_call& c) {
+  return {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+}
+}  // namespace
+
+json stream_tool_call(const completion_request& r, const std::string& id, int64_t created, const llm::tool_call& call,
+                      size_t index, bool first) {
+  json j = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", r.model}, {"system_fingerprint", "troupe"}};
+  json tc = call_json(call);
+  tc["index"] = index;
+  json delta = {{"tool_calls", json::array({tc})}};
+  if (first) delta["role"] = "assistant";
+  if (first) delta["content"] = nullptr;
+  j["choices"] = json::array({{{"index", 0}, {"finish_reason", nullptr}, {"logprobs", nullptr}, {"delta", delta}}});
+  return j;
 }
 
 std::string finish_reason(const std::string& finish) { return finish == "stop" ? "stop" : "length"; }
@@ -320,6 +496,16 @@ json completion_response(const completion_request& r, const std::string& id, int
   json choice = {{"index", 0}, {"finish_reason", finish_reason(reply.finish)}, {"logprobs", logprobs_json(r, reply.logprobs)}};
   if (r.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", reply.text}};
+    if (r.tools_active()) {
+      const llm::tool_output t = tool_calls_of(r, id, reply.text);
+      if (!t.calls.empty()) {
+        json calls = json::array();
+        for (const llm::tool_call& c : t.calls) calls.push_back(call_json(c));
+        choice["message"]["content"] = t.content.empty() ? json(nullptr) : json(t.content);
+        choice["message"]["tool_calls"] = calls;
+        choice["finish_reason"] = "tool_calls";
+      }
+    }
   } else {
     choice["text"] = reply.text;
   }
@@ -348,9 +534,10 @@ json stream_chunk(const completion_request& r, const std::string& id, int64_t cr
   return j;
 }
 
-json stream_finish(const completion_request& r, const std::string& id, int64_t created, const std::string& finish) {
+json stream_finish(const completion_request& r, const std::string& id, int64_t created, const std::string& finish,
+                   bool tool_calls) {
   json j = envelope(r, id, created, true);
-  json choice = {{"index", 0}, {"finish_reason", finish_reason(finish)}, {"logprobs", nullptr}};
+  json choice = {{"index", 0}, {"finish_reason", tool_calls ? "tool_calls" : finish_reason(finish)}, {"logprobs", nullptr}};
   if (r.chat) {
     choice["delta"] = json::object();
   } else {

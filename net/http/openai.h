@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "actors/messages.h"
+#include "runtime/llm/tool_calls.h"
 
 namespace troupe::http {
 
@@ -53,10 +54,28 @@ struct completion_request {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool return_tokens = false;
+  // Function calling (chat): the tools, tool_choice ("auto", "none", "required", or "function" with
+  // tool_choice_name), parallel_tool_calls; each message's tool calls (assistant turns) or tool_call_id.
+  std::vector<llm::tool_function> tools;
+  std::string tool_choice = "auto";
+  std::string tool_choice_name;
+  bool parallel_tool_calls = true;
+  std::vector<std::vector<llm::tool_call>> message_calls;  // [messages.size()]
+  llm::tool_syntax syntax = llm::tool_syntax::hermes;     // set for the model's template (prepare_tools)
+  // Whether the answer may hold tool calls (tools given and tool_choice is not "none").
+  bool tools_active() const { return !tools.empty() && tool_choice != "none"; }
 };
 
 // Throws api_error (400, invalid_request_error) naming the field.
 completion_request parse_completion_request(std::string_view body, bool chat);
+// Once the model is known: renders tools, assistant tool calls and tool results into r.messages in the
+// syntax of the model's chat template, and sets the grammar of a required or named call. Throws api_error.
+void prepare_tools(completion_request& r, std::string_view template_name);
+// The calls in an answer when r.tools_active() (ids "call_<answer id>_<i>").
+llm::tool_output tool_calls_of(const completion_request& r, const std::string& id, const std::string& text);
+// A streamed chunk with one call (delta.tool_calls[0], index i).
+json stream_tool_call(const completion_request& r, const std::string& id, int64_t created, const llm::tool_call& call,
+                      size_t index, bool first);
 
 // The whole answer (stream false).
 json completion_response(const completion_request& r, const std::string& id, int64_t created,
@@ -67,7 +86,9 @@ json completion_response(const completion_request& r, const std::string& id, int
 json stream_chunk(const completion_request& r, const std::string& id, int64_t created, std::string_view piece,
                   bool first, const std::vector<llm::token_logprob>* logprobs = nullptr, size_t text_offset = 0);
 // The last chunk of choices: empty delta, the finish reason.
-json stream_finish(const completion_request& r, const std::string& id, int64_t created, const std::string& finish);
+// With tool_calls, finish_reason is "tool_calls".
+json stream_finish(const completion_request& r, const std::string& id, int64_t created, const std::string& finish,
+                   bool tool_calls = false);
 // The usage chunk (stream_options.include_usage): no choices.
 json stream_usage(const completion_request& r, const std::string& id, int64_t created, const actors::generate_reply& reply);
 

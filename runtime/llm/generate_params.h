@@ -29,7 +29,9 @@ struct generate_params : sampling_params {
   static constexpr int32_t max_logprobs = 20;
   // A GBNF grammar (runtime/llm/grammar.h) the answer must follow; "" for none. Tokens that would leave
   // the grammar's language are banned before the other sampling stages; the answer ends ("stop") when the
-  // grammar can take nothing more. Stop strings and max_tokens still apply.
+  // grammar can take nothing more. Stop strings and max_tokens still apply; when the tokens left (max_tokens,
+  // the context) come close to the bytes the grammar still needs, only tokens that bring its end nearer
+  // are allowed, so a JSON answer closes its strings and brackets instead of being cut off.
   std::string grammar;
   friend bool operator==(const generate_params&, const generate_params&) = default;
 

@@ -465,6 +465,32 @@ uint64_t utf8_key(uint32_t cp, uint8_t need, uint8_t len) {
 grammar_matcher::grammar_matcher(std::shared_ptr<const grammar> g) : g_(std::move(g)) {
   if (!g_) throw grammar_error("grammar: no grammar given to the matcher");
   const auto& el = g_->elements();
+  // The fewest bytes of each rule and of each alternative's rest (a fixed point; a character is >= 1 byte).
+  constexpr uint32_t inf = UINT32_MAX / 4;
+  std::vector<uint32_t> rule_min(g_->n_rules(), inf);
+  rest_min_.assign(el.size() + 1, 0);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t p = el.size(); p-- > 0;) {
+      uint32_t v = 0;
+      if (!is_end(el[p].type)) {
+        const uint32_t e = el[p].type == grammar::kind::chars ? 1 : rule_min[el[p].value];
+        v = std::min(inf, e + rest_min_[p + 1]);
+      }
+      if (v != rest_min_[p]) {
+        rest_min_[p] = v;
+        changed = true;
+      }
+    }
+    for (uint32_t r = 0; r < g_->n_rules(); ++r) {
+      uint32_t best = inf;
+      for (uint32_t a : g_->alternatives(r)) best = std::min(best, rest_min_[a]);
+      if (best != rule_min[r]) {
+        rule_min[r] = best;
+        changed = true;
+      }
+    }
+  }
   std::vector<int32_t> stacks;
   for (uint32_t a : g_->alternatives(g_->root())) {
     if (is_end(el[a].type)) {
@@ -479,7 +505,11 @@ grammar_matcher::grammar_matcher(std::shared_ptr<const grammar> g) : g_(std::mov
 int32_t grammar_matcher::push(uint32_t pos, int32_t parent) const {
   const uint64_t key = (uint64_t{pos} << 32) | static_cast<uint32_t>(parent);
   const auto [it, fresh] = frame_ids_.try_emplace(key, static_cast<int32_t>(frames_.size()));
-  if (fresh) frames_.push_back({pos, parent});
+  if (fresh) {
+    frames_.push_back({pos, parent});
+    const uint32_t up = parent == complete ? 0 : frame_min_[static_cast<size_t>(parent)];
+    frame_min_.push_back(std::min(UINT32_MAX / 2, rest_min_[pos] + up));
+  }
   return it->second;
 }
 
@@ -516,6 +546,9 @@ int32_t grammar_matcher::intern(std::vector<int32_t> stacks, utf8_state u) const
   st.u = u;
   st.can_end = u.need == 0 && !stacks.empty() && stacks.front() == complete;
   st.must_end = u.need == 0 && !stacks.empty() && stacks.back() == complete;
+  st.to_end = UINT32_MAX;
+  for (const int32_t t : stacks) st.to_end = std::min(st.to_end, t == complete ? 0u : frame_min_[static_cast<size_t>(t)]);
+  if (u.need > 0) st.to_end += u.need - 1u;  // the pending character counted as one byte, needs `need` more
   st.stacks = std::move(stacks);
   states_.push_back(std::move(st));
   next_.resize(states_.size() * 256, unknown);
@@ -586,6 +619,7 @@ void grammar_matcher::trim() const {
   const state cur = states_[static_cast<size_t>(cur_)];
   std::vector<frame> old = std::move(frames_);
   frames_.clear();
+  frame_min_.clear();
   frame_ids_.clear();
   states_.clear();
   state_ids_.clear();
@@ -622,9 +656,10 @@ bool grammar_matcher::accept(std::string_view bytes) {
 
 bool grammar_matcher::can_end() const { return states_[static_cast<size_t>(cur_)].can_end; }
 bool grammar_matcher::must_end() const { return states_[static_cast<size_t>(cur_)].must_end; }
+uint32_t grammar_matcher::bytes_to_end() const { return states_[static_cast<size_t>(cur_)].to_end; }
 size_t grammar_matcher::n_stacks() const { return states_[static_cast<size_t>(cur_)].stacks.size(); }
 
-size_t grammar_matcher::allowed_tokens(const vocab& v, std::vector<uint8_t>& allowed) const {
+size_t grammar_matcher::allowed_tokens(const vocab& v, std::vector<uint8_t>& allowed, bool closing) const {
   trim();
   allowed.assign(static_cast<size_t>(v.n_tokens()), 0);
   size_t n = 0;
@@ -660,6 +695,9 @@ size_t grammar_matcher::allowed_tokens(const vocab& v, std::vector<uint8_t>& all
       }
       level[d + 1] = next;
       valid = d + 1;
+    }
+    if (ok && closing && states_[static_cast<size_t>(level[piece.size()])].to_end >= states_[static_cast<size_t>(cur_)].to_end) {
+      ok = false;  // no nearer to the end
     }
     if (ok) {
       allowed[static_cast<size_t>(sp.order[i])] = 1;

@@ -96,8 +96,12 @@ class grammar_matcher {
   bool must_end() const;
 
   // allowed[id] = 1 for each token of v whose piece may come next (end-of-generation tokens when
-  // can_end()); resized to v.n_tokens(). Returns the number allowed.
-  size_t allowed_tokens(const vocab& v, std::vector<uint8_t>& allowed) const;
+  // can_end()); resized to v.n_tokens(). Returns the number allowed. With `closing`, only tokens that bring
+  // the text closer to a complete sentence (fewer bytes still needed at least) are allowed: an answer
+  // about to run out of tokens is steered to close its brackets and strings instead of being cut off.
+  size_t allowed_tokens(const vocab& v, std::vector<uint8_t>& allowed, bool closing = false) const;
+  // The fewest bytes that complete the text so far (0 when can_end()).
+  uint32_t bytes_to_end() const;
 
   // Stacks now, and automaton states built so far (for tests and diagnostics).
   size_t n_stacks() const;
@@ -119,6 +123,7 @@ class grammar_matcher {
     std::vector<int32_t> stacks;  // -1: a complete (empty) stack
     utf8_state u;
     bool can_end = false, must_end = false;
+    uint32_t to_end = 0;  // the fewest bytes that complete it
   };
 
   int32_t push(uint32_t pos, int32_t parent) const;
@@ -131,7 +136,9 @@ class grammar_matcher {
 
   std::shared_ptr<const grammar> g_;
   // The automaton, built lazily (mutable: queries fill it in; a matcher is used by one thread at a time).
+  std::vector<uint32_t> rest_min_;  // [element position]: the fewest bytes that finish its alternative from there
   mutable std::vector<frame> frames_;
+  mutable std::vector<uint32_t> frame_min_;  // [frame]: the fewest bytes that empty the stack from it
   mutable std::unordered_map<uint64_t, int32_t> frame_ids_;  // (pos, parent) -> frame
   mutable std::vector<state> states_;
   mutable std::vector<int32_t> next_;  // [state * 256 + byte]: next state, dead (-1) or not computed yet (-2)
@@ -149,5 +156,10 @@ std::string_view json_object_gbnf();
 // $schema, $id, $comment, strict). Anything else (pattern, format, minimum, multipleOf, allOf, not, ...)
 // throws grammar_error naming the keyword and where it is ("properties.age.minimum").
 std::string json_schema_to_gbnf(std::string_view schema_json);
+// For grammars that embed JSON values: the rules json_schema_to_gbnf builds for a schema, its top rule
+// named `name` and its helpers name-..., without the shared rules (json-value, json-string, ws, ...) that
+// json_gbnf_rules() holds and that must be added once.
+std::string json_schema_gbnf_rules(std::string_view schema_json, std::string_view name);
+std::string_view json_gbnf_rules();
 
 }  // namespace troupe::llm

@@ -61,13 +61,13 @@ std::string json_text(const ojson& v) { return v.dump(-1, ' ', false, ojson::err
 
 class schema_compiler {
  public:
-  explicit schema_compiler(const ojson& root) : root_(root) {}
+  schema_compiler(const ojson& root, std::string name) : root_(root), name_(std::move(name)) {}
 
+  // The rules: `name ::= ...` and its helpers (named name-...), without the shared JSON rules.
   std::string run() {
     const std::string body = expr(root_, "");
-    std::string out = "root ::= " + body + "\n";
+    std::string out = name_ + " ::= " + body + "\n";
     for (const auto& [name, rule] : rules_) out += name + " ::= " + rule + "\n";
-    out += json_base;
     return out;
   }
 
@@ -79,7 +79,7 @@ class schema_compiler {
   static std::string join(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
 
   std::string new_rule(const std::string& hint, std::string body) {
-    std::string base = "s";
+    std::string base = name_ + "-s";
     for (const char c : hint) base += (std::isalnum(static_cast<unsigned char>(c)) != 0) ? c : '-';
     std::string name = base;
     for (int i = 2; rules_.count(name) != 0 || taken_.count(name) != 0; ++i) name = base + "-" + std::to_string(i);
@@ -331,7 +331,7 @@ class schema_compiler {
       refuse(join(path, "$ref"), "'$ref' " + target + " does not name a definition of this schema (#/$defs/... or #/definitions/...)");
     }
     // Name the rule first so a recursive reference finds it.
-    std::string name = "def";
+    std::string name = name_ + "-def-";
     for (const char c : rest) name += (std::isalnum(static_cast<unsigned char>(c)) != 0) ? c : '-';
     while (taken_.count(name) != 0 || rules_.count(name) != 0) name += "-";
     taken_.insert(name);
@@ -342,6 +342,7 @@ class schema_compiler {
   }
 
   const ojson& root_;
+  std::string name_;
   std::map<std::string, std::string> rules_;
   std::set<std::string> taken_;
   std::map<std::string, std::string> refs_;
@@ -354,14 +355,20 @@ std::string_view json_object_gbnf() {
   return g;
 }
 
-std::string json_schema_to_gbnf(std::string_view schema_json) {
+std::string_view json_gbnf_rules() { return json_base; }
+
+std::string json_schema_gbnf_rules(std::string_view schema_json, std::string_view name) {
   ojson schema;
   try {
     schema = ojson::parse(schema_json);
   } catch (const ojson::exception& e) {
     throw grammar_error(std::string("json_schema: not valid JSON: ") + e.what());
   }
-  return schema_compiler(schema).run();
+  return schema_compiler(schema, std::string(name)).run();
+}
+
+std::string json_schema_to_gbnf(std::string_view schema_json) {
+  return json_schema_gbnf_rules(schema_json, "root") + std::string(json_base);
 }
 
 }  // namespace troupe::llm

@@ -115,7 +115,12 @@ sequence_output sequence::advance(std::span<const float> logits) {
   if (n_sampled_ >= params_.max_tokens || cached_.size() + 1 >= n_ctx_) return finish("length", true);
   if (grammar_) {
     // Ban what the grammar does not allow; the chain then samples among the rest as usual.
-    if (grammar_->allowed_tokens(vocab_, allowed_) == 0) {
+    // Tokens left for this answer: when they are about to run out before the grammar's sentence is
+    // complete, only tokens that bring its end nearer are allowed (the answer closes instead of being cut).
+    const int64_t left = std::min<int64_t>(int64_t{params_.max_tokens} - n_sampled_,
+                                           static_cast<int64_t>(n_ctx_) - 1 - static_cast<int64_t>(cached_.size()));
+    const bool closing = !grammar_->can_end() && left <= static_cast<int64_t>(grammar_->bytes_to_end()) + 4;
+    if (grammar_->allowed_tokens(vocab_, allowed_, closing) == 0 && (!closing || grammar_->allowed_tokens(vocab_, allowed_) == 0)) {
       throw grammar_error("grammar: no token of the vocabulary can continue the answer after '" + result_.text + "'");
     }
     masked_.assign(logits.begin(), logits.end());

@@ -153,6 +153,18 @@ TEST_CASE("grammar: a rejected step leaves the state as it was", "[grammar]") {
   CHECK(m.must_end());
 }
 
+TEST_CASE("grammar: the bytes still needed, and a closing mask that only allows progress", "[grammar]") {
+  grammar_matcher m(grammar::parse(json_object_gbnf()));
+  CHECK(m.bytes_to_end() == 2);  // {}
+  REQUIRE(m.accept("{\"a\": [{\"b\": \"x"));
+  CHECK(m.bytes_to_end() == 4);  // "}]}
+  REQUIRE(m.accept("\xC3"));
+  CHECK(m.bytes_to_end() == 5);  // the character's last byte too
+  REQUIRE(m.accept("\xA9\"}]}"));
+  CHECK(m.bytes_to_end() == 0);
+  CHECK(m.must_end());
+}
+
 TEST_CASE("grammar: the vocabulary mask equals checking every token on its own (SmolLM2)", "[grammar][models]") {
   const auto path = test::smollm2_path();
   if (!path) return;
@@ -182,6 +194,19 @@ TEST_CASE("grammar: the vocabulary mask equals checking every token on its own (
     if (s.empty()) CHECK(n > 0);
   }
   CHECK(m.must_end());
+  // Closing: inside a string value, only pieces that leave fewer bytes to the end.
+  grammar_matcher c(g);
+  REQUIRE(c.accept("{\"a\": \"b"));
+  const size_t closing = c.allowed_tokens(v, allowed, true);
+  CHECK(closing > 0);
+  CHECK(closing < c.allowed_tokens(v, allowed) / 100);
+  c.allowed_tokens(v, allowed, true);
+  for (token_id t = 0; t < v.n_tokens(); ++t) {
+    if (!allowed[static_cast<size_t>(t)]) continue;
+    grammar_matcher after = c;
+    REQUIRE(after.accept(v.token_to_piece(t)));
+    CHECK(after.bytes_to_end() < c.bytes_to_end());
+  }
   // Complete: only end-of-generation tokens.
   m.allowed_tokens(v, allowed);
   for (token_id t = 0; t < v.n_tokens(); ++t) CHECK((allowed[static_cast<size_t>(t)] != 0) == v.is_eog(t));
