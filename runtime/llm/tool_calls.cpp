@@ -106,13 +106,11 @@ std::string render_tool_calls(tool_syntax syntax, std::span<const tool_call> cal
   for (const tool_call& c : calls) {
     ojson args = parse_or_null(c.arguments);
     if (!args.is_object()) args = ojson::object();
-    if (syntax == tool_syntax::llama3) {
-      if (!out.empty()) out += "\n";
-      out += ojson{{"name", c.name}, {"parameters", args}}.dump();
-    } else {
-      if (!out.empty()) out += "\n";
-      out += std::string(call_open) + "\n" + ojson{{"name", c.name}, {"arguments", args}}.dump() + "\n" + std::string(call_close);
-    }
+    // As the forced-call grammar writes it: {"name": "f", "arguments": {...}}.
+    const std::string obj = "{\"name\": " + ojson(c.name).dump() + ", \"" +
+                            (syntax == tool_syntax::llama3 ? "parameters" : "arguments") + "\": " + args.dump() + "}";
+    if (!out.empty()) out += "\n";
+    out += syntax == tool_syntax::llama3 ? obj : std::string(call_open) + "\n" + obj + "\n" + std::string(call_close);
   }
   return out;
 }

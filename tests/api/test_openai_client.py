@@ -8,6 +8,7 @@ scripts/install-deps). Exit 77 (skipped) without the model or the client, except
 either missing is a failure.
 """
 import argparse
+import json
 import math
 import os
 import re
@@ -167,6 +168,78 @@ class OpenAIClient(unittest.TestCase):
             extra_body={"return_tokens": True})
         return r.model_dump()["choices"][0]["tokens"][0]
 
+    def test_json_object_answers_parse(self):
+        # Temperature 1: the grammar, not luck, makes every answer JSON (and closes it before max_tokens).
+        for seed in range(20):
+            r = self.chat(messages=[{"role": "user", "content": "Describe a cat as JSON."}], temperature=1.0, seed=seed,
+                          max_tokens=60, response_format={"type": "json_object"})
+            text = r.choices[0].message.content
+            self.assertIsInstance(json.loads(text), dict, text)
+            self.assertEqual(r.choices[0].finish_reason, "stop", text)
+
+    def test_json_schema_answers_validate(self):
+        import jsonschema
+        schema = {"type": "object",
+                  "properties": {"name": {"type": "string", "maxLength": 40},
+                                 "age": {"type": "integer"},
+                                 "height": {"type": "number"},
+                                 "pet": {"type": "boolean"},
+                                 "color": {"enum": ["red", "green", "blue"]},
+                                 "tags": {"type": "array", "items": {"type": "string", "maxLength": 20}, "minItems": 1, "maxItems": 3},
+                                 "address": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                                             "required": ["city"]},
+                                 "nickname": {"anyOf": [{"type": "string", "maxLength": 20}, {"type": "null"}]}},
+                  "required": ["name", "age", "color", "tags", "address"], "additionalProperties": False}
+        for seed in range(20):
+            r = self.chat(messages=[{"role": "user", "content": "Describe a person."}], temperature=1.0, seed=seed,
+                          max_tokens=120,
+                          response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
+            text = r.choices[0].message.content
+            jsonschema.validate(json.loads(text), schema)
+        import openai
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                "type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}}})
+        self.assertIn("minimum", str(e.exception))
+        self.assertIn("properties.age.minimum", str(e.exception))
+
+    def test_required_tool_call(self):
+        tools = [{"type": "function", "function": {
+            "name": "get_weather", "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
+                           "required": ["city", "unit"]}}},
+                 {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
+        messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+        r = self.chat(messages=messages, tools=tools, tool_choice="required", parallel_tool_calls=False,
+                      max_tokens=80, temperature=0)
+        choice = r.choices[0]
+        self.assertEqual(choice.finish_reason, "tool_calls")
+        self.assertEqual(len(choice.message.tool_calls), 1)
+        call = choice.message.tool_calls[0]
+        self.assertIn(call.function.name, ("get_weather", "get_time"))
+        args = json.loads(call.function.arguments)
+        if call.function.name == "get_weather":
+            self.assertIn(args["unit"], ("celsius", "fahrenheit"))
+        # A named function, streamed: the call arrives as a tool_calls delta.
+        calls = []
+        finish = None
+        for chunk in self.chat(messages=messages, tools=tools, max_tokens=80, temperature=0, stream=True,
+                               tool_choice={"type": "function", "function": {"name": "get_weather"}}):
+            if chunk.choices:
+                calls.extend(chunk.choices[0].delta.tool_calls or [])
+                finish = chunk.choices[0].finish_reason or finish
+        self.assertEqual(finish, "tool_calls")
+        self.assertEqual(calls[0].function.name, "get_weather")
+        self.assertIsInstance(json.loads(calls[0].function.arguments)["city"], str)
+        # The call and its result go back into the conversation; the model answers in text.
+        follow = messages + [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+            {"role": "tool", "tool_call_id": call.id, "content": "{\"temperature\": 21}"}]
+        r2 = self.chat(messages=follow, tools=tools, tool_choice="none", max_tokens=20, temperature=0)
+        self.assertTrue(r2.choices[0].message.content)
+        self.assertIsNone(r2.choices[0].message.tool_calls)
+
     def test_bad_requests_are_400s_naming_the_field(self):
         import openai
         with self.assertRaises(openai.BadRequestError) as e:
@@ -175,6 +248,12 @@ class OpenAIClient(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError) as e:
             self.chat(logit_bias={"999999": 5})
         self.assertIn("logit_bias", str(e.exception))
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.chat(extra_body={"grammar": "root ::= undefined-rule"})
+        self.assertIn("undefined-rule", str(e.exception))
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice={"type": "function", "function": {"name": "g"}})
+        self.assertIn("tool_choice", str(e.exception))
 
 
 def main():

@@ -12,6 +12,7 @@
 #include "runtime/llm/grammar.h"
 #include "runtime/llm/llm_context.h"
 #include "runtime/llm/model.h"
+#include "runtime/llm/tool_calls.h"
 #include "tests/test_models.h"
 
 using namespace troupe;
@@ -349,4 +350,53 @@ TEST_CASE("grammar: answers sampled under a grammar are in its language and end 
   CHECK(gen.generate(prompt, p).text == first);
   p.grammar = "root ::= nothing";
   CHECK_THROWS_AS(gen.generate(prompt, p), grammar_error);
+}
+
+TEST_CASE("tool calls: the forced-call grammar accepts exactly well-formed calls, and they parse back", "[grammar][tools]") {
+  const std::vector<tool_function> tools = {
+      {"get_weather", "weather", R"({"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]})"},
+      {"now", "", "{}"}};
+  for (const tool_syntax syn : {tool_syntax::hermes, tool_syntax::llama3}) {
+    INFO((syn == tool_syntax::hermes ? "hermes" : "llama3"));
+    const auto one = grammar::parse(tool_call_gbnf(syn, tools, false));
+    const auto many = grammar::parse(tool_call_gbnf(syn, tools, true));
+    const std::vector<tool_call> calls = {{"", "get_weather", R"({"city":"Paris","unit":"c"})"}, {"", "now", "{}"}};
+    const std::string first = render_tool_calls(syn, std::span(calls).first(1));
+    const std::string both = render_tool_calls(syn, calls);
+    CHECK(matches(one, first));
+    CHECK_FALSE(matches(one, both));
+    CHECK(matches(many, both));
+    const std::string bad_arg = render_tool_calls(syn, std::vector<tool_call>{{"", "get_weather", R"({"city":"Paris","unit":"k"})"}});
+    CHECK_FALSE(matches(one, bad_arg));
+    const std::string unknown = render_tool_calls(syn, std::vector<tool_call>{{"", "other", "{}"}});
+    CHECK_FALSE(matches(one, unknown));
+    const tool_output out = parse_tool_calls(syn, both, tools);
+    REQUIRE(out.calls.size() == 2);
+    CHECK(out.calls[0].name == "get_weather");
+    CHECK(out.calls[0].arguments == R"({"city":"Paris","unit":"c"})");
+    CHECK(out.calls[1].name == "now");
+    CHECK(out.content.empty());
+    // Plain text is content; an unknown function is not a call.
+    CHECK(parse_tool_calls(syn, "It is sunny.", tools).calls.empty());
+    CHECK(parse_tool_calls(syn, "It is sunny.", tools).content == "It is sunny.");
+    CHECK(parse_tool_calls(syn, unknown, tools).calls.empty());
+  }
+  // Hermes: text around calls is content; an unclosed call at the end still parses; streaming holds back
+  // what may begin a call.
+  const tool_output mixed = parse_tool_calls(tool_syntax::hermes, "Let me check.\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}", tools);
+  REQUIRE(mixed.calls.size() == 1);
+  CHECK(mixed.content == "Let me check.");
+  CHECK(streamable_content(tool_syntax::hermes, "Hello <tool") == 6);
+  CHECK(streamable_content(tool_syntax::hermes, "Hello <tool_call>\n{") == 6);
+  CHECK(streamable_content(tool_syntax::hermes, "Hello") == 5);
+  CHECK(streamable_content(tool_syntax::llama3, " {\"na") == 0);
+  CHECK(streamable_content(tool_syntax::llama3, "Sure") == 4);
+  CHECK_THROWS_WITH(tool_call_gbnf(tool_syntax::hermes, std::vector<tool_function>{{"f", "", R"({"type": "string", "format": "uri"})"}}, false),
+                    Catch::Contains("function 'f'") && Catch::Contains("'format'"));
+  // The tool prompt names every function with its schema; results become the family's turns.
+  CHECK_THAT(tools_prompt(tool_syntax::hermes, tools), Catch::Contains("<tools>") && Catch::Contains("\"get_weather\""));
+  CHECK(render_tool_result(tool_syntax::llama3, "21").role == "ipython");
+  CHECK(render_tool_result(tool_syntax::hermes, "21").content == "<tool_response>\n21\n</tool_response>");
+  CHECK(tool_syntax_for("llama3") == tool_syntax::llama3);
+  CHECK(tool_syntax_for("chatml") == tool_syntax::hermes);
 }
