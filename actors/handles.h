@@ -41,6 +41,7 @@ struct generate_request;
 struct token_event;
 struct generate_reply;
 struct session_request;
+struct session_prefix;
 struct decode_step;
 struct step_logits;
 struct sched_stats;
@@ -130,13 +131,20 @@ using session_actor = caf::typed_actor<
     // Leaves the model and terminates.
     caf::replies_to<close_atom>::with<bool>,
     // The session's sequence on the model's scheduler (from the supervisor, before the handle is handed out).
-    caf::reacts_to<attach_atom, int32_t>>;
+    caf::reacts_to<attach_atom, int32_t>,
+    // What the session holds in the cache (its sequence and tokens).
+    caf::replies_to<get_atom, prefix_atom>::with<session_prefix>,
+    // Takes another session's cached tokens as its own (shared cells, no decode).
+    caf::replies_to<share_atom, session_prefix>::with<bool>>;
 
 using scheduler_actor = caf::typed_actor<
     // A session joins the model: its sequence id (the context is created on the first attach).
     caf::replies_to<attach_atom, session_actor>::with<int32_t>,
     // A session leaves: its sequence's cache is cleared and the id freed.
     caf::replies_to<detach_atom, int32_t>::with<bool>,
+    // The sender's sequence (dst) shares positions [0, n) of sequence src instead of what it held (in
+    // order with the decodes before it).
+    caf::replies_to<share_atom, int32_t, int32_t, int32_t>::with<bool>,
     // Decodes a step, batched with the other waiting steps; replies the logits of its last token.
     caf::replies_to<step_atom, decode_step>::with<step_logits>,
     // The session on this sequence has no further step for now (its answer ended or was cancelled).

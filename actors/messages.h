@@ -248,6 +248,15 @@ struct session_request {
 // ---- scheduler actor ----
 
 // Decode `tokens` on sequence `seq` after keeping its first `keep` cache positions.
+// What a session holds in its model's cache: another session of the same model can share it (n answers
+// to one prompt, one prefill).
+struct session_prefix {
+  std::string model;
+  int32_t seq = -1;
+  std::vector<int32_t> tokens;
+  friend bool operator==(const session_prefix&, const session_prefix&) = default;
+};
+
 struct decode_step {
   int32_t seq = 0;
   int32_t keep = 0;
@@ -465,6 +474,10 @@ typename Inspector::result_type inspect(Inspector& f, generate_reply& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, session_request& x) {
   return f(caf::meta::type_name("session_request"), x.model);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, session_prefix& x) {
+  return f(caf::meta::type_name("session_prefix"), x.model, x.seq, x.tokens);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_step& x) {

@@ -253,6 +253,12 @@ void session::reset() {
   ask<bool>(*sys_, handle_, actors::reset_atom_v);
 }
 
+void session::share_prefix(const session& other) {
+  if (!handle_ || !other.handle_) throw actors::request_error(actors::make_error(actors::errc::not_found, "session is closed"));
+  const auto prefix = ask<actors::session_prefix>(*sys_, other.handle_, actors::get_atom_v, actors::prefix_atom_v);
+  ask<bool>(*sys_, handle_, actors::share_atom_v, prefix);
+}
+
 actors::generate_reply session::generate(const std::string& prompt, const actors::generation_params& p,
                                          const token_callback& on_piece) {
   actors::generate_request r;

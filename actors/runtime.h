@@ -79,6 +79,9 @@ class session {
   void cancel();
   // Forgets the conversation's cached tokens.
   void reset();
+  // Takes what `other` (a session of the same model, not answering) holds in the cache as this session's
+  // own, sharing its cells: this session's next answer to the same prompt decodes only its last token.
+  void share_prefix(const session& other);
   // Leaves the model (blocks for one round trip); the session's sequence is free for others afterwards.
   void close();
 

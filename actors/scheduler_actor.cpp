@@ -193,6 +193,22 @@ scheduler_actor::behavior_type scheduler_fn(scheduler_ptr self, runtime_env_ptr 
         drop_sequence(self, seq);
         return true;
       },
+      [self](share_atom, int32_t src, int32_t dst, int32_t n) -> caf::result<bool> {
+        auto& st = self->state;
+        if (!st.dec) return make_error(errc::down, "model " + st.params.model + " has no context");
+        const auto held = [&](int32_t s) { return s >= 0 && static_cast<size_t>(s) < st.seqs.size() && st.seqs[static_cast<size_t>(s)]; };
+        if (!held(src) || !held(dst) || src == dst || n < 0) {
+          return make_error(errc::bad_request, "share: sequences " + std::to_string(src) + " -> " + std::to_string(dst) + " are not both held");
+        }
+        if (caf::actor_cast<caf::actor_addr>(self->current_sender()) != st.seqs[static_cast<size_t>(dst)]) {
+          return make_error(errc::bad_request, "share into sequence " + std::to_string(dst) + " from an actor that does not hold it");
+        }
+        if (st.in_flight(dst) || st.generating.count(dst) != 0) {
+          return make_error(errc::busy, "sequence " + std::to_string(dst) + " is decoding");
+        }
+        st.dec->submit_share(src, dst, n);
+        return true;
+      },
       [self](step_atom, decode_step& s) -> caf::result<step_logits> {
         auto& st = self->state;
         if (!st.dec) return make_error(errc::down, "model " + st.params.model + " has no context");

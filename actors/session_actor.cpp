@@ -147,6 +147,28 @@ session_actor::behavior_type session(session_ptr self, std::shared_ptr<const loa
         return rp;
       },
       [self](attach_atom, int32_t seq) { self->state.seq = seq; },
+      [self](get_atom, prefix_atom) -> caf::result<session_prefix> {
+        auto& st = self->state;
+        if (st.current) return make_error(errc::busy, "session " + std::to_string(st.id) + " is answering");
+        return session_prefix{st.model->settings.name, st.seq, st.cached};
+      },
+      [self](share_atom, const session_prefix& p) -> caf::result<bool> {
+        auto& st = self->state;
+        if (st.current) return make_error(errc::busy, "session " + std::to_string(st.id) + " is answering");
+        if (p.model != st.model->settings.name) {
+          return make_error(errc::bad_request, "session " + std::to_string(st.id) + " is on model " + st.model->settings.name +
+                                                   ", the prefix is on " + p.model);
+        }
+        auto rp = self->make_response_promise<bool>();
+        const std::vector<int32_t> tokens = p.tokens;
+        self->request(st.sched, caf::infinite, share_atom_v, p.seq, st.seq, static_cast<int32_t>(p.tokens.size()))
+            .then([self, rp, tokens](bool) mutable {
+                    self->state.cached = tokens;
+                    rp.deliver(true);
+                  },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
   };
 }
 

@@ -53,6 +53,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(troupe, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::generate_reply))
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::session_request))
   // scheduler
+  CAF_ADD_TYPE_ID(troupe, (troupe::actors::session_prefix))
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::decode_step))
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::step_logits))
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::sched_stats))

@@ -4,7 +4,12 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <optional>
 #include <string>
 
@@ -71,6 +76,7 @@ struct daemon::answer_state {
   explicit answer_state(daemon_metrics& mx) : counted(mx) {}
   completion_request request;
   std::unique_ptr<lease> claim;
+  std::vector<std::unique_ptr<lease>> more;  // n > 1: the sessions of choices 1..n-1
   std::string id;
   int64_t created = 0;
   clock_type::time_point deadline = clock_type::time_point::max();
@@ -138,7 +144,16 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(bool chat, const std:
                         std::to_string(n_ctx) + " tokens (prompt and answer together)",
                     chat ? "messages" : "prompt", "context_length_exceeded");
   }
+  if (r.n > 1 && static_cast<uint32_t>(r.n) > ms.slots) {
+    throw bad_request("'n' is " + std::to_string(r.n) + "; the model '" + r.model + "' answers with at most " +
+                          std::to_string(ms.slots) + " sessions at once",
+                      "n");
+  }
+  if (r.n > 1 && r.stream && r.tools_active()) {
+    throw bad_request("'n' above 1 with tools is not supported when streaming", "n");
+  }
   st->claim = acquire(eng_, ms, metrics_, cfg_.server, stopping_);
+  for (int32_t i = 1; i < r.n; ++i) st->more.push_back(acquire(eng_, ms, metrics_, cfg_.server, stopping_));
   st->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id_.fetch_add(1));
   st->created = detail::unix_now();
   if (cfg_.server.request_timeout_s > 0) st->deadline = clock_type::now() + std::chrono::seconds(cfg_.server.request_timeout_s);
@@ -146,6 +161,7 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(bool chat, const std:
 }
 
 bool daemon::write_answer(answer_state& st, httplib::DataSink& sink) {
+  if (!st.more.empty()) return write_choices(st, sink);
   const completion_request& req = st.request;
   answer_sink out{sink};
   const std::string endpoint = req.chat ? "chat" : "completions";
@@ -250,6 +266,131 @@ bool daemon::write_answer(answer_state& st, httplib::DataSink& sink) {
     out.write("data: [DONE]\n\n");
   } else {
     out.write(dump(completion_response(req, st.id, st.created, reply)));
+  }
+  if (out.gone) {
+    detail::client_gone = true;
+    return false;
+  }
+  sink.done();
+  return true;
+}
+
+// n > 1: the prompt is decoded once on the first session, the other sessions share its cells, and the n
+// answers (seeds seed, seed + 1, ...) are decoded together by the model's scheduler, each on a thread of
+// its own that hands its events to this one (the only writer of the response).
+bool daemon::write_choices(answer_state& st, httplib::DataSink& sink) {
+  const completion_request& req = st.request;
+  answer_sink out{sink};
+  const std::string endpoint = req.chat ? "chat" : "completions";
+  const size_t n = st.more.size() + 1;
+  std::vector<lease*> claims = {st.claim.get()};
+  for (const auto& l : st.more) claims.push_back(l.get());
+  const auto fail = [&](const actors::request_error& e) {
+    for (lease* l : claims) {
+      if (e.is(actors::errc::down) || e.is(actors::errc::busy)) l->broken();
+    }
+    const api_error ae = error_for(e);
+    TROUPE_LOG(warn, "http: " << st.id << ": " << e.what());
+    st.claim.reset();
+    st.more.clear();
+    count_request(endpoint, 200);
+    out.write(req.stream ? "data: " + dump(ae.body()) + "\n\n" : dump(ae.body()));
+    if (!out.gone) sink.done();
+    return !out.gone;
+  };
+  try {
+    actors::generate_request prefill = generate_request_of(req);
+    prefill.params.max_tokens = 0;  // the prompt only: it stays in the first session's cache
+    prefill.params.logprobs = -1;
+    prefill.params.grammar.clear();
+    claims[0]->get().run(prefill, {});
+    for (size_t i = 1; i < n; ++i) claims[i]->get().share_prefix(claims[0]->get());
+  } catch (const actors::request_error& e) {
+    return fail(e);
+  }
+
+  struct event {
+    size_t choice;
+    actors::token_event e;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<event> events;
+  std::vector<actors::generate_reply> replies(n);
+  std::vector<std::optional<actors::request_error>> errors(n);
+  size_t running = n;
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      actors::generate_request gr = generate_request_of(req);
+      gr.params.seed = req.params.seed + static_cast<uint32_t>(i);
+      try {
+        replies[i] = claims[i]->get().run(gr, [&](const actors::token_event& e) {
+          if (stop.load() || cancel_all_.load() || clock_type::now() >= st.deadline) return false;
+          std::lock_guard l(mu);
+          events.push_back({i, e});
+          cv.notify_one();
+          return true;
+        });
+      } catch (const actors::request_error& e) {
+        errors[i] = e;
+      }
+      std::lock_guard l(mu);
+      --running;
+      cv.notify_one();
+    });
+  }
+  std::vector<bool> first(n, true);
+  std::vector<size_t> offsets(n, 0);
+  auto last_beat = clock_type::now();
+  for (;;) {
+    std::unique_lock l(mu);
+    cv.wait_for(l, std::chrono::milliseconds(100), [&] { return !events.empty() || running == 0; });
+    std::deque<event> batch;
+    batch.swap(events);
+    const bool all_done = running == 0;
+    l.unlock();
+    for (const event& ev : batch) {
+      if (!req.stream) continue;
+      const size_t i = ev.choice;
+      if (!out.write("data: " + dump(stream_chunk(req, st.id, st.created, ev.e.piece, first[i], &ev.e.logprobs, offsets[i], i)) + "\n\n")) {
+        stop = true;
+      }
+      for (const llm::token_logprob& t : ev.e.logprobs) offsets[i] += t.text.size();
+      first[i] = false;
+    }
+    if (!req.stream && clock_type::now() - last_beat >= std::chrono::milliseconds(100)) {
+      last_beat = clock_type::now();
+      if (!out.write(" ")) stop = true;
+    }
+    if (all_done && batch.empty()) break;
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < n; ++i) {
+    if (errors[i]) return fail(*errors[i]);
+  }
+  if (out.gone || stop.load()) {
+    metrics_.cancelled();
+    detail::client_gone = true;
+    return false;
+  }
+  uint64_t generated = 0;
+  for (const actors::generate_reply& r : replies) generated += r.tokens.size();
+  metrics_.tokens(static_cast<uint64_t>(std::max(0, replies[0].n_prompt)), generated, replies[0].gen_seconds);
+  st.claim.reset();
+  st.more.clear();
+  count_request(endpoint, 200);
+  if (req.stream) {
+    for (size_t i = 0; i < n; ++i) out.write("data: " + dump(stream_finish(req, st.id, st.created, replies[i].finish, false, i)) + "\n\n");
+    if (req.include_usage) {
+      actors::generate_reply total = replies[0];
+      for (size_t i = 1; i < n; ++i) total.tokens.insert(total.tokens.end(), replies[i].tokens.begin(), replies[i].tokens.end());
+      out.write("data: " + dump(stream_usage(req, st.id, st.created, total)) + "\n\n");
+    }
+    out.write("data: [DONE]\n\n");
+  } else {
+    out.write(dump(completion_response(req, st.id, st.created, replies)));
   }
   if (out.gone) {
     detail::client_gone = true;

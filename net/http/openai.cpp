@@ -239,7 +239,7 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
       g.logit_bias.push_back({static_cast<int32_t>(id), static_cast<float>(b)});
     }
   }
-  if (present(body, "n") && in_range(body, "n", 1, 1, true) != 1) throw bad_request("'n' must be 1", "n");
+  if (present(body, "n") && !body["n"].is_null()) r.n = static_cast<int32_t>(in_range(body, "n", 1, 16, true));
   if (present(body, "stream")) r.stream = boolean(body, "stream");
   if (present(body, "stream_options")) {
     const json& so = body["stream_options"];
@@ -519,9 +519,9 @@ json completion_response(const completion_request& r, const std::string& id, int
 }
 
 json stream_chunk(const completion_request& r, const std::string& id, int64_t created, std::string_view piece, bool first,
-                  const std::vector<llm::token_logprob>* logprobs, size_t text_offset) {
+                  const std::vector<llm::token_logprob>* logprobs, size_t text_offset, size_t index) {
   json j = envelope(r, id, created, true);
-  json choice = {{"index", 0}, {"finish_reason", nullptr}, {"logprobs", nullptr}};
+  json choice = {{"index", index}, {"finish_reason", nullptr}, {"logprobs", nullptr}};
   if (logprobs != nullptr) choice["logprobs"] = logprobs_json(r, *logprobs, text_offset);
   if (r.chat) {
     json delta = {{"content", std::string(piece)}};
@@ -535,15 +535,31 @@ json stream_chunk(const completion_request& r, const std::string& id, int64_t cr
 }
 
 json stream_finish(const completion_request& r, const std::string& id, int64_t created, const std::string& finish,
-                   bool tool_calls) {
+                   bool tool_calls, size_t index) {
   json j = envelope(r, id, created, true);
-  json choice = {{"index", 0}, {"finish_reason", tool_calls ? "tool_calls" : finish_reason(finish)}, {"logprobs", nullptr}};
+  json choice = {{"index", index}, {"finish_reason", tool_calls ? "tool_calls" : finish_reason(finish)}, {"logprobs", nullptr}};
   if (r.chat) {
     choice["delta"] = json::object();
   } else {
     choice["text"] = "";
   }
   j["choices"] = json::array({choice});
+  return j;
+}
+
+json completion_response(const completion_request& r, const std::string& id, int64_t created,
+                         const std::vector<actors::generate_reply>& replies) {
+  json j = completion_response(r, id, created, replies.at(0));
+  int64_t completion = 0;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    completion += static_cast<int64_t>(replies[i].tokens.size());
+    if (i == 0) continue;
+    json c = completion_response(r, id, created, replies[i])["choices"][0];
+    c["index"] = i;
+    j["choices"].push_back(c);
+  }
+  j["usage"]["completion_tokens"] = completion;
+  j["usage"]["total_tokens"] = replies[0].n_prompt + completion;
   return j;
 }
 

@@ -8,7 +8,7 @@
 // stop (a string or up to 16 strings), seed (absent: a random one), presence_penalty, frequency_penalty,
 // repeat_penalty, logit_bias ({"token id": bias in [-100, 100]}, -100 bans), stream, stream_options.include_usage. logprobs (chat: logprobs + top_logprobs 0..20; completions: logprobs N), streamed too. troupe's additions: return_tokens (the answer's
 // token ids in choices[i].tokens). Unknown fields are ignored (clients send many); a known field with the
-// wrong type or a value out of range is an error naming it. n must be 1.
+// wrong type or a value out of range is an error naming it. n: 1..16 choices.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -54,6 +54,7 @@ struct completion_request {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool return_tokens = false;
+  int32_t n = 1;  // choices: n answers to one prompt (its prefill shared), seeds seed, seed + 1, ...
   // Function calling (chat): the tools, tool_choice ("auto", "none", "required", or "function" with
   // tool_choice_name), parallel_tool_calls; each message's tool calls (assistant turns) or tool_call_id.
   std::vector<llm::tool_function> tools;
@@ -84,11 +85,15 @@ json completion_response(const completion_request& r, const std::string& id, int
 // With r.params.logprobs >= 0, logprobs (the piece's tokens) go into choices[0].logprobs; text_offset: the
 // bytes of answer streamed before this piece (the completions' legacy text_offset).
 json stream_chunk(const completion_request& r, const std::string& id, int64_t created, std::string_view piece,
-                  bool first, const std::vector<llm::token_logprob>* logprobs = nullptr, size_t text_offset = 0);
+                  bool first, const std::vector<llm::token_logprob>* logprobs = nullptr, size_t text_offset = 0,
+                  size_t index = 0);
+// The whole answer of n choices (choices[i] from replies[i]; usage: the prompt once, every choice's tokens).
+json completion_response(const completion_request& r, const std::string& id, int64_t created,
+                         const std::vector<actors::generate_reply>& replies);
 // The last chunk of choices: empty delta, the finish reason.
 // With tool_calls, finish_reason is "tool_calls".
 json stream_finish(const completion_request& r, const std::string& id, int64_t created, const std::string& finish,
-                   bool tool_calls = false);
+                   bool tool_calls = false, size_t index = 0);
 // The usage chunk (stream_options.include_usage): no choices.
 json stream_usage(const completion_request& r, const std::string& id, int64_t created, const actors::generate_reply& reply);
 

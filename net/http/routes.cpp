@@ -23,6 +23,7 @@ std::string endpoint_of(const std::string& path) {
   if (path == "/metrics") return "metrics";
   if (path == "/v1/memory") return "memory";
   if (path == "/v1/cluster") return "cluster";
+  if (path == "/v1/embeddings") return "embeddings";
   return "other";
 }
 
@@ -68,6 +69,7 @@ void daemon::routes() {
   });
   s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { complete(true, req, res); });
   s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { complete(false, req, res); });
+  s.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res) { embeddings(req, res); });
 }
 
 void daemon::middleware() {

@@ -101,7 +101,9 @@ class daemon {
   // A completion request (completion.cpp): checked and given a session, then answered from the response's
   // content provider.
   void complete(bool chat, const httplib::Request& req, httplib::Response& res);
+  void embeddings(const httplib::Request& req, httplib::Response& res);
   std::shared_ptr<answer_state> begin_answer(bool chat, const std::string& body);
+  bool write_choices(answer_state& st, httplib::DataSink& sink);
   bool write_answer(answer_state& st, httplib::DataSink& sink);
   // Counts the request being handled on this thread (once): before its response's last byte leaves, so a
   // client that has its answer finds it in /metrics.

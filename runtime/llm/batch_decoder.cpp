@@ -120,6 +120,15 @@ void batch_decoder::submit_forget(int32_t seq) {
   ctx_.submit([this, seq] { forget(seq); }, {}, {});
 }
 
+void batch_decoder::submit_share(int32_t src, int32_t dst, int32_t n) {
+  ctx_.submit(
+      [this, src, dst, n] {
+        forget(dst);
+        ctx_.kv().seq_cp(src, dst, 0, n);
+      },
+      {}, {});
+}
+
 std::vector<generate_result> generate_together(llm_context& ctx, const vocab& v,
                                                const std::vector<std::vector<token_id>>& prompts,
                                                const generate_params& p,

@@ -58,6 +58,8 @@ class batch_decoder {
   using decode_done = std::function<void(std::vector<std::vector<float>> logits, std::exception_ptr error)>;
   void submit(std::vector<seq_step> steps, decode_done done, int64_t group = -1);
   void submit_forget(int32_t seq);
+  // forget(dst), then dst shares positions [0, n) of src (kv_cache::seq_cp), in the same order.
+  void submit_share(int32_t src, int32_t dst, int32_t n);
 
   llm_context& ctx() { return ctx_; }
   batch_decoder_stats stats() const;

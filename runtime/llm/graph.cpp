@@ -118,6 +118,11 @@ tensor* graph_builder::ffn(const layer_weights& l, tensor* x, bool use_geglu) co
 tensor* graph_builder::head(tensor* x) const {
   tensor* rows = get_rows(ctx, x, in.out_ids);  // [n_embd, n_outputs]
   tensor* h = rms(rows, m.output_norm(), hp.rms_eps);
+  if (shape.embeddings) {
+    h->set_name("embeddings");
+    h->flags |= flag_output;
+    return h;
+  }
   tensor* logits = mul_mat(ctx, m.output(), h);  // [n_vocab, n_outputs]
   logits->set_name("logits");
   logits->flags |= flag_output;

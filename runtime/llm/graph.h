@@ -18,6 +18,7 @@ struct graph_shape {
   uint32_t n_tokens = 1;   // tokens in the micro-batch
   uint32_t n_kv = 32;      // cache cells attention covers
   uint32_t n_outputs = 1;  // rows whose logits are computed
+  bool embeddings = false; // the rows' final hidden states (after the output norm) instead of logits
 };
 
 // The graph's inputs, filled by the caller after allocation.

@@ -94,6 +94,11 @@ hparams hparams::from_gguf(const gguf_file& f) {
       hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.n_embd_head_k));
       break;
   }
+  if (f.contains(p + "pooling_type")) {
+    const uint32_t pt = get_u32(f, p + "pooling_type");
+    if (pt > 4) throw bad(p + "pooling_type", "must be 0 (none), 1 (mean), 2 (cls), 3 (last) or 4 (rank), got " + std::to_string(pt));
+    hp.pooling = static_cast<int32_t>(pt);
+  }
   if (f.contains("tokenizer.ggml.tokens")) {
     const gguf_value* v = f.find("tokenizer.ggml.tokens");
     if (const auto* toks = v->get_if<std::vector<std::string>>()) hp.n_vocab = static_cast<uint32_t>(toks->size());

@@ -42,6 +42,9 @@ struct hparams {
   uint32_t swa_pattern = 0;
   float rope_freq_base_swa = 10000.0f;
   float attn_scale = 0.0f;  // 0: 1 / sqrt(n_embd_head_k)
+  // <arch>.pooling_type, as llama.cpp numbers it: -1 not declared (embeddings use mean), 0 none, 1 mean,
+  // 2 cls (the first token), 3 last, 4 rank (refused: a reranker's head is not loaded).
+  int32_t pooling = -1;
 
   uint32_t n_embd_k_gqa() const { return n_embd_head_k * n_head_kv; }
   uint32_t n_embd_v_gqa() const { return n_embd_head_v * n_head_kv; }

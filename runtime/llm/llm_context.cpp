@@ -120,7 +120,7 @@ void llm_context::reserve(scheduler& s) {
   // (96 MiB for a 49k vocabulary and 512 tokens, 512 MiB for 262k) for batches that output one row.
   const uint32_t rows = params_.n_outputs_reserved > 0 ? params_.n_outputs_reserved : std::max(1u, params_.n_seq_max);
   troupe::context ctx(graph_ctx_params(m_.hp()));
-  graph_builder b(ctx, m_, *kv_, {.n_tokens = params_.n_ubatch, .n_kv = kv_->size(), .n_outputs = std::min(rows, params_.n_ubatch)});
+  graph_builder b(ctx, m_, *kv_, {.n_tokens = params_.n_ubatch, .n_kv = kv_->size(), .n_outputs = std::min(rows, params_.n_ubatch), .embeddings = params_.embeddings});
   tensor* logits = build_graph(b);
   graph g(graph_tensors(m_.hp()) * 2);
   g.build_forward_expand(logits);
@@ -132,7 +132,7 @@ std::span<const float> llm_context::logits(size_t i) const {
     throw error("llm context: logits of output " + std::to_string(i) + " requested, the last decode produced " +
                 std::to_string(n_outputs_));
   }
-  const size_t n_vocab = m_.hp().n_vocab;
+  const size_t n_vocab = row_width();
   return {logits_.data() + i * n_vocab, n_vocab};
 }
 
@@ -167,7 +167,7 @@ void llm_context::decode(const batch& b) {
   const auto t0 = std::chrono::steady_clock::now();
   validate(b);
   const size_t n = b.size();
-  const uint32_t n_vocab = m_.hp().n_vocab;
+  const uint32_t n_vocab = row_width();
   logits_.assign(b.n_outputs() * n_vocab, 0.0f);
   n_outputs_ = 0;
   if (n > params_.n_ubatch && pipelines()) {
@@ -218,7 +218,7 @@ void llm_context::prepare(ubatch& u, scheduler& s, const batch& b, size_t begin,
 
   u.ctx = std::make_unique<troupe::context>(graph_ctx_params(hp));
   u.gb = std::make_unique<graph_builder>(*u.ctx, m_, *kv_,
-                                         graph_shape{.n_tokens = n_tokens, .n_kv = n_kv, .n_outputs = static_cast<uint32_t>(out_ids.size())});
+                                         graph_shape{.n_tokens = n_tokens, .n_kv = n_kv, .n_outputs = static_cast<uint32_t>(out_ids.size()), .embeddings = params_.embeddings});
   graph_builder& gb = *u.gb;
   u.logits = build_graph(gb);
   u.g = std::make_unique<graph>(graph_tensors(hp) * 2);
@@ -258,7 +258,7 @@ void llm_context::prepare(ubatch& u, scheduler& s, const batch& b, size_t begin,
 void llm_context::finish(ubatch& u, scheduler& s, float* dst) {
   trace::span finishing("scheduler", "finish", {{"ubatch", u.id}, {"group", u.group}});
   if (!u.discard) {
-    const size_t n_vocab = m_.hp().n_vocab;
+    const size_t n_vocab = row_width();
     if (dst == nullptr) dst = logits_.data() + u.out_at * n_vocab;
     tensor_get(*u.logits, dst, 0, u.n_out * n_vocab * sizeof(float));
   }
@@ -563,7 +563,7 @@ struct llm_context::pipeline {
       lock.lock();
       return;
     }
-    j->logits.assign(j->b.n_outputs() * c.m_.hp().n_vocab, 0.0f);
+    j->logits.assign(j->b.n_outputs() * c.row_width(), 0.0f);
     j->items_left = (j->b.size() + c.params_.n_ubatch - 1) / c.params_.n_ubatch;
     lock.lock();
     cur = std::move(j);
@@ -609,7 +609,7 @@ struct llm_context::pipeline {
     lock.unlock();
     std::exception_ptr err;
     try {
-      c.finish(f.u, sched_of(k), j->logits.data() + f.out_at * c.m_.hp().n_vocab);
+      c.finish(f.u, sched_of(k), j->logits.data() + f.out_at * c.row_width());
     } catch (...) {
       err = std::current_exception();
     }
@@ -717,7 +717,7 @@ void llm_context::decode_pipelined(const batch& b) {
 void llm_context::decode_ring(std::vector<batch> first, const ring_step& next) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<batch> cur = std::move(first);
-  const size_t n_vocab = m_.hp().n_vocab;
+  const size_t n_vocab = row_width();
   n_outputs_ = 0;
   if (!pipelines() || cur.size() < 2) {  // one after another (decode checks each step)
     for (bool any = true; any;) {

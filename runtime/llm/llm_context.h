@@ -57,6 +57,9 @@ struct context_params {
   // Rows of logits the compute memory is reserved for; 0: n_seq_max (a decode outputs one row per
   // sequence; a batch that asks for more, as perplexity's every token, grows the compute memory once).
   uint32_t n_outputs_reserved = 0;
+  // Output the final hidden states (after the output norm, [n_embd] per row) instead of logits: a context
+  // for embeddings. logits(i) then holds token i's hidden state.
+  bool embeddings = false;
 };
 
 struct decode_stats {
@@ -95,6 +98,8 @@ class llm_context {
   void submit(std::function<void()> start, batch b, job_done done, int64_t group = -1);
   // Logits of the i-th token (in batch order) that asked for them in the last decode: [n_vocab].
   std::span<const float> logits(size_t i) const;
+  // Floats per output row: n_vocab, or n_embd for an embeddings context.
+  size_t row_width() const { return params_.embeddings ? m_.hp().n_embd : m_.hp().n_vocab; }
   size_t n_outputs() const { return n_outputs_; }
 
   const model& mdl() const { return m_; }

@@ -240,6 +240,53 @@ class OpenAIClient(unittest.TestCase):
         self.assertTrue(r2.choices[0].message.content)
         self.assertIsNone(r2.choices[0].message.tool_calls)
 
+    def test_n_choices_share_one_prefill(self):
+        one = self.chat(temperature=0, max_tokens=10)
+        two = self.chat(temperature=0, max_tokens=10, n=2)
+        self.assertEqual([c.index for c in two.choices], [0, 1])
+        # Greedy: both choices are the single answer (the shared cells hold what the prefill wrote).
+        for c in two.choices:
+            self.assertEqual(c.message.content, one.choices[0].message.content)
+        self.assertEqual(two.usage.completion_tokens, 20)
+        sampled = self.chat(temperature=1.0, seed=7, max_tokens=16, n=2)
+        self.assertEqual(len(sampled.choices), 2)
+        self.assertNotEqual(sampled.choices[0].message.content, sampled.choices[1].message.content)
+        # Streamed: chunks carry their choice's index; each choice's text is whole.
+        texts = {0: "", 1: ""}
+        for chunk in self.chat(temperature=0, max_tokens=10, n=2, stream=True):
+            for c in chunk.choices:
+                texts[c.index] += c.delta.content or ""
+        self.assertEqual(texts[0], one.choices[0].message.content)
+        self.assertEqual(texts[1], one.choices[0].message.content)
+
+    def test_embeddings(self):
+        r = self.client.embeddings.create(model=self.model, input=["The cat sat on the mat.", "A cat sat on a mat.",
+                                                                   "Stock markets fell sharply today."])
+        self.assertEqual([d.index for d in r.data], [0, 1, 2])
+        vecs = [d.embedding for d in r.data]
+        self.assertEqual(len(vecs[0]), 576)  # SmolLM2-135M's width
+        for v in vecs:
+            self.assertAlmostEqual(sum(x * x for x in v), 1.0, places=4)
+        dot = lambda a, b: sum(x * y for x, y in zip(a, b))
+        self.assertGreater(dot(vecs[0], vecs[1]), dot(vecs[0], vecs[2]))
+        self.assertGreater(r.usage.prompt_tokens, 0)
+        # One input alone gives the same vector; base64 (the client's default wire format) decodes to it too.
+        alone = self.client.embeddings.create(model=self.model, input="The cat sat on the mat.", encoding_format="float")
+        for a, b in zip(alone.data[0].embedding, vecs[0]):
+            self.assertAlmostEqual(a, b, places=5)
+        import base64
+        import struct
+        raw = self.client.embeddings.with_raw_response.create(model=self.model, input="The cat sat on the mat.",
+                                                              encoding_format="base64")
+        b64 = json.loads(raw.text)["data"][0]["embedding"]
+        floats = struct.unpack("<%df" % 576, base64.b64decode(b64))
+        for a, b in zip(floats, alone.data[0].embedding):
+            self.assertAlmostEqual(a, b, places=6)
+        import openai
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.embeddings.create(model=self.model, input=[])
+        self.assertIn("input", str(e.exception))
+
     def test_bad_requests_are_400s_naming_the_field(self):
         import openai
         with self.assertRaises(openai.BadRequestError) as e:

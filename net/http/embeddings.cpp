@@ -1,0 +1,172 @@
+// POST /v1/embeddings: OpenAI's request (input: a string, strings, token ids or lists of them;
+// encoding_format float or base64) answered with each input's normalized pooled embedding
+// (runtime/llm/embedding.h), computed on the model's own embeddings context.
+#include <httplib.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "net/http/detail/daemon_internals.h"
+#include "net/http/openai.h"
+#include "net/http/server.h"
+#include "net/http/session_pool.h"
+#include "runtime/llm/embedding.h"
+
+namespace troupe::http {
+namespace {
+
+std::string base64(const std::vector<float>& v) {
+  static const char table[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string bytes(v.size() * sizeof(float), '\0');
+  std::memcpy(bytes.data(), v.data(), bytes.size());  // little-endian float32, as OpenAI's base64
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const auto b0 = static_cast<uint8_t>(bytes[i]);
+    const auto b1 = i + 1 < bytes.size() ? static_cast<uint8_t>(bytes[i + 1]) : 0;
+    const auto b2 = i + 2 < bytes.size() ? static_cast<uint8_t>(bytes[i + 2]) : 0;
+    out += table[b0 >> 2];
+    out += table[((b0 & 3) << 4) | (b1 >> 4)];
+    out += i + 1 < bytes.size() ? table[((b1 & 15) << 2) | (b2 >> 6)] : '=';
+    out += i + 2 < bytes.size() ? table[b2 & 63] : '=';
+  }
+  return out;
+}
+
+struct embedding_request {
+  std::string model;
+  std::vector<std::string> texts;               // inputs given as text
+  std::vector<std::vector<int32_t>> token_ids;  // or as token ids (one of the two is used)
+  bool base64 = false;
+};
+
+embedding_request parse_embedding_request(const std::string& text) {
+  json body;
+  try {
+    body = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw bad_request(std::string("the body is not valid JSON: ") + e.what());
+  }
+  if (!body.is_object()) throw bad_request("the body must be a JSON object");
+  embedding_request r;
+  if (!body.contains("model") || !body["model"].is_string() || body["model"].get<std::string>().empty()) {
+    throw bad_request("'model' is required and must be a non-empty string", "model");
+  }
+  r.model = body["model"].get<std::string>();
+  if (!body.contains("input")) throw bad_request("'input' is required", "input");
+  const json& in = body["input"];
+  const auto ids = [&](const json& a, const std::string& where) {
+    std::vector<int32_t> out;
+    if (a.empty()) throw bad_request("'" + where + "' must not be empty", "input");
+    for (const json& t : a) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
+        throw bad_request("'" + where + "' must hold token ids (integers >= 0)", "input");
+      }
+      out.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+    return out;
+  };
+  if (in.is_string()) {
+    r.texts.push_back(in.get<std::string>());
+  } else if (in.is_array() && !in.empty() && in[0].is_string()) {
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (!in[i].is_string()) throw bad_request("'input[" + std::to_string(i) + "]' must be a string like the others", "input");
+      r.texts.push_back(in[i].get<std::string>());
+    }
+  } else if (in.is_array() && !in.empty() && in[0].is_number()) {
+    r.token_ids.push_back(ids(in, "input"));
+  } else if (in.is_array() && !in.empty() && in[0].is_array()) {
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (!in[i].is_array()) throw bad_request("'input[" + std::to_string(i) + "]' must be an array of token ids", "input");
+      r.token_ids.push_back(ids(in[i], "input[" + std::to_string(i) + "]"));
+    }
+  } else {
+    throw bad_request("'input' must be a string, an array of strings, an array of token ids or an array of them", "input");
+  }
+  const size_t n = r.texts.size() + r.token_ids.size();
+  if (n > 2048) throw bad_request("'input' may hold at most 2048 inputs", "input");
+  for (const std::string& t : r.texts) {
+    if (t.empty()) throw bad_request("'input' strings must not be empty", "input");
+  }
+  if (body.contains("encoding_format") && !body["encoding_format"].is_null()) {
+    const json& f = body["encoding_format"];
+    if (!f.is_string() || (f != "float" && f != "base64")) {
+      throw bad_request("'encoding_format' must be 'float' or 'base64'", "encoding_format");
+    }
+    r.base64 = f == "base64";
+  }
+  if (body.contains("dimensions") && !body["dimensions"].is_null()) {
+    throw bad_request("'dimensions' is not supported (the model's own width is returned)", "dimensions");
+  }
+  return r;
+}
+
+}  // namespace
+
+void daemon::embeddings(const httplib::Request& req, httplib::Response& res) {
+  try {
+    if (stopping_.load()) throw api_error(503, "unavailable_error", "the server is shutting down");
+    const embedding_request r = parse_embedding_request(req.body);
+    const auto it = std::find_if(models_.begin(), models_.end(), [&](const auto& m) { return m->config.name == r.model; });
+    if (it == models_.end()) {
+      throw api_error(404, "invalid_request_error", "the model '" + r.model + "' does not exist", "model", "model_not_found");
+    }
+    model_slots& ms = **it;
+    if (!ms.loaded.load()) throw api_error(503, "unavailable_error", "the model '" + r.model + "' is not loaded");
+    std::shared_ptr<const actors::loaded_model> lm;
+    {
+      std::lock_guard l(ms.m);
+      lm = ms.model;
+    }
+    const llm::vocab& v = *lm->vocab;
+    std::vector<std::vector<int32_t>> inputs = r.token_ids;
+    for (const std::string& t : r.texts) inputs.push_back(v.tokenize(t, /*add_special=*/true));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      for (const int32_t id : inputs[i]) {
+        if (id >= v.n_tokens()) {
+          throw bad_request("'input' names token " + std::to_string(id) + ", outside the vocabulary (0.." +
+                                std::to_string(v.n_tokens() - 1) + ")",
+                            "input");
+        }
+      }
+    }
+    json data = json::array();
+    int64_t n_tokens = 0;
+    {
+      std::lock_guard l(ms.embed_m);
+      if (!ms.embed_ctx || ms.embed_model != lm) {
+        ms.embed_ctx.reset();
+        const uint32_t n_ctx = lm->settings.n_ctx_seq;
+        ms.embed_ctx = std::make_unique<llm::llm_context>(
+            *lm->model, llm::context_params{.n_ctx = n_ctx, .n_batch = n_ctx, .n_ubatch = std::min<uint32_t>(n_ctx, 512),
+                                            .n_threads = lm->settings.n_threads, .embeddings = true});
+        ms.embed_model = lm;
+      }
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        if (inputs[i].size() > ms.embed_ctx->params().n_ctx) {
+          throw api_error(400, "invalid_request_error",
+                          "input " + std::to_string(i) + " has " + std::to_string(inputs[i].size()) +
+                              " tokens; this model's embeddings take at most " + std::to_string(ms.embed_ctx->params().n_ctx),
+                          "input", "context_length_exceeded");
+        }
+        const std::vector<float> e = llm::embed(*ms.embed_ctx, inputs[i]);
+        n_tokens += static_cast<int64_t>(inputs[i].size());
+        data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", r.base64 ? json(base64(e)) : json(e)}});
+      }
+    }
+    const json out = {{"object", "list"},
+                      {"data", data},
+                      {"model", r.model},
+                      {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}}};
+    res.set_content(dump(out), "application/json");
+  } catch (const api_error& e) {
+    detail::send_error(res, e);
+  } catch (const std::exception& e) {
+    detail::send_error(res, api_error(500, "server_error", std::string("embeddings: ") + e.what()));
+  }
+}
+
+}  // namespace troupe::http
