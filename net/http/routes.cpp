@@ -10,6 +10,8 @@
 
 namespace troupe::http {
 
+extern const std::string_view web_page;  // web/index.html (web_page.cpp, generated)
+
 using detail::clock_type;
 using detail::send_error;
 
@@ -20,6 +22,7 @@ std::string endpoint_of(const std::string& path) {
   if (path == "/v1/completions") return "completions";
   if (path == "/v1/models") return "models";
   if (path == "/health") return "health";
+  if (path == "/") return "page";
   if (path == "/metrics") return "metrics";
   if (path == "/v1/memory") return "memory";
   if (path == "/v1/cluster") return "cluster";
@@ -43,6 +46,11 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
 void daemon::routes() {
   middleware();
   httplib::Server& s = *svr_;
+  s.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'");
+    res.set_content(web_page.data(), web_page.size(), "text/html; charset=utf-8");
+  });
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) { health(res); });
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { list_models(res); });
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
@@ -80,7 +88,9 @@ void daemon::middleware() {
     detail::request_start = clock_type::now();
     detail::client_gone = false;
     detail::request_counted = false;
-    if (keys.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    // The page is public (it asks for the key and sends it with its API calls); the API is not.
+    const bool open = keys.empty() || req.path == "/health" || (req.path == "/" && req.method == "GET");
+    if (open) return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     constexpr std::string_view bearer = "Bearer ";
     bool ok = false;
