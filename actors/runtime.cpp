@@ -203,6 +203,16 @@ actors::memory_breakdown engine::memory() {
   return ask<actors::memory_breakdown>(*sys_, supervisor_, actors::get_atom_v, actors::breakdown_atom_v);
 }
 
+void engine::record_memory(const std::map<buffer_type_key, std::array<int64_t, 3>>& delta, const std::string& owner) {
+  const auto dir = ask<actors::actor_directory>(*sys_, supervisor_, actors::get_atom_v, actors::directory_atom_v);
+  for (const auto& [key, bytes] : delta) {
+    for (uint8_t k = 0; k < 3; ++k) {
+      if (bytes[k] == 0) continue;
+      caf::anon_send(dir.accountant, actors::record_atom_v, actors::memory_event{key.buft, key.device, key.is_host, k, bytes[k], owner});
+    }
+  }
+}
+
 actors::runtime_status engine::status() {
   return ask<actors::runtime_status>(*sys_, supervisor_, actors::get_atom_v, actors::status_atom_v);
 }

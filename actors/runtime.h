@@ -29,7 +29,9 @@
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 
+#include <array>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -38,6 +40,7 @@
 #include "actors/errors.h"
 #include "actors/peer_actor.h"
 #include "actors/runtime_config.h"
+#include "runtime/memory.h"
 #include "actors/runtime_env.h"
 #include "actors/session_actor.h"
 #include "actors/supervisor_actor.h"
@@ -129,6 +132,11 @@ class engine {
   session open_session(const std::string& model);
   // The memory breakdown now (table, JSON, numbers).
   actors::memory_breakdown memory();
+  // Puts memory the host holds outside the actors (a context of its own over a loaded model's weights, as
+  // the daemon's embeddings) on the memory accountant's record: each entry of `delta` (bytes may be
+  // negative: a release) under `owner`; indexed by memory_kind (model, context, compute). Sent, so a
+  // breakdown asked for at once may not have it yet.
+  void record_memory(const std::map<buffer_type_key, std::array<int64_t, 3>>& delta, const std::string& owner);
   actors::runtime_status status();
   // Each loaded model's scheduler counters (batches decoded, steps batched together, KV and compute bytes).
   std::vector<actors::sched_stats> scheduler_stats();

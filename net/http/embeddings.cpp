@@ -14,6 +14,7 @@
 #include "net/http/server.h"
 #include "net/http/session_pool.h"
 #include "runtime/llm/embedding.h"
+#include "runtime/log.h"
 
 namespace troupe::http {
 namespace {
@@ -104,7 +105,38 @@ embedding_request parse_embedding_request(const std::string& text) {
   return r;
 }
 
+// Brings the accountant's record of a model's embeddings context to what it holds now (ctx null: nothing).
+void account_embeddings(engine& eng, model_slots& ms, const llm::llm_context* ctx) {
+  memory_ledger now;
+  if (ctx != nullptr) ctx->account(now);
+  std::map<buffer_type_key, std::array<int64_t, 3>> delta;
+  const auto add = [&](const memory_ledger& l, int sign) {
+    for (const auto& [key, u] : l.entries()) {
+      auto& d = delta[key];
+      for (uint8_t k = 0; k < 3; ++k) d[k] += sign * static_cast<int64_t>(u[static_cast<memory_kind>(k)]);
+    }
+  };
+  add(now, 1);
+  add(ms.embed_reported, -1);
+  try {
+    eng.record_memory(delta, "embeddings:" + ms.config.name);
+    ms.embed_reported = now;
+  } catch (const std::exception& e) {
+    TROUPE_LOG(warn, "embeddings: model '" << ms.config.name << "': memory not recorded: " << e.what());
+  }
+}
+
 }  // namespace
+
+void daemon::release_embeddings() {
+  for (auto& ms : models_) {
+    std::lock_guard l(ms->embed_m);
+    if (!ms->embed_ctx) continue;
+    ms->embed_ctx.reset();
+    ms->embed_model.reset();
+    account_embeddings(eng_, *ms, nullptr);
+  }
+}
 
 void daemon::embeddings(const httplib::Request& req, httplib::Response& res) {
   try {
@@ -139,11 +171,13 @@ void daemon::embeddings(const httplib::Request& req, httplib::Response& res) {
       std::lock_guard l(ms.embed_m);
       if (!ms.embed_ctx || ms.embed_model != lm) {
         ms.embed_ctx.reset();
+        account_embeddings(eng_, ms, nullptr);
         const uint32_t n_ctx = lm->settings.n_ctx_seq;
         ms.embed_ctx = std::make_unique<llm::llm_context>(
             *lm->model, llm::context_params{.n_ctx = n_ctx, .n_batch = n_ctx, .n_ubatch = std::min<uint32_t>(n_ctx, 512),
                                             .n_threads = lm->settings.n_threads, .embeddings = true});
         ms.embed_model = lm;
+        account_embeddings(eng_, ms, ms.embed_ctx.get());
       }
       for (size_t i = 0; i < inputs.size(); ++i) {
         if (inputs[i].size() > ms.embed_ctx->params().n_ctx) {
@@ -156,6 +190,7 @@ void daemon::embeddings(const httplib::Request& req, httplib::Response& res) {
         n_tokens += static_cast<int64_t>(inputs[i].size());
         data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", r.base64 ? json(base64(e)) : json(e)}});
       }
+      account_embeddings(eng_, ms, ms.embed_ctx.get());  // the compute buffers grow for a long input
     }
     const json out = {{"object", "list"},
                       {"data", data},

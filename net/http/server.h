@@ -102,6 +102,8 @@ class daemon {
   // content provider.
   void complete(bool chat, const httplib::Request& req, httplib::Response& res);
   void embeddings(const httplib::Request& req, httplib::Response& res);
+  // Frees the models' embeddings contexts (and their memory's record), before the models unload.
+  void release_embeddings();
   std::shared_ptr<answer_state> begin_answer(bool chat, const std::string& body);
   bool write_choices(answer_state& st, httplib::DataSink& sink);
   bool write_answer(answer_state& st, httplib::DataSink& sink);

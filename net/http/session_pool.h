@@ -43,6 +43,7 @@ struct model_slots {
   std::mutex embed_m;
   std::shared_ptr<const actors::loaded_model> embed_model;  // the model embed_ctx was made for
   std::unique_ptr<llm::llm_context> embed_ctx;
+  memory_ledger embed_reported;  // what the accountant has on record for embed_ctx
 };
 
 // One request's claim on a session of a model: returned to the model's idle sessions (or discarded when it

@@ -258,6 +258,16 @@ TEST_CASE("every message type crosses a middleman connection between two process
   const auto chat_reply = ask<generate_reply>(self, *sess, generate_atom_v, chat);
   REQUIRE(chat_reply);
   mark({"chat_message"});
+  // What the session holds, for another session to share (n answers, one prefill); sharing into itself is
+  // refused by the scheduler.
+  const auto prefix = ask<session_prefix>(self, *sess, get_atom_v, prefix_atom_v);
+  REQUIRE(prefix);
+  CHECK(prefix->model == "m");
+  CHECK(prefix->tokens.size() > 4);
+  const auto self_share = ask<bool>(self, *sess, share_atom_v, *prefix);
+  REQUIRE_FALSE(self_share);
+  CHECK(is(self_share.error(), errc::bad_request));
+  mark({"session_prefix"});
   self->send(*sess, cancel_atom_v);
   CHECK(value_or<bool>(ask<bool>(self, *sess, reset_atom_v), false));
 
