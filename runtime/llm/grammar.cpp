@@ -121,6 +121,7 @@ class grammar_parser {
     while (!at_end()) {
       const char c = src_[pos_];
       if (c == ' ' || c == '\t' || c == '\r' || (newlines && c == '\n')) {
+        if (c == '\n') ++line_;
         ++pos_;
       } else if (c == '#') {
         while (!at_end() && src_[pos_] != '\n') ++pos_;
@@ -140,6 +141,7 @@ class grammar_parser {
   uint32_t rule_id(const std::string& name) {
     const auto it = ids_.find(name);
     if (it != ids_.end()) return it->second;
+    if (rules_.size() >= max_rules) fail("more than " + std::to_string(max_rules) + " rules (repetitions count too)");
     const auto id = static_cast<uint32_t>(rules_.size());
     ids_.emplace(name, id);
     names_.push_back(name);
@@ -148,7 +150,7 @@ class grammar_parser {
     return id;
   }
 
-  size_t line_now() const { return static_cast<size_t>(std::count(src_.begin(), src_.begin() + static_cast<std::ptrdiff_t>(std::min(pos_, src_.size())), '\n')) + 1; }
+  size_t line_now() const { return line_; }
 
   uint32_t new_rule(const std::string& base, std::vector<seq> alts) {
     std::string name;
@@ -181,10 +183,11 @@ class grammar_parser {
     for (;;) {
       if (!nested) {
         // A top-level rule may continue on a following line that starts with '|'.
-        const size_t save = pos_;
+        const size_t save = pos_, save_line = line_;
         skip_space(true);
         if (peek() != '|') {
           pos_ = save;
+          line_ = save_line;
           skip_space(false);
           break;
         }
@@ -310,7 +313,9 @@ class grammar_parser {
         item.push_back({grammar::kind::rule_ref, rule_id(name)});
       } else if (c == '(') {
         ++pos_;
+        if (++depth_ > max_depth) fail("groups nested deeper than " + std::to_string(max_depth));
         std::vector<seq> alts = parse_alternatives(true);
+        --depth_;
         skip_space(true);
         if (peek() != ')') fail("expected ')'");
         ++pos_;
@@ -319,6 +324,8 @@ class grammar_parser {
         break;  // '|', ')', newline, or something the caller reports
       }
       parse_postfix(item);
+      n_elements_ += item.size();
+      if (n_elements_ > max_elements) fail("more than " + std::to_string(max_elements) + " elements (repetitions count too)");
       out.insert(out.end(), item.begin(), item.end());
     }
     return out;
@@ -330,7 +337,7 @@ class grammar_parser {
     uint64_t v = 0;
     while (peek() >= '0' && peek() <= '9') {
       v = v * 10 + static_cast<uint64_t>(peek() - '0');
-      if (v > 10000) fail("repetition count over 10000");
+      if (v > max_repeat) fail("repetition count over " + std::to_string(max_repeat));
       ++pos_;
     }
     skip_space(false);
@@ -410,29 +417,47 @@ class grammar_parser {
       }
     }
     std::vector<uint8_t> mark(n, 0);  // 0 unseen, 1 on the path, 2 done
-    std::vector<uint32_t> path;
-    std::function<void(uint32_t)> visit = [&](uint32_t r) {
-      mark[r] = 1;
-      path.push_back(r);
-      for (uint32_t s : first[r]) {
+    // Depth-first with an explicit stack (rule chains may be long): (rule, next edge to follow).
+    std::vector<std::pair<uint32_t, size_t>> path;
+    for (uint32_t root = 0; root < n; ++root) {
+      if (mark[root] != 0) continue;
+      mark[root] = 1;
+      path.push_back({root, 0});
+      while (!path.empty()) {
+        auto& [r, edge] = path.back();
+        if (edge == first[r].size()) {
+          mark[r] = 2;
+          path.pop_back();
+          continue;
+        }
+        const uint32_t s = first[r][edge++];
         if (mark[s] == 1) {
           std::string chain;
-          for (auto it = std::find(path.begin(), path.end(), s); it != path.end(); ++it) chain += names_[*it] + " -> ";
+          bool on = false;
+          for (const auto& [q, e] : path) {
+            on = on || q == s;
+            if (on) chain += names_[q] + " -> ";
+          }
           throw grammar_error("grammar: rule '" + names_[s] + "' is left-recursive (" + chain + names_[s] +
                               "; a repetition of something that can be empty is too)");
         }
-        if (mark[s] == 0) visit(s);
+        if (mark[s] == 0) {
+          mark[s] = 1;
+          path.push_back({s, 0});
+        }
       }
-      path.pop_back();
-      mark[r] = 2;
-    };
-    for (uint32_t r = 0; r < n; ++r) {
-      if (mark[r] == 0) visit(r);
     }
   }
 
+  // Bounds that keep a hostile grammar from exhausting the stack or memory.
+  static constexpr uint32_t max_depth = 128, max_repeat = 10000;
+  static constexpr size_t max_rules = 20000, max_elements = 200000;
+
   std::string_view src_;
   size_t pos_ = 0;
+  size_t line_ = 1;
+  uint32_t depth_ = 0;
+  size_t n_elements_ = 0;
   std::map<std::string, uint32_t> ids_;
   std::vector<std::string> names_;
   std::vector<pending_rule> rules_;
@@ -624,10 +649,13 @@ void grammar_matcher::trim() const {
   states_.clear();
   state_ids_.clear();
   next_.clear();
-  std::function<int32_t(int32_t)> copy = [&](int32_t t) -> int32_t {
-    if (t == complete) return complete;
-    const frame f = old[static_cast<size_t>(t)];
-    return push(f.pos, copy(f.parent));
+  // Iterative: a stack may be as deep as the text is long (nested brackets).
+  const auto copy = [&](int32_t t) -> int32_t {
+    std::vector<uint32_t> chain;
+    for (; t != complete; t = old[static_cast<size_t>(t)].parent) chain.push_back(old[static_cast<size_t>(t)].pos);
+    int32_t top = complete;
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) top = push(*it, top);
+    return top;
   };
   std::vector<int32_t> stacks;
   for (int32_t t : cur.stacks) stacks.push_back(copy(t));

@@ -59,6 +59,14 @@ std::string literal(std::string_view s) {
 
 std::string json_text(const ojson& v) { return v.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
+struct depth_guard {
+  int& d;
+  explicit depth_guard(int& x) : d(x) { ++d; }
+  ~depth_guard() { --d; }
+  depth_guard(const depth_guard&) = delete;
+  depth_guard& operator=(const depth_guard&) = delete;
+};
+
 class schema_compiler {
  public:
   schema_compiler(const ojson& root, std::string name) : root_(root), name_(std::move(name)) {}
@@ -112,6 +120,9 @@ class schema_compiler {
 
   // The GBNF expression for values of schema s (at path, for messages and rule names).
   std::string expr(const ojson& s, const std::string& path) {
+    // Sub-schemas nest (properties, items, anyOf); a hostile schema must not exhaust the stack.
+    const depth_guard guard(depth_);
+    if (depth_ > 64) refuse(path, "the schema nests deeper than 64 levels");
     if (s.is_boolean()) {
       if (s.get<bool>()) return "json-value";
       refuse(path, "the schema 'false' matches nothing");
@@ -343,6 +354,7 @@ class schema_compiler {
 
   const ojson& root_;
   std::string name_;
+  int depth_ = 0;
   std::map<std::string, std::string> rules_;
   std::set<std::string> taken_;
   std::map<std::string, std::string> refs_;

@@ -115,6 +115,30 @@ TEST_CASE("grammar: errors name the problem and where it is", "[grammar]") {
   CHECK_THAT(error_of("root ::= \"a\"{3,2}"), Catch::Contains("n < m"));
   CHECK_THAT(error_of("root ::= \"\\q\""), Catch::Contains("unknown escape"));
   CHECK_THAT(error_of("root ::= [z-a]"), Catch::Contains("out of order"));
+  // Hostile sizes are refused, never a stack overflow or an unbounded allocation.
+  CHECK_THAT(error_of("root ::= " + std::string(100000, '(') + "\"a\"" + std::string(100000, ')')),
+             Catch::Contains("nested deeper than 128"));
+  std::string wide = "root ::=";
+  for (int i = 0; i < 21; ++i) wide += " \"a\"{10000}";
+  CHECK_THAT(error_of(wide), Catch::Contains("more than 200000 elements"));
+  CHECK_THAT(error_of("root ::= \"a\"{10001}"), Catch::Contains("repetition count over 10000"));
+  std::string chain = "root ::= r0\n";
+  for (int i = 0; i < 25000; ++i) chain += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + " | \"x\"\n";
+  CHECK_THAT(error_of(chain), Catch::Contains("more than 20000 rules"));
+}
+
+TEST_CASE("grammar: deep nesting in the text and in schemas", "[grammar]") {
+  // A stack as deep as the text (nested brackets), through the automaton's memory bound (trim).
+  const auto g = grammar::parse(R"g(root ::= "(" root ")" | "")g");
+  grammar_matcher m(g);
+  for (int i = 0; i < 20000; ++i) REQUIRE(m.accept("("));
+  CHECK(m.bytes_to_end() == 20000);
+  for (int i = 0; i < 20000; ++i) REQUIRE(m.accept(")"));
+  CHECK(m.can_end());
+  std::string deep;
+  for (int i = 0; i < 200; ++i) deep += R"({"type": "array", "items": )";
+  deep += "{}" + std::string(200, '}');
+  CHECK_THAT(schema_error(deep), Catch::Contains("deeper than 64"));
 }
 
 TEST_CASE("grammar: bytes of one character may arrive in different tokens", "[grammar]") {
