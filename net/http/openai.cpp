@@ -98,7 +98,7 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
   json body;
   try {
     body = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number beyond double
     throw bad_request(std::string("the body is not valid JSON: ") + e.what());
   }
   if (!body.is_object()) throw bad_request(std::string("the body must be a JSON object, not ") + type_name(body));
@@ -286,7 +286,13 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
         throw bad_request("'response_format.json_schema.schema' is missing", "response_format.json_schema.schema");
       }
       // The schema again in its own key order (properties are generated in the order the schema lists them).
-      const std::string schema = nlohmann::ordered_json::parse(text)["response_format"]["json_schema"]["schema"].dump();
+      std::string schema;
+      try {
+        schema = nlohmann::ordered_json::parse(text).at("response_format").at("json_schema").at("schema").dump();
+      } catch (const nlohmann::ordered_json::exception&) {
+        // Only a body with duplicate keys reads differently in key order; take the checked value.
+        schema = js["schema"].dump();
+      }
       try {
         g.grammar = llm::json_schema_to_gbnf(schema);
       } catch (const llm::grammar_error& e) {
@@ -314,7 +320,11 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
     const json& tools = body["tools"];
     if (!tools.is_array()) throw bad_request("'tools' must be an array", "tools");
     if (tools.size() > 128) throw bad_request("'tools' may hold at most 128 functions", "tools");
-    const nlohmann::ordered_json ordered = tools.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json::parse(text)["tools"];
+    nlohmann::ordered_json ordered;
+    try {
+      ordered = nlohmann::ordered_json::parse(text).at("tools");
+    } catch (const nlohmann::ordered_json::exception&) {
+    }
     for (size_t i = 0; i < tools.size(); ++i) {
       const std::string p = "tools[" + std::to_string(i) + "]";
       const json& t = tools[i];
@@ -336,7 +346,13 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
       if (f.contains("description") && f["description"].is_string()) fn.description = f["description"].get<std::string>();
       if (f.contains("parameters") && !f["parameters"].is_null()) {
         if (!f["parameters"].is_object()) throw bad_request("'" + p + ".function.parameters' must be a JSON Schema object", p + ".function.parameters");
-        fn.parameters = ordered[i]["function"]["parameters"].dump();
+        // In the schema's own key order; a body with duplicate keys may read differently that way: then as checked.
+        fn.parameters = f["parameters"].dump();
+        try {
+          const nlohmann::ordered_json& op = ordered.at(i).at("function").at("parameters");
+          if (op.is_object()) fn.parameters = op.dump();
+        } catch (const nlohmann::ordered_json::exception&) {
+        }
       }
       r.tools.push_back(std::move(fn));
     }
@@ -432,6 +448,67 @@ json stream_tool_call(const completion_request& r, const std::string& id, int64_
   if (first) delta["content"] = nullptr;
   j["choices"] = json::array({{{"index", 0}, {"finish_reason", nullptr}, {"logprobs", nullptr}, {"delta", delta}}});
   return j;
+}
+
+embedding_request parse_embedding_request(std::string_view text) {
+  json body;
+  try {
+    body = json::parse(text);
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number beyond double
+    throw bad_request(std::string("the body is not valid JSON: ") + e.what());
+  }
+  if (!body.is_object()) throw bad_request("the body must be a JSON object");
+  embedding_request r;
+  if (!body.contains("model") || !body["model"].is_string() || body["model"].get<std::string>().empty()) {
+    throw bad_request("'model' is required and must be a non-empty string", "model");
+  }
+  r.model = body["model"].get<std::string>();
+  if (!body.contains("input")) throw bad_request("'input' is required", "input");
+  const json& in = body["input"];
+  const auto ids = [&](const json& a, const std::string& where) {
+    std::vector<int32_t> out;
+    if (a.empty()) throw bad_request("'" + where + "' must not be empty", "input");
+    for (const json& t : a) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
+        throw bad_request("'" + where + "' must hold token ids (integers >= 0)", "input");
+      }
+      out.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+    return out;
+  };
+  if (in.is_string()) {
+    r.texts.push_back(in.get<std::string>());
+  } else if (in.is_array() && !in.empty() && in[0].is_string()) {
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (!in[i].is_string()) throw bad_request("'input[" + std::to_string(i) + "]' must be a string like the others", "input");
+      r.texts.push_back(in[i].get<std::string>());
+    }
+  } else if (in.is_array() && !in.empty() && in[0].is_number()) {
+    r.token_ids.push_back(ids(in, "input"));
+  } else if (in.is_array() && !in.empty() && in[0].is_array()) {
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (!in[i].is_array()) throw bad_request("'input[" + std::to_string(i) + "]' must be an array of token ids", "input");
+      r.token_ids.push_back(ids(in[i], "input[" + std::to_string(i) + "]"));
+    }
+  } else {
+    throw bad_request("'input' must be a string, an array of strings, an array of token ids or an array of them", "input");
+  }
+  const size_t n = r.texts.size() + r.token_ids.size();
+  if (n > 2048) throw bad_request("'input' may hold at most 2048 inputs", "input");
+  for (const std::string& t : r.texts) {
+    if (t.empty()) throw bad_request("'input' strings must not be empty", "input");
+  }
+  if (body.contains("encoding_format") && !body["encoding_format"].is_null()) {
+    const json& f = body["encoding_format"];
+    if (!f.is_string() || (f != "float" && f != "base64")) {
+      throw bad_request("'encoding_format' must be 'float' or 'base64'", "encoding_format");
+    }
+    r.base64 = f == "base64";
+  }
+  if (body.contains("dimensions") && !body["dimensions"].is_null()) {
+    throw bad_request("'dimensions' is not supported (the model's own width is returned)", "dimensions");
+  }
+  return r;
 }
 
 std::string finish_reason(const std::string& finish) { return finish == "stop" ? "stop" : "length"; }

@@ -69,6 +69,16 @@ struct completion_request {
 
 // Throws api_error (400, invalid_request_error) naming the field.
 completion_request parse_completion_request(std::string_view body, bool chat);
+// POST /v1/embeddings: the inputs as text or token ids (one of the two), the encoding.
+struct embedding_request {
+  std::string model;
+  std::vector<std::string> texts;               // inputs given as text
+  std::vector<std::vector<int32_t>> token_ids;  // or as token ids (one of the two is used)
+  bool base64 = false;
+};
+// Throws api_error (400) naming the field.
+embedding_request parse_embedding_request(std::string_view body);
+
 // Once the model is known: renders tools, assistant tool calls and tool results into r.messages in the
 // syntax of the model's chat template, and sets the grammar of a required or named call. Throws api_error.
 void prepare_tools(completion_request& r, std::string_view template_name);

@@ -172,6 +172,8 @@ TEST_CASE("OpenAI requests: each bad field is a 400 naming it", "[http][openai]"
   };
   const bad cases[] = {
       {"{\"model\": \"m\", ", "", "not valid JSON"},
+      // Found by fuzz_http: a number beyond double is nlohmann's out_of_range, not a parse_error.
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 1e999})", "", "not valid JSON"},
       {"[1, 2]", "", "must be a JSON object"},
       {R"({"messages": []})", "model", "'model' is required"},
       {R"({"model": "m"})", "messages", "'messages' is required"},
@@ -218,6 +220,12 @@ TEST_CASE("OpenAI requests: each bad field is a 400 naming it", "[http][openai]"
     CHECK(j["error"]["type"] == "invalid_request_error");
     CHECK(j["error"]["message"] == e.what());
   }
+  // Duplicate keys: the last one counts (nlohmann), and the key-ordered reading of tools and schemas never
+  // reads past what was checked.
+  const completion_request dup = parse_completion_request(
+      R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}, {"type": "function", "function": {"name": "g"}}]})",
+      true);
+  CHECK(dup.tools.size() == 2);
   CHECK(request_error(R"({"model": "m"})", false).param() == "prompt");
   CHECK(request_error(R"({"model": "m", "prompt": ""})", false).param() == "prompt");
   CHECK(request_error(R"({"model": "m", "prompt": 7})", false).param() == "prompt");
