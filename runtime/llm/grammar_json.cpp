@@ -199,21 +199,12 @@ class schema_compiler {
       if (max && *max < min) refuse(join(path, "maxLength"), "'maxLength' is below 'minLength'");
       return "\"\\\"\" " + repeat("json-char", min, max) + " \"\\\"\"";
     }
-    if (type == "number") {
+    // Types without keywords of their own: a rule of json_base each.
+    static const std::map<std::string, std::string, std::less<>> plain = {
+        {"number", "json-number"}, {"integer", "json-int"}, {"boolean", "json-boolean"}, {"null", "json-null"}};
+    if (const auto it = plain.find(type); it != plain.end()) {
       check_keywords(s, path, {"type", "nullable"});
-      return "json-number";
-    }
-    if (type == "integer") {
-      check_keywords(s, path, {"type", "nullable"});
-      return "json-int";
-    }
-    if (type == "boolean") {
-      check_keywords(s, path, {"type", "nullable"});
-      return "json-boolean";
-    }
-    if (type == "null") {
-      check_keywords(s, path, {"type", "nullable"});
-      return "json-null";
+      return it->second;
     }
     if (type == "array") return array(s, path);
     if (type == "object") return object(s, path);

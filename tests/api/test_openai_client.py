@@ -34,6 +34,18 @@ def skip_or_fail(why):
     sys.exit(SKIP)
 
 
+def example_config(source, model, api_key=None):
+    """configs/daemon.toml on any free port, with the model's path made absolute (the copy lives in a
+    temporary folder) and, when given, one API key."""
+    with open(os.path.join(source, "configs", "daemon.toml")) as f:
+        config = f.read()
+    config = re.sub(r"(?m)^port = [0-9]+", "port = 0", config, count=1)
+    config = re.sub(r'(?m)^path = "[^"]*"', 'path = "' + model + '"', config, count=1)
+    if api_key is not None:
+        config = re.sub(r"(?m)^api_keys = \[\]", f'api_keys = ["{api_key}"]', config, count=1)
+    return config
+
+
 class Daemon:
     def __init__(self, troupe, config_text, cwd):
         self.dir = tempfile.TemporaryDirectory()
@@ -75,12 +87,7 @@ class OpenAIClient(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         import openai
-        with open(os.path.join(ARGS.source, "configs", "daemon.toml")) as f:
-            config = f.read()
-        # Any free port, and the model's path made absolute (the copy lives in a temporary folder).
-        config = re.sub(r"(?m)^port = [0-9]+", "port = 0", config, count=1)
-        config = re.sub(r'(?m)^path = "[^"]*"', 'path = "' + ARGS.model + '"', config, count=1)
-        cls.daemon = Daemon(ARGS.troupe, config, ARGS.source)
+        cls.daemon = Daemon(ARGS.troupe, example_config(ARGS.source, ARGS.model), ARGS.source)
         cls.client = openai.OpenAI(base_url=f"http://127.0.0.1:{cls.daemon.port}/v1", api_key="none",
                                    max_retries=0, timeout=120)
         cls.model = "smollm2"

@@ -25,12 +25,7 @@ class WebPage(unittest.TestCase):
     def setUpClass(cls):
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
-        with open(os.path.join(ARGS.source, "configs", "daemon.toml")) as f:
-            config = f.read()
-        config = re.sub(r"(?m)^port = [0-9]+", "port = 0", config, count=1)
-        config = re.sub(r'(?m)^path = "[^"]*"', 'path = "' + ARGS.model + '"', config, count=1)
-        config = re.sub(r"(?m)^api_keys = \[\]", f'api_keys = ["{KEY}"]', config, count=1)
-        cls.daemon = common.Daemon(ARGS.troupe, config, ARGS.source)
+        cls.daemon = common.Daemon(ARGS.troupe, common.example_config(ARGS.source, ARGS.model, api_key=KEY), ARGS.source)
         opts = webdriver.ChromeOptions()
         opts.binary_location = ARGS.chromium
         opts.set_capability("unhandledPromptBehavior", "ignore")
