@@ -1,8 +1,6 @@
 // POST /v1/chat/completions and /v1/completions: a request is checked and given a session (begin_answer),
 // then its answer is generated while it is written out, streamed as server-sent events or as one JSON body
-// (write_answer, from the response's content provider).
-#include <httplib.h>
-
+// (write_answer, from the response's writer).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -39,10 +37,10 @@ class in_flight_count {
 
 // Writes to the client until it goes away (then every later write is a no-op that says so).
 struct answer_sink {
-  httplib::DataSink& sink;
+  front::body_sink& sink;
   bool gone = false;
   bool write(const std::string& text) {
-    if (!gone && !sink.write(text.data(), text.size())) gone = true;
+    if (!gone && !sink.write(text)) gone = true;
     return !gone;
   }
 };
@@ -58,6 +56,18 @@ actors::generate_request generate_request_of(const completion_request& r) {
   gr.messages = r.messages;
   gr.params = r.params;
   return gr;
+}
+
+// An answer's error after its status line (200) went out: a stream event, or the whole body.
+bool send_late_error(answer_sink& out, front::body_sink& sink, bool stream, const api_error& e) {
+  out.write(stream ? "data: " + dump(e.body()) + "\n\n" : dump(e.body()));
+  return !out.gone && sink.done();
+}
+
+// The last bytes are written: the response is done, unless the client went away meanwhile.
+bool finish_response(answer_sink& out, front::body_sink& sink) {
+  if (out.gone) return false;
+  return sink.done();
 }
 
 api_error error_for(const actors::request_error& e) {
@@ -83,16 +93,21 @@ struct daemon::answer_state {
   in_flight_count counted;
 };
 
-void daemon::complete(bool chat, const httplib::Request& req, httplib::Response& res) {
+void daemon::complete(bool chat, const front::request& req, front::response& res) {
   try {
     const std::shared_ptr<answer_state> st = begin_answer(chat, req.body);
-    const auto provider = [this, st](size_t, httplib::DataSink& sink) { return write_answer(*st, sink); };
+    // On this thread after the handler returns; false: the client went away (counted 499, nginx's code).
+    const auto writer = [this, st, endpoint = std::string(chat ? "chat" : "completions")](front::body_sink& sink) {
+      const bool ok = write_answer(*st, sink);
+      if (!ok) count_request(endpoint, 499);
+      return ok;
+    };
     if (st->request.stream) {
       res.set_header("Cache-Control", "no-cache");
       res.set_header("X-Accel-Buffering", "no");
-      res.set_chunked_content_provider("text/event-stream", provider);
+      res.set_chunked("text/event-stream", writer);
     } else {
-      res.set_chunked_content_provider("application/json", provider);
+      res.set_chunked("application/json", writer);
     }
   } catch (const api_error& e) {
     detail::send_error(res, e);
@@ -160,7 +175,7 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(bool chat, const std:
   return st;
 }
 
-bool daemon::write_answer(answer_state& st, httplib::DataSink& sink) {
+bool daemon::write_answer(answer_state& st, front::body_sink& sink) {
   if (!st.more.empty()) return write_choices(st, sink);
   const completion_request& req = st.request;
   answer_sink out{sink};
@@ -225,16 +240,13 @@ bool daemon::write_answer(answer_state& st, httplib::DataSink& sink) {
       TROUPE_LOG(warn, "http: " << st.id << ": " << e.what());
       st.claim.reset();  // the session is free (or closed) before the client hears of it
       count_request(endpoint, 200);  // the status line went out with the first byte
-      out.write(req.stream ? "data: " + dump(ae.body()) + "\n\n" : dump(ae.body()));
-      if (!out.gone) sink.done();
-      return !out.gone;
+      return send_late_error(out, sink, req.stream, ae);
     }
   }
 
   if (reply.finish == "cancelled") {
     metrics_.cancelled();
     if (out.gone) {
-      detail::client_gone = true;
       TROUPE_LOG(info, "http: " << st.id << ": client went away; answer cancelled after " << reply.tokens.size() << " tokens");
       return false;
     }
@@ -267,18 +279,13 @@ bool daemon::write_answer(answer_state& st, httplib::DataSink& sink) {
   } else {
     out.write(dump(completion_response(req, st.id, st.created, reply)));
   }
-  if (out.gone) {
-    detail::client_gone = true;
-    return false;
-  }
-  sink.done();
-  return true;
+  return finish_response(out, sink);
 }
 
 // n > 1: the prompt is decoded once on the first session, the other sessions share its cells, and the n
 // answers (seeds seed, seed + 1, ...) are decoded together by the model's scheduler, each on a thread of
 // its own that hands its events to this one (the only writer of the response).
-bool daemon::write_choices(answer_state& st, httplib::DataSink& sink) {
+bool daemon::write_choices(answer_state& st, front::body_sink& sink) {
   const completion_request& req = st.request;
   answer_sink out{sink};
   const std::string endpoint = req.chat ? "chat" : "completions";
@@ -294,9 +301,7 @@ bool daemon::write_choices(answer_state& st, httplib::DataSink& sink) {
     st.claim.reset();
     st.more.clear();
     count_request(endpoint, 200);
-    out.write(req.stream ? "data: " + dump(ae.body()) + "\n\n" : dump(ae.body()));
-    if (!out.gone) sink.done();
-    return !out.gone;
+    return send_late_error(out, sink, req.stream, ae);
   };
   try {
     actors::generate_request prefill = generate_request_of(req);
@@ -372,7 +377,6 @@ bool daemon::write_choices(answer_state& st, httplib::DataSink& sink) {
   }
   if (out.gone || stop.load()) {
     metrics_.cancelled();
-    detail::client_gone = true;
     return false;
   }
   uint64_t generated = 0;
@@ -392,12 +396,7 @@ bool daemon::write_choices(answer_state& st, httplib::DataSink& sink) {
   } else {
     out.write(dump(completion_response(req, st.id, st.created, replies)));
   }
-  if (out.gone) {
-    detail::client_gone = true;
-    return false;
-  }
-  sink.done();
-  return true;
+  return finish_response(out, sink);
 }
 
 }  // namespace troupe::http

@@ -53,8 +53,9 @@ daemon_config parse_daemon_config(std::string_view text, const std::string& sour
 
   const toml::table& s = section(root, "server", source);
   check_keys(s,
-             {"host", "port", "api_keys", "api_key_file", "http_threads", "queue_limit", "queue_timeout_s",
-              "request_timeout_s", "read_timeout_s", "write_timeout_s", "max_body_bytes", "shutdown_grace_s"},
+             {"host", "port", "api_keys", "api_key_file", "http_threads", "io_threads", "max_connections", "header_timeout_s",
+              "keep_alive_timeout_s", "keep_alive_max", "queue_limit", "queue_timeout_s", "request_timeout_s",
+              "read_timeout_s", "write_timeout_s", "max_body_bytes", "shutdown_grace_s"},
              "[server]", source);
   server_config& sv = c.server;
   sv.host = get<std::string>(s, "host", sv.host, "server", source);
@@ -76,6 +77,14 @@ daemon_config parse_daemon_config(std::string_view text, const std::string& sour
   }
   constexpr uint64_t u32 = std::numeric_limits<uint32_t>::max();
   sv.http_threads = get<uint32_t>(s, "http_threads", sv.http_threads, "server", source, 4096);
+  sv.io_threads = get<uint32_t>(s, "io_threads", sv.io_threads, "server", source, 64);
+  sv.max_connections = get<uint32_t>(s, "max_connections", sv.max_connections, "server", source, 1u << 20);
+  sv.header_timeout_s = get<uint32_t>(s, "header_timeout_s", sv.header_timeout_s, "server", source, 3600);
+  sv.keep_alive_timeout_s = get<uint32_t>(s, "keep_alive_timeout_s", sv.keep_alive_timeout_s, "server", source, 3600);
+  sv.keep_alive_max = get<uint32_t>(s, "keep_alive_max", sv.keep_alive_max, "server", source, u32);
+  if (sv.io_threads == 0 || sv.max_connections == 0 || sv.header_timeout_s == 0 || sv.keep_alive_max == 0) {
+    fail(source, "server.io_threads, max_connections, header_timeout_s and keep_alive_max must be at least 1", s.source());
+  }
   sv.queue_limit = get<uint32_t>(s, "queue_limit", sv.queue_limit, "server", source, 4096);
   sv.queue_timeout_s = get<uint32_t>(s, "queue_timeout_s", sv.queue_timeout_s, "server", source, u32);
   sv.request_timeout_s = get<uint32_t>(s, "request_timeout_s", sv.request_timeout_s, "server", source, u32);

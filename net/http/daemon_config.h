@@ -6,12 +6,17 @@
 //   port = 8080                   # 0: any free port (printed at startup)
 //   api_keys = []                 # accepted bearer keys; empty (and no api_key_file): no authentication
 //   api_key_file = ""             # a file with one key per line (added to api_keys)
-//   http_threads = 0              # HTTP worker threads; 0: parallel sessions + queue_limit + 4
+//   http_threads = 0              # threads that answer completions; 0: parallel sessions + queue_limit + 4
+//   io_threads = 2                # event-loop threads: every connection's reads and writes
+//   max_connections = 4096        # open connections at once; one more is answered 503 and closed
+//   header_timeout_s = 10         # a request's header must arrive within this
+//   keep_alive_timeout_s = 5      # an idle keep-alive connection is closed after this
+//   keep_alive_max = 1000         # requests per connection
 //   queue_limit = 64              # requests waiting for a free session; more get 503
 //   queue_timeout_s = 60          # longest wait for a free session (then 503)
 //   request_timeout_s = 600       # longest generation; 0: none (then the answer ends with "length")
-//   read_timeout_s = 30           # socket read / write timeouts
-//   write_timeout_s = 30
+//   read_timeout_s = 30           # a request's body must arrive within this
+//   write_timeout_s = 30          # each write of a response must be taken within this
 //   max_body_bytes = 8388608      # largest request body
 //   shutdown_grace_s = 10         # on SIGTERM/SIGINT: how long in-flight answers may finish before cancel
 //
@@ -51,6 +56,11 @@ struct server_config {
   std::vector<std::string> api_keys;
   std::string api_key_file;
   uint32_t http_threads = 0;
+  uint32_t io_threads = 2;
+  uint32_t max_connections = 4096;
+  uint32_t header_timeout_s = 10;
+  uint32_t keep_alive_timeout_s = 5;
+  uint32_t keep_alive_max = 1000;
   uint32_t queue_limit = 64;
   uint32_t queue_timeout_s = 60;
   uint32_t request_timeout_s = 600;

@@ -1,8 +1,6 @@
 // POST /v1/embeddings: OpenAI's request (input: a string, strings, token ids or lists of them;
 // encoding_format float or base64) answered with each input's normalized pooled embedding
 // (runtime/llm/embedding.h), computed on the model's own embeddings context.
-#include <httplib.h>
-
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -70,7 +68,7 @@ void daemon::release_embeddings() {
   }
 }
 
-void daemon::embeddings(const httplib::Request& req, httplib::Response& res) {
+void daemon::embeddings(const front::request& req, front::response& res) {
   try {
     if (stopping_.load()) throw api_error(503, "unavailable_error", "the server is shutting down");
     const embedding_request r = parse_embedding_request(req.body);

@@ -113,6 +113,18 @@ std::string daemon_metrics::render(const std::vector<model_gauges>& models, cons
   os << "# HELP troupe_queue_depth Requests waiting for a free session.\n"
      << "# TYPE troupe_queue_depth gauge\n"
      << "troupe_queue_depth " << queue_depth.load() << "\n";
+  os << "# HELP troupe_http_connections HTTP connections open now.\n"
+     << "# TYPE troupe_http_connections gauge\n"
+     << "troupe_http_connections " << connections.open.load() << "\n"
+     << "# HELP troupe_http_connections_total HTTP connections accepted.\n"
+     << "# TYPE troupe_http_connections_total counter\n"
+     << "troupe_http_connections_total " << connections.accepted.load() << "\n"
+     << "# HELP troupe_http_connections_rejected_total Connections answered 503 over server.max_connections.\n"
+     << "# TYPE troupe_http_connections_rejected_total counter\n"
+     << "troupe_http_connections_rejected_total " << connections.rejected.load() << "\n"
+     << "# HELP troupe_http_timeouts_total Connections closed for a header, body or write deadline.\n"
+     << "# TYPE troupe_http_timeouts_total counter\n"
+     << "troupe_http_timeouts_total " << connections.timed_out.load() << "\n";
   os << "# HELP troupe_model_ready Whether a configured model is loaded and serving.\n"
      << "# TYPE troupe_model_ready gauge\n";
   for (const model_gauges& m : models) os << "troupe_model_ready{model=\"" << label(m.model) << "\"} " << (m.ready ? 1 : 0) << "\n";

@@ -7,6 +7,8 @@
 //   troupe_tokens_per_second                                generated tokens over the last 10 s / 10
 //   troupe_request_duration_seconds{quantile="0.5"|"0.99"}  over the last 1024 completion requests
 //   troupe_requests_in_flight, troupe_queue_depth
+//   troupe_http_connections, troupe_http_connections_total, troupe_http_connections_rejected_total,
+//   troupe_http_timeouts_total                              the front's connections (net/http/front.h)
 //   troupe_sessions{model,state="busy"|"idle"}, troupe_model_ready{model}
 //   troupe_memory_bytes{buft,device,kind}                   the memory breakdown
 //   troupe_decode_batches_total{model}, troupe_decode_steps_total{model}, troupe_decode_batch_max{model}
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "actors/messages.h"
+#include "net/http/front.h"
 
 namespace troupe::http {
 
@@ -54,6 +57,7 @@ class daemon_metrics {
 
   std::atomic<int64_t> in_flight{0};
   std::atomic<int64_t> queue_depth{0};
+  front::connection_counters connections;
 
   uint64_t n_cancelled() const { return cancelled_.load(); }
   uint64_t n_requests(const std::string& endpoint, int status) const;

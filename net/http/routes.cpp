@@ -1,5 +1,3 @@
-#include <httplib.h>
-
 #include <set>
 #include <string>
 
@@ -43,17 +41,50 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
 
 }  // namespace
 
-void daemon::routes() {
-  middleware();
-  httplib::Server& s = *svr_;
-  s.Get("/", [](const httplib::Request&, httplib::Response& res) {
+void daemon::handle(const front::request& req, front::response& res) {
+  detail::request_start = clock_type::now();
+  detail::request_counted = false;
+  try {
+    // The page is public (it asks for the key and sends it with its API calls); the API is not.
+    const std::vector<std::string>& keys = cfg_.server.api_keys;
+    const bool open = keys.empty() || req.path == "/health" || (req.path == "/" && req.method == "GET");
+    bool ok = open;
+    const std::string auth = open ? std::string() : req.header("Authorization");
+    constexpr std::string_view bearer = "Bearer ";
+    if (!ok && auth.size() > bearer.size() && std::string_view(auth).substr(0, bearer.size()) == bearer) {
+      const std::string_view given = std::string_view(auth).substr(bearer.size());
+      for (const std::string& k : keys) ok |= constant_time_equal(given, k);
+    }
+    if (ok) {
+      route(req, res);
+    } else {
+      send_error(res, api_error(401, "invalid_request_error",
+                                auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'" : "invalid API key",
+                                {}, "invalid_api_key"));
+    }
+  } catch (const std::exception& e) {
+    TROUPE_LOG(error, "http: " << req.method << " " << req.path << ": " << e.what());
+    res = front::response{};
+    send_error(res, api_error(500, "server_error", e.what()));
+  }
+  // A response with its body in hand is counted now, before it is written (an answer written by a writer
+  // counts itself before its last chunk, write_answer).
+  if (!res.writer) count_request(endpoint_of(req.path), res.status);
+}
+
+void daemon::route(const front::request& req, front::response& res) {
+  const bool get = req.method == "GET" || req.method == "HEAD";
+  const bool post = req.method == "POST";
+  const std::string& p = req.path;
+  if (get && p == "/") {
     res.set_header("Cache-Control", "no-cache");
     res.set_header("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'");
-    res.set_content(web_page.data(), web_page.size(), "text/html; charset=utf-8");
-  });
-  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) { health(res); });
-  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { list_models(res); });
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(std::string(web_page), "text/html; charset=utf-8");
+  } else if (get && p == "/health") {
+    health(res);
+  } else if (get && p == "/v1/models") {
+    list_models(res);
+  } else if (get && p == "/metrics") {
     actors::memory_breakdown mem;
     std::vector<actors::sched_stats> sched;
     try {
@@ -63,87 +94,40 @@ void daemon::routes() {
       TROUPE_LOG(warn, "metrics: " << e.what());
     }
     res.set_content(metrics_.render(gauges(), mem, sched), "text/plain; version=0.0.4");
-  });
-  s.Get("/v1/memory", [this](const httplib::Request&, httplib::Response& res) {
+  } else if (get && p == "/v1/memory") {
     res.set_content(eng_.memory().json, "application/json");
-  });
-  s.Get("/v1/cluster", [this](const httplib::Request&, httplib::Response& res) {
+  } else if (get && p == "/v1/cluster") {
     if (!cluster_status_) {
       send_error(res, api_error(404, "invalid_request_error", "this daemon coordinates no cluster (no [cluster] table)", {},
                                 "not_found"));
       return;
     }
     res.set_content(cluster_status_(), "application/json");
-  });
-  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { complete(true, req, res); });
-  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { complete(false, req, res); });
-  s.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res) { embeddings(req, res); });
+  } else if (post && p == "/v1/chat/completions") {
+    complete(true, req, res);
+  } else if (post && p == "/v1/completions") {
+    complete(false, req, res);
+  } else if (post && p == "/v1/embeddings") {
+    embeddings(req, res);
+  } else {
+    send_error(res, api_error(404, "invalid_request_error", "no route " + req.method + " " + req.path, {}, "not_found"));
+  }
 }
 
-void daemon::middleware() {
-  httplib::Server& s = *svr_;
-  const std::vector<std::string>& keys = cfg_.server.api_keys;
+std::string daemon::front_error(const front::request& req, int status, const std::string& message) {
+  metrics_.request_done(endpoint_of(req.path), status, 0);
+  if (cfg_.logging.access_log) {
+    TROUPE_LOG(info, "http: " << req.remote_addr << " " << (req.method.empty() ? "-" : req.method) << " "
+                              << (req.path.empty() ? "-" : req.path) << " " << status << " (" << message << ")");
+  }
+  return dump(api_error(status, status == 503 ? "unavailable_error" : "invalid_request_error", message).body());
+}
 
-  s.set_pre_routing_handler([this, &keys](const httplib::Request& req, httplib::Response& res) {
-    detail::request_start = clock_type::now();
-    detail::client_gone = false;
-    detail::request_counted = false;
-    // The page is public (it asks for the key and sends it with its API calls); the API is not.
-    const bool open = keys.empty() || req.path == "/health" || (req.path == "/" && req.method == "GET");
-    if (open) return httplib::Server::HandlerResponse::Unhandled;
-    const std::string auth = req.get_header_value("Authorization");
-    constexpr std::string_view bearer = "Bearer ";
-    bool ok = false;
-    if (auth.size() > bearer.size() && std::string_view(auth).substr(0, bearer.size()) == bearer) {
-      const std::string_view given = std::string_view(auth).substr(bearer.size());
-      for (const std::string& k : keys) ok |= constant_time_equal(given, k);
-    }
-    if (ok) return httplib::Server::HandlerResponse::Unhandled;
-    send_error(res, api_error(401, "invalid_request_error",
-                              auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'" : "invalid API key",
-                              {}, "invalid_api_key"));
-    return httplib::Server::HandlerResponse::Handled;
-  });
-
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty() || res.status < 400) return;
-    if (res.status == 404) {
-      send_error(res, api_error(404, "invalid_request_error", "no route " + req.method + " " + req.path, {}, "not_found"));
-    } else if (res.status == 413) {
-      send_error(res, api_error(413, "invalid_request_error", "the request body is too large"));
-    } else {
-      send_error(res, api_error(res.status, "invalid_request_error", "bad request (HTTP " + std::to_string(res.status) + ")"));
-    }
-  });
-
-  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "internal error";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    TROUPE_LOG(error, "http: " << what);
-    send_error(res, api_error(500, "server_error", what));
-  });
-
-  // Before the response is written: a response with its body in hand is counted now (an answer written by
-  // a content provider counts itself before its last chunk, write_answer).
-  s.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.is_chunked_content_provider_) count_request(endpoint_of(req.path), res.status);
-  });
-
-  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    const double secs = std::chrono::duration<double>(clock_type::now() - detail::request_start).count();
-    const int status = detail::client_gone ? 499 : res.status;  // 499: the client closed the connection (nginx)
-    count_request(endpoint_of(req.path), status);  // a no-op unless nothing counted it yet (a client gone)
-    detail::request_counted = false;
-    if (cfg_.logging.access_log) {
-      TROUPE_LOG(info, "http: " << req.remote_addr << " " << req.method << " " << req.path << " " << status << " "
-                                << static_cast<int64_t>(secs * 1000) << " ms");
-    }
-  });
+void daemon::access_log(const front::request& req, int status, double seconds) {
+  if (!cfg_.logging.access_log) return;
+  // 499: the client closed the connection before the answer's end (nginx's code).
+  TROUPE_LOG(info, "http: " << req.remote_addr << " " << req.method << " " << req.path << " " << status << " "
+                            << static_cast<int64_t>(seconds * 1000) << " ms");
 }
 
 void daemon::count_request(const std::string& endpoint, int status) {
@@ -152,7 +136,7 @@ void daemon::count_request(const std::string& endpoint, int status) {
   metrics_.request_done(endpoint, status, std::chrono::duration<double>(clock_type::now() - detail::request_start).count());
 }
 
-void daemon::health(httplib::Response& res) const {
+void daemon::health(front::response& res) const {
   json j;
   json models = json::array();
   size_t ready = 0;
@@ -179,7 +163,7 @@ void daemon::health(httplib::Response& res) const {
   res.set_content(dump(j), "application/json");
 }
 
-void daemon::list_models(httplib::Response& res) const {
+void daemon::list_models(front::response& res) const {
   json data = json::array();
   for (const auto& ms : models_) {
     if (!ms->loaded.load()) continue;

@@ -14,26 +14,42 @@ namespace troupe::http {
 
 using detail::clock_type;
 
-daemon::daemon(engine& eng, daemon_config cfg) : eng_(eng), cfg_(std::move(cfg)), svr_(std::make_unique<listener>()) {
+daemon::daemon(engine& eng, daemon_config cfg) : eng_(eng), cfg_(std::move(cfg)) {
   for (const actors::model_settings& m : cfg_.runtime.models) {
     auto ms = std::make_unique<model_slots>();
     ms->config = m;
     ms->slots = std::max<uint32_t>(1, m.n_seq_max);
     models_.push_back(std::move(ms));
   }
-  uint32_t threads = cfg_.server.http_threads;
+  const server_config& sv = cfg_.server;
+  uint32_t threads = sv.http_threads;
   if (threads == 0) {
+    // Every session and every queue place has a thread to wait and write on.
     uint32_t slots = 0;
     for (const auto& ms : models_) slots += ms->slots;
-    threads = slots + cfg_.server.queue_limit + 4;
+    threads = slots + sv.queue_limit + 4;
   }
-  svr_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  svr_->set_read_timeout(static_cast<time_t>(cfg_.server.read_timeout_s), 0);
-  svr_->set_write_timeout(static_cast<time_t>(cfg_.server.write_timeout_s), 0);
-  svr_->set_payload_max_length(cfg_.server.max_body_bytes);
-  svr_->set_tcp_nodelay(true);
-  svr_->set_keep_alive_max_count(1000);
-  routes();
+  front::options o;
+  o.host = sv.host;
+  o.port = sv.port;
+  o.io_threads = sv.io_threads;
+  o.worker_threads = threads;
+  o.max_connections = sv.max_connections;
+  o.header_timeout_s = sv.header_timeout_s;
+  o.keep_alive_timeout_s = sv.keep_alive_timeout_s;
+  o.keep_alive_max = sv.keep_alive_max;
+  o.read_timeout_s = sv.read_timeout_s;
+  o.write_timeout_s = sv.write_timeout_s;
+  o.max_body_bytes = sv.max_body_bytes;
+  o.counters = &metrics_.connections;
+  front::handlers h;
+  h.handle = [this](const front::request& req, front::response& res) { handle(req, res); };
+  h.error = [this](const front::request& req, int status, const std::string& message) { return front_error(req, status, message); };
+  h.heavy = [](const front::request& req) {
+    return req.path == "/v1/chat/completions" || req.path == "/v1/completions" || req.path == "/v1/embeddings";
+  };
+  h.log = [this](const front::request& req, int status, double seconds) { access_log(req, status, seconds); };
+  svr_ = std::make_unique<front::server>(std::move(o), std::move(h));
 }
 
 daemon::~daemon() {
@@ -42,22 +58,12 @@ daemon::~daemon() {
 }
 
 int daemon::bind() {
-  const std::string& host = cfg_.server.host;
-  if (cfg_.server.port == 0) {
-    port_ = svr_->bind_to_any_port(host);
-  } else {
-    port_ = svr_->bind_to_port(host, cfg_.server.port) ? cfg_.server.port : -1;
-  }
-  if (port_ < 0) {
-    throw error("cannot listen on " + host + ":" + std::to_string(cfg_.server.port) +
-                " (address in use, or not an address of this machine)");
-  }
-  svr_->raise_backlog();
+  port_ = svr_->bind();
   return port_;
 }
 
 void daemon::serve() {
-  svr_->listen_after_bind();
+  svr_->run();
   finish_stop();
 }
 

@@ -8,11 +8,17 @@
 //   ...  d.stop();                      // from any thread (the signal watcher)
 //
 // Files: server.cpp (binding, loading, stopping), routes.cpp (authentication, errors, access log, the
-// reporting routes), completion.cpp (the completions), session_pool.h (a model's sessions and queue).
+// reporting routes), completion.cpp (the completions), session_pool.h (a model's sessions and queue),
+// front.h (the HTTP/1.1 event loop every connection lives on: deadlines, the connection limit).
 //
 // Routes: POST /v1/chat/completions, POST /v1/completions (streaming as server-sent events or not), GET
 // /v1/models, GET /health, GET /metrics (Prometheus), GET /v1/memory (the memory breakdown as JSON). Every
 // route but /health needs a bearer key when keys are configured.
+//
+// Connections: an event loop (server.io_threads) holds every connection and reads each request whole
+// under deadlines; idle and slow clients hold no thread. A request that has arrived goes to a worker: the
+// completions and embeddings to a pool of http_threads, the rest (/health, /metrics, ...) to a pool of
+// their own. Beyond server.max_connections a connection is answered 503 and closed.
 //
 // Concurrency: each model has n_seq_max sessions (its parallel slots), opened on first use and reused (a
 // session keeps its conversation's cached prefix). A request takes a free session or waits for one in a
@@ -39,14 +45,8 @@
 
 #include "actors/runtime.h"
 #include "net/http/daemon_config.h"
+#include "net/http/front.h"
 #include "net/http/metrics.h"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-class DataSink;
-}  // namespace httplib
 
 namespace troupe::http {
 
@@ -89,24 +89,25 @@ class daemon {
   std::vector<model_gauges> gauges() const;
 
  private:
-  class listener;
   struct answer_state;  // one completion's request, session and progress (completion.cpp)
 
-  // The routes (routes.cpp): authentication, errors and the access log (middleware), and the routes that
-  // report.
-  void routes();
-  void middleware();
-  void health(httplib::Response& res) const;
-  void list_models(httplib::Response& res) const;
-  // A completion request (completion.cpp): checked and given a session, then answered from the response's
-  // content provider.
-  void complete(bool chat, const httplib::Request& req, httplib::Response& res);
-  void embeddings(const httplib::Request& req, httplib::Response& res);
+  // The routes (routes.cpp): every request that arrived (authentication, routing, counting), the errors the
+  // front answers itself, the access log, and the routes that report.
+  void handle(const front::request& req, front::response& res);
+  void route(const front::request& req, front::response& res);
+  std::string front_error(const front::request& req, int status, const std::string& message);
+  void access_log(const front::request& req, int status, double seconds);
+  void health(front::response& res) const;
+  void list_models(front::response& res) const;
+  // A completion request (completion.cpp): checked and given a session, then answered by the response's
+  // writer.
+  void complete(bool chat, const front::request& req, front::response& res);
+  void embeddings(const front::request& req, front::response& res);
   // Frees the models' embeddings contexts (and their memory's record), before the models unload.
   void release_embeddings();
   std::shared_ptr<answer_state> begin_answer(bool chat, const std::string& body);
-  bool write_choices(answer_state& st, httplib::DataSink& sink);
-  bool write_answer(answer_state& st, httplib::DataSink& sink);
+  bool write_choices(answer_state& st, front::body_sink& sink);
+  bool write_answer(answer_state& st, front::body_sink& sink);
   // Counts the request being handled on this thread (once): before its response's last byte leaves, so a
   // client that has its answer finds it in /metrics.
   void count_request(const std::string& endpoint, int status);
@@ -118,7 +119,7 @@ class daemon {
   // The settings s loads with: placed by placement_ for placement = "cluster".
   actors::model_settings placed(const actors::model_settings& s, bool first);
   daemon_config cfg_;
-  std::unique_ptr<listener> svr_;
+  std::unique_ptr<front::server> svr_;
   std::vector<std::unique_ptr<model_slots>> models_;
   daemon_metrics metrics_;
   std::atomic<bool> ready_{false};
