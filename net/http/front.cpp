@@ -3,6 +3,8 @@
 #include <sys/resource.h>
 
 #include <array>
+#include <cctype>
+#include <cstdio>
 #include <boost/asio.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
