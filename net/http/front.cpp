@@ -13,7 +13,9 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <unordered_set>
+#include <utility>
 
 #include "runtime/error.h"
 #include "runtime/log.h"
@@ -58,7 +60,74 @@ bool is_parse_error(const error_code& ec) {
   return ec.category() == beast_ec.category() && ec != bh::error::end_of_stream && ec != bh::error::partial_message;
 }
 
+using message = bh::request<bh::string_body>;
+
+// A request as handlers see it, from Beast's message.
+request to_request(message&& msg, const std::string& remote) {
+  request r;
+  r.method = str(msg.method_string());
+  const std::string target = str(msg.target());
+  const size_t q = target.find('?');
+  r.path = target.substr(0, q);
+  if (q != std::string::npos) r.query = target.substr(q + 1);
+  for (const auto& f : msg) r.headers.emplace_back(str(f.name_string()), str(f.value()));
+  r.body = std::move(msg.body());
+  r.remote_addr = remote;
+  return r;
+}
+
+std::string body_too_large(uint64_t length, const options& o) {
+  return "the request body is too large (" + std::to_string(length) + " bytes; at most " + std::to_string(o.max_body_bytes) + ")";
+}
+
+// The status and message a failed read of a request's bytes is answered with; status 0: the connection
+// ended (closed, reset, cancelled), nothing to answer.
+std::pair<int, std::string> read_refusal(const error_code& ec, const options& o) {
+  if (ec == bh::error::header_limit) return {431, "the request header is larger than " + std::to_string(o.max_header_bytes) + " bytes"};
+  if (ec == bh::error::body_limit) return {413, "the request body is larger than " + std::to_string(o.max_body_bytes) + " bytes"};
+  if (is_parse_error(ec)) return {400, "malformed HTTP request: " + ec.message()};
+  return {0, {}};
+}
+
 }  // namespace
+
+parse_outcome parse(std::string_view bytes, const options& opts) {
+  parse_outcome out;
+  while (!bytes.empty()) {
+    bh::request_parser<bh::string_body> p;
+    p.header_limit(opts.max_header_bytes);
+    p.body_limit(opts.max_body_bytes);
+    error_code ec;
+    bool header_checked = false;
+    while (!p.is_done()) {
+      const size_t used = bytes.empty() ? 0 : p.put(asio::buffer(bytes.data(), bytes.size()), ec);
+      bytes.remove_prefix(used);
+      if (ec && ec != bh::error::need_more) {
+        std::tie(out.status, out.message) = read_refusal(ec, opts);
+        return out;
+      }
+      ec = {};
+      if (p.is_header_done() && !header_checked) {
+        header_checked = true;
+        const auto length = p.content_length();
+        if (length && *length > opts.max_body_bytes) {
+          out.status = 413;
+          out.message = body_too_large(*length, opts);
+          return out;
+        }
+        p.eager(true);
+      } else if (used == 0 && !p.is_done()) {
+        out.complete = false;  // what is left is not yet a whole header, or the body goes on
+        return out;
+      }
+    }
+    message msg = p.release();
+    const bool keep_alive = msg.keep_alive() && out.requests.size() + 1 < opts.keep_alive_max;
+    out.requests.push_back(to_request(std::move(msg), ""));
+    if (!keep_alive) break;  // the connection would close after answering it
+  }
+  return out;
+}
 
 std::string request::header(std::string_view name) const {
   for (const auto& [k, v] : headers) {
@@ -134,14 +203,23 @@ class connection : public std::enable_shared_from_this<connection> {
   asio::any_io_executor executor() { return sock_.get_executor(); }
 
  private:
-  void arm(uint32_t seconds, bool counts) {
+  // What a deadline ends: a read (header or body: the read is cancelled, and on_read_error answers 408
+  // when a request had begun), a write (the connection is closed, counted), or the drain after an error.
+  enum class deadline { read, write, drain };
+  void arm(uint32_t seconds, deadline kind) {
     const uint64_t gen = ++timer_gen_;
+    expired_ = false;
     timer_.expires_after(std::chrono::seconds(seconds));
-    timer_.async_wait([self = shared_from_this(), gen, counts](const error_code& ec) {
+    timer_.async_wait([self = shared_from_this(), gen, kind](const error_code& ec) {
       if (ec || gen != self->timer_gen_) return;
-      if (counts) self->srv_.counters.timed_out.fetch_add(1);
       error_code ignore;
-      self->sock_.close(ignore);  // the pending read or write ends with an error
+      if (kind == deadline::read) {
+        self->expired_ = true;
+        self->sock_.cancel(ignore);  // the pending read ends with operation_aborted
+        return;
+      }
+      if (kind == deadline::write) self->srv_.counters.timed_out.fetch_add(1);
+      self->sock_.close(ignore);  // the pending write or drain ends with an error
     });
   }
   void disarm() {
@@ -161,7 +239,7 @@ class connection : public std::enable_shared_from_this<connection> {
     parser_.emplace();
     parser_->header_limit(opts_.max_header_bytes);
     parser_->body_limit(opts_.max_body_bytes);
-    arm(served_ == 0 ? opts_.header_timeout_s : opts_.keep_alive_timeout_s + opts_.header_timeout_s, true);
+    arm(served_ == 0 ? opts_.header_timeout_s : opts_.keep_alive_timeout_s + opts_.header_timeout_s, deadline::read);
     bh::async_read_header(sock_, buf_, *parser_, [self = shared_from_this()](const error_code& ec, size_t) { self->on_header(ec); });
   }
 
@@ -172,13 +250,12 @@ class connection : public std::enable_shared_from_this<connection> {
     const auto& hdr = parser_->get();
     const auto length = parser_->content_length();
     if (length && *length > opts_.max_body_bytes) {
-      return reply_error(413, "the request body is too large (" + std::to_string(*length) + " bytes; at most " +
-                                  std::to_string(opts_.max_body_bytes) + ")");
+      return reply_error(413, body_too_large(*length, opts_));
     }
     if (parser_->is_done()) return dispatch();
     if (iequals(str(hdr[bh::field::expect]), "100-continue")) {
       static const std::string go_on = "HTTP/1.1 100 Continue\r\n\r\n";
-      arm(opts_.write_timeout_s, true);
+      arm(opts_.write_timeout_s, deadline::write);
       asio::async_write(sock_, asio::buffer(go_on), [self = shared_from_this()](const error_code& wec, size_t) {
         self->disarm();
         if (wec) return self->shutdown();
@@ -190,7 +267,7 @@ class connection : public std::enable_shared_from_this<connection> {
   }
 
   void read_body() {
-    arm(opts_.read_timeout_s, true);
+    arm(opts_.read_timeout_s, deadline::read);
     bh::async_read(sock_, buf_, *parser_, [self = shared_from_this()](const error_code& ec, size_t) {
       self->disarm();
       if (ec) return self->on_read_error(ec);
@@ -199,13 +276,20 @@ class connection : public std::enable_shared_from_this<connection> {
   }
 
   void on_read_error(const error_code& ec) {
-    if (ec == bh::error::header_limit) {
-      return reply_error(431, "the request header is larger than " + std::to_string(opts_.max_header_bytes) + " bytes");
+    if (std::exchange(expired_, false)) {
+      // A deadline passed. A request that had begun (bytes of it arrived) is answered 408; a connection
+      // that sent nothing more closes quietly, as browsers expect of their preconnections and of keep-alive
+      // (a 408 there would be read as the answer to the next request they send).
+      const bool header_done = parser_ && parser_->is_header_done();
+      if (served_ == 0 || header_done || buf_.size() > 0) srv_.counters.timed_out.fetch_add(1);
+      if (!header_done && buf_.size() == 0) return shutdown();
+      return reply_error(408, header_done ? "the request body did not arrive within " + std::to_string(opts_.read_timeout_s) +
+                                                " s (server.read_timeout_s)"
+                                          : "the request header did not arrive within " + std::to_string(opts_.header_timeout_s) +
+                                                " s (server.header_timeout_s)");
     }
-    if (ec == bh::error::body_limit) {
-      return reply_error(413, "the request body is larger than " + std::to_string(opts_.max_body_bytes) + " bytes");
-    }
-    if (is_parse_error(ec)) return reply_error(400, "malformed HTTP request: " + ec.message());
+    auto [status, why] = read_refusal(ec, opts_);
+    if (status != 0) return reply_error(status, why);
     shutdown();  // the client closed, a deadline passed, or the server stops
   }
 
@@ -231,13 +315,13 @@ class connection : public std::enable_shared_from_this<connection> {
     auto out = std::make_shared<std::string>("HTTP/1.1 " + std::to_string(status) + " " + reason(status) +
                                              "\r\nContent-Type: application/json\r\nContent-Length: " +
                                              std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
-    arm(opts_.write_timeout_s, true);
+    arm(opts_.write_timeout_s, deadline::write);
     asio::async_write(sock_, asio::buffer(*out), [self = shared_from_this(), out](const error_code& ec, size_t) {
       self->disarm();
       if (ec) return self->shutdown();
       error_code ignore;
       self->sock_.shutdown(tcp::socket::shutdown_send, ignore);
-      self->arm(1, false);
+      self->arm(1, deadline::drain);
       self->drain();
     });
   }
@@ -251,19 +335,12 @@ class connection : public std::enable_shared_from_this<connection> {
 
   // The request has arrived: a worker answers it.
   void dispatch() {
-    auto msg = parser_->release();
-    auto req = std::make_shared<request>();
-    req->method = str(msg.method_string());
-    const std::string target = str(msg.target());
-    const size_t q = target.find('?');
-    req->path = target.substr(0, q);
-    if (q != std::string::npos) req->query = target.substr(q + 1);
-    for (const auto& f : msg) req->headers.emplace_back(str(f.name_string()), str(f.value()));
-    req->body = std::move(msg.body());
-    req->remote_addr = remote_;
-    ++served_;
-    const bool keep_alive = msg.keep_alive() && served_ < opts_.keep_alive_max;
+    message msg = parser_->release();
+    const bool keep_alive_asked = msg.keep_alive();
     const bool http10 = msg.version() < 11;
+    auto req = std::make_shared<request>(to_request(std::move(msg), remote_));
+    ++served_;
+    const bool keep_alive = keep_alive_asked && served_ < opts_.keep_alive_max;
     asio::thread_pool& pool = !srv_.h.heavy || srv_.h.heavy(*req) ? *srv_.heavy_pool : *srv_.light_pool;
     asio::post(pool, [self = shared_from_this(), req, keep_alive, http10] { self->exchange(*req, keep_alive, http10); });
   }
@@ -297,6 +374,7 @@ class connection : public std::enable_shared_from_this<connection> {
   uint64_t timer_gen_ = 0;
   uint32_t served_ = 0;
   bool busy_ = false;
+  bool expired_ = false;  // a read deadline passed (set by the timer, read by the read's handler)
   const bool rejected_;
   std::atomic<bool> gone_{false};
 };
@@ -308,7 +386,7 @@ bool connection::write_wait(std::string data) {
   auto buf = std::make_shared<std::string>(std::move(data));
   asio::post(sock_.get_executor(), [self = shared_from_this(), buf, done] {
     if (!self->sock_.is_open()) return done->set_value(false);
-    self->arm(self->opts_.write_timeout_s, true);
+    self->arm(self->opts_.write_timeout_s, deadline::write);
     asio::async_write(self->sock_, asio::buffer(*buf), [self, buf, done](const error_code& ec, size_t) {
       self->disarm();
       done->set_value(!ec);

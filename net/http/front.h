@@ -11,9 +11,10 @@
 // Limits (front::options): at most max_connections open at once (one more is answered 503 and closed); a
 // request's header must arrive within header_timeout_s (a keep-alive connection waits keep_alive_timeout_s
 // for its next request first) and its body within read_timeout_s; a response chunk that cannot be written
-// within write_timeout_s ends the connection; keep_alive_max requests per connection. Headers over
-// max_header_bytes: 431; bodies over max_body_bytes: 413; malformed requests: 400; each a JSON body made
-// by handlers::error, then the connection is closed.
+// within write_timeout_s ends the connection; keep_alive_max requests per connection. A request whose
+// header or body misses its deadline is answered 408 and closed (a connection that sent nothing of its next
+// request is closed quietly). Headers over max_header_bytes: 431; bodies over max_body_bytes: 413; malformed
+// requests: 400; each a JSON body made by handlers::error, then the connection is closed.
 //
 // Workers: handlers::heavy says which requests go to the `worker_threads` pool (the completions: a handler
 // there may wait for a session and write its answer for minutes); the rest (health, metrics, the listing
@@ -114,6 +115,17 @@ struct handlers {
   // After an exchange's last byte was written or the client went away (status 499), with its duration.
   std::function<void(const request&, int status, double seconds)> log;
 };
+
+// What the front makes of the bytes a client sent on one connection, without a socket (the same parser,
+// limits and conversion as a connection; for the fuzzer and tests): the requests they hold in order, up to
+// the first the front would refuse, or the one after which the connection would close.
+struct parse_outcome {
+  std::vector<request> requests;
+  int status = 0;  // the refusal (400, 413, 431) that ended the bytes; 0: none
+  std::string message;
+  bool complete = true;  // false: the bytes end inside a request
+};
+parse_outcome parse(std::string_view bytes, const options& opts);
 
 class server {
  public:

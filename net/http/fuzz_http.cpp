@@ -1,17 +1,19 @@
-// libFuzzer entry point for the daemon's request validation: the OpenAI JSON of /v1/chat/completions,
+// libFuzzer entry point for the daemon's request reading and validation: the bytes of a connection as the
+// HTTP front parses them (first byte 0xf0 and above), the OpenAI JSON of /v1/chat/completions,
 // /v1/completions and /v1/embeddings, the tools rendered for both syntaxes, the grammars those requests
 // compile (response_format, grammar, forced tool calls), the answers' tool-call parsing, and GBNF / JSON
 // Schema directly. Build with clang (see net/http/CMakeLists.txt):
 //   CXX=clang++ cmake -S . -B build-fuzz -DTROUPE_FUZZ=ON -DTROUPE_CUDA=OFF -DTROUPE_VULKAN=OFF
 //   cmake --build build-fuzz --target fuzz_http
 //   ./build-fuzz/net/http/fuzz_http -max_len=8192 -dict=tests/fuzz/http.dict tests/fuzz/http/
-// The first byte picks the surface. Any input must be accepted or refused with api_error / grammar_error;
+// The first byte picks the surface (below 0xf0: its value modulo 8). Any input must be accepted or refused with api_error / grammar_error;
 // anything else (another exception, a sanitizer report, a crash, a hang) is a bug.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
+#include "net/http/front.h"
 #include "net/http/openai.h"
 #include "runtime/llm/grammar.h"
 #include "runtime/llm/tool_calls.h"
@@ -47,11 +49,37 @@ void grammar_text(std::string_view text) {
   (void)m.bytes_to_end();
 }
 
+// A connection's bytes through the front's parser; the requests it yields go on to the validation.
+void connection_bytes(std::string_view bytes) {
+  http::front::options o;
+  o.max_header_bytes = 4096;
+  o.max_body_bytes = 16384;
+  o.keep_alive_max = 64;
+  const http::front::parse_outcome out = http::front::parse(bytes, o);
+  if (out.status != 0 && out.status != 400 && out.status != 413 && out.status != 431) __builtin_trap();
+  if ((out.status == 0) != out.message.empty()) __builtin_trap();
+  for (const http::front::request& r : out.requests) {
+    if (r.method.empty() || r.path.find('?') != std::string::npos || r.body.size() > o.max_body_bytes) __builtin_trap();
+    (void)r.header("Authorization");
+    if (r.method == "POST" && (r.path == "/v1/chat/completions" || r.path == "/v1/completions")) {
+      try {
+        request(r.body, r.path == "/v1/chat/completions", "chatml");
+      } catch (const http::api_error&) {
+      } catch (const llm::grammar_error&) {
+      }
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string_view in(reinterpret_cast<const char*>(data) + 1, size - 1);
+  if (data[0] >= 0xf0) {
+    connection_bytes(in);
+    return 0;
+  }
   try {
     switch (data[0] % 8) {
       case 0: request(in, true, "chatml"); break;
