@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <optional>
@@ -58,8 +59,17 @@ actors::generate_request generate_request_of(const completion_request& r) {
   return gr;
 }
 
-// An answer's error after its status line (200) went out: a stream event, or the whole body.
-bool send_late_error(answer_sink& out, front::body_sink& sink, bool stream, const api_error& e) {
+// An answer's error: its own status while nothing of the answer went out (a plain answer's heartbeat
+// spaces and a stream's first event take that chance away); after that, a last stream event or the whole
+// body of the 200. Returns whether it was written, and the status the client saw (for the metrics, which
+// count the request before its last byte).
+bool send_error_answer(answer_sink& out, front::body_sink& sink, bool stream, const api_error& e,
+                       const std::function<void(int)>& count) {
+  if (!sink.started()) {
+    count(e.status());
+    return sink.refuse(e.status(), dump(e.body()), "application/json");
+  }
+  count(200);  // the status line went out with the first byte
   out.write(stream ? "data: " + dump(e.body()) + "\n\n" : dump(e.body()));
   return !out.gone && sink.done();
 }
@@ -239,8 +249,7 @@ bool daemon::write_answer(answer_state& st, front::body_sink& sink) {
       const api_error ae = error_for(e);
       TROUPE_LOG(warn, "http: " << st.id << ": " << e.what());
       st.claim.reset();  // the session is free (or closed) before the client hears of it
-      count_request(endpoint, 200);  // the status line went out with the first byte
-      return send_late_error(out, sink, req.stream, ae);
+      return send_error_answer(out, sink, req.stream, ae, [&](int status) { count_request(endpoint, status); });
     }
   }
 
@@ -300,8 +309,7 @@ bool daemon::write_choices(answer_state& st, front::body_sink& sink) {
     TROUPE_LOG(warn, "http: " << st.id << ": " << e.what());
     st.claim.reset();
     st.more.clear();
-    count_request(endpoint, 200);
-    return send_late_error(out, sink, req.stream, ae);
+    return send_error_answer(out, sink, req.stream, ae, [&](int status) { count_request(endpoint, status); });
   };
   try {
     actors::generate_request prefill = generate_request_of(req);

@@ -348,6 +348,7 @@ class connection : public std::enable_shared_from_this<connection> {
   // On a worker: the handler's answer, written out; then the next request (keep-alive) or the end.
   void exchange(const request& req, bool keep_alive, bool http10);
 
+ public:
   // The status line and header of a response.
   std::string head(const response& res, bool keep_alive, bool chunked, std::optional<size_t> length) const {
     std::string h = "HTTP/1.1 " + std::to_string(res.status) + " " + reason(res.status) + "\r\n";
@@ -363,6 +364,7 @@ class connection : public std::enable_shared_from_this<connection> {
     return h + "\r\n";
   }
 
+ private:
   server::impl& srv_;
   const options& opts_;
   tcp::socket sock_;
@@ -398,22 +400,24 @@ bool connection::write_wait(std::string data) {
 
 namespace {
 
-// A writer's chunks: chunked transfer encoding, or (HTTP/1.0) the bytes as they are until the close.
+// A writer's chunks: chunked transfer encoding, or (HTTP/1.0) the bytes as they are until the close. The
+// response's head waits for the first chunk (or the end), so that a writer can still refuse.
 class chunk_sink final : public body_sink {
  public:
-  chunk_sink(connection& c, bool chunked) : c_(c), chunked_(chunked) {}
+  chunk_sink(connection& c, const response& res, bool keep_alive, bool chunked)
+      : c_(c), res_(res), keep_alive_(keep_alive), chunked_(chunked) {}
   bool write(std::string_view data) override {
     if (failed_ || finished_) return false;
     if (data.empty()) return true;
-    std::string out;
+    std::string out = take_head();
     if (chunked_) {
       char size[32];
       std::snprintf(size, sizeof size, "%zx\r\n", data.size());
-      out = size;
+      out += size;
       out.append(data);
       out += "\r\n";
     } else {
-      out.assign(data);
+      out.append(data);
     }
     failed_ = !c_.write_wait(std::move(out));
     return !failed_;
@@ -422,16 +426,45 @@ class chunk_sink final : public body_sink {
     if (failed_) return false;
     if (finished_) return true;
     finished_ = true;
-    if (chunked_) failed_ = !c_.write_wait("0\r\n\r\n");
+    std::string out = take_head();
+    if (chunked_) out += "0\r\n\r\n";
+    if (!out.empty()) failed_ = !c_.write_wait(std::move(out));
+    return !failed_;
+  }
+  bool started() const override { return head_sent_; }
+  bool refuse(int status, std::string_view body, std::string_view content_type) override {
+    if (head_sent_ || failed_ || finished_) return false;
+    head_sent_ = true;
+    finished_ = true;
+    response r;
+    r.status = status;
+    r.content_type = content_type;
+    r.headers = res_.headers;
+    status_ = status;
+    std::string out = c_.head(r, keep_alive_, false, body.size());
+    out.append(body);
+    failed_ = !c_.write_wait(std::move(out));
     return !failed_;
   }
   bool finished() const { return finished_ && !failed_; }
+  int status() const { return status_; }
+  bool failed() const { return failed_; }
 
  private:
+  std::string take_head() {
+    if (head_sent_) return {};
+    head_sent_ = true;
+    return c_.head(res_, keep_alive_, chunked_, std::nullopt);
+  }
+
   connection& c_;
+  const response& res_;
+  const bool keep_alive_;
   const bool chunked_;
+  bool head_sent_ = false;
   bool failed_ = false;
   bool finished_ = false;
+  int status_ = 0;  // a refusal's status
 };
 
 }  // namespace
@@ -461,17 +494,21 @@ void connection::exchange(const request& req, bool keep_alive, bool http10) {
     complete = write_wait(std::move(out));
   } else {
     const bool chunked = !http10;
-    keep_alive = keep_alive && chunked;
-    if (write_wait(head(res, keep_alive, chunked, std::nullopt))) {
-      chunk_sink sink(*this, chunked);
-      bool wrote = false;
-      try {
-        wrote = res.writer(sink);
-      } catch (const std::exception& e) {
-        TROUPE_LOG(error, "http: " << req.method << " " << req.path << ": writing the answer: " << e.what());
-      }
-      complete = wrote && sink.finished();
+    chunk_sink sink(*this, res, keep_alive && chunked, chunked);
+    bool wrote = false;
+    try {
+      wrote = res.writer(sink);
+    } catch (const std::exception& e) {
+      TROUPE_LOG(error, "http: " << req.method << " " << req.path << ": writing the answer: " << e.what());
     }
+    if (!sink.started() && !sink.failed()) {
+      // The writer ended without a byte and without an answer of its own (it threw, say): a 500.
+      const std::string why = "the answer could not be written";
+      sink.refuse(500, srv_.h.error ? srv_.h.error(req, 500, why) : why, "application/json");
+    }
+    if (sink.status() != 0) res.status = sink.status();
+    complete = sink.finished() && (wrote || sink.status() != 0);
+    keep_alive = keep_alive && chunked;  // HTTP/1.0: the close marks the body's end
   }
   if (srv_.h.log) {
     srv_.h.log(req, complete ? res.status : 499, std::chrono::duration<double>(clock_type::now() - t0).count());

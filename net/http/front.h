@@ -22,7 +22,9 @@
 //
 // A handler fills a response: a whole body (set_content), or a writer that is called on the same worker
 // thread after the handler returned and writes the body in chunks (chunked transfer encoding; HTTP/1.0:
-// until the connection closes). A write returns false once the client is gone, so a writer can stop.
+// until the connection closes). The head goes out with the first chunk, so a writer that fails before
+// writing anything can still answer an error status (body_sink::refuse). A write returns false once the
+// client is gone, so a writer can stop.
 #pragma once
 
 #include <atomic>
@@ -56,6 +58,13 @@ class body_sink {
   // Ends the body. Without it the connection is closed after the writer returns (the client sees a body
   // cut short).
   virtual bool done() = 0;
+  // Whether anything of the response went out: its status line and header leave with the first chunk, so
+  // until then the writer may still answer otherwise (refuse).
+  virtual bool started() const = 0;
+  // Before anything went out: answers `status` with this whole body instead (a failure before the first
+  // token is a real 503, which clients retry, rather than an error inside a 200). Returns whether it was
+  // written; false, with nothing written, once the body has started.
+  virtual bool refuse(int status, std::string_view body, std::string_view content_type) = 0;
 };
 
 // Writes a response's body; returns whether it was written to the end.

@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -397,4 +398,57 @@ TEST_CASE("front::parse: pipelined requests, chunked bodies, and each refusal wi
   CHECK(big_chunks.status == 413);
   const auto big_header = parse("GET / HTTP/1.1\r\nX: " + std::string(300, 'y') + "\r\n\r\n", o);
   CHECK(big_header.status == 431);
+}
+
+TEST_CASE("front: a writer's head leaves with its first chunk, so a failure before it gets its own status", "[http][front]") {
+  http::front::handlers h;
+  h.handle = [](const http::front::request& req, http::front::response& res) {
+    if (req.path == "/refuse") {
+      res.set_chunked("text/event-stream", [](http::front::body_sink& s) {
+        CHECK_FALSE(s.started());
+        return s.refuse(503, R"({"error":{"message":"down"}})", "application/json");
+      });
+    } else if (req.path == "/late") {
+      res.set_chunked("text/event-stream", [](http::front::body_sink& s) {
+        REQUIRE(s.write("data: a\n\n"));
+        CHECK(s.started());
+        CHECK_FALSE(s.refuse(503, "too late", "text/plain"));
+        return s.write("data: {\"error\": 1}\n\n") && s.done();
+      });
+    } else {
+      res.set_chunked("text/plain", [](http::front::body_sink&) -> bool { throw std::runtime_error("boom"); });
+    }
+  };
+  h.error = [](const http::front::request&, int status, const std::string& message) {
+    return json{{"error", {{"message", message}, {"status", status}}}}.dump();
+  };
+  http::front::server srv(http::front::options{}, h);
+  const int port = srv.bind();
+  std::thread loop([&] { srv.run(); });
+
+  client_socket s(port);
+  REQUIRE(s.send_text("GET /refuse HTTP/1.1\r\nHost: a\r\n\r\n"));
+  const std::string refused = s.read_response();
+  CHECK_THAT(refused, StartsWith("HTTP/1.1 503"));
+  CHECK_THAT(refused, Contains("Content-Type: application/json\r\n"));
+  CHECK_THAT(refused, Contains("Content-Length: 28\r\n"));
+  CHECK_THAT(refused, Contains("Connection: keep-alive"));
+  CHECK_THAT(refused, !Contains("chunked"));
+  CHECK_THAT(refused, Contains("\r\n\r\n{\"error\":{\"message\":\"down\"}}"));
+
+  // The same connection goes on: a writer that started keeps its 200 and ends its body normally.
+  REQUIRE(s.send_text("GET /late HTTP/1.1\r\nHost: a\r\n\r\n"));
+  REQUIRE(s.read_until("0\r\n\r\n"));
+  CHECK_THAT(s.received(), StartsWith("HTTP/1.1 200"));
+  CHECK_THAT(s.received(), Contains("Transfer-Encoding: chunked"));
+  CHECK_THAT(s.received(), Contains("data: a\n\n") && Contains("data: {\"error\": 1}\n\n"));
+
+  client_socket t(port);
+  REQUIRE(t.send_text("GET /throws HTTP/1.1\r\nHost: a\r\n\r\n"));
+  const std::string failed = t.read_response();
+  CHECK_THAT(failed, StartsWith("HTTP/1.1 500"));
+  CHECK_THAT(failed, Contains("the answer could not be written"));
+
+  srv.stop();
+  loop.join();
 }
