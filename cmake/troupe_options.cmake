@@ -3,7 +3,20 @@
 find_package(Threads REQUIRED)
 
 # ---- sanitizers: applied to everything we build, so that tests and libraries agree ----
-if(TROUPE_SANITIZE)
+# TROUPE_SANITIZE: OFF; ON or address: ASan + UBSan; thread: ThreadSanitizer (with CAF built by
+# scripts/build-caf-tsan, found through TROUPE_CAF_ROOT, see actors/CMakeLists.txt).
+string(TOLOWER "${TROUPE_SANITIZE}" troupe_sanitize)
+set(TROUPE_TSAN OFF)
+if(troupe_sanitize STREQUAL "thread")
+  set(TROUPE_TSAN ON)
+  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=thread;-fno-omit-frame-pointer>")
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    # GCC warns that TSan does not model std::atomic_thread_fence (used by Boost.Asio and CAF's headers).
+    add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-Wno-tsan>")
+  endif()
+  add_link_options(-fsanitize=thread)
+elseif(troupe_sanitize STREQUAL "on" OR troupe_sanitize STREQUAL "address" OR troupe_sanitize STREQUAL "yes"
+       OR troupe_sanitize STREQUAL "true" OR troupe_sanitize STREQUAL "1")
   # C and C++ only: nvcc does not take them (the CUDA kernels' host stubs go uninstrumented).
   add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=address,undefined;-fno-omit-frame-pointer;-fno-sanitize-recover=all>")
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
@@ -11,6 +24,8 @@ if(TROUPE_SANITIZE)
     add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-Wno-maybe-uninitialized>")
   endif()
   add_link_options(-fsanitize=address,undefined)
+elseif(TROUPE_SANITIZE)
+  message(FATAL_ERROR "troupe: TROUPE_SANITIZE=${TROUPE_SANITIZE}: use OFF, ON (or address) or thread")
 endif()
 
 # ---- OpenBLAS ----
@@ -75,6 +90,10 @@ function(troupe_target target)
     target_compile_options(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CUDA>:--Werror=all-warnings;-Xcompiler=-Werror>")
   endif()
   get_target_property(kind ${target} TYPE)
+  if(TROUPE_TSAN AND kind STREQUAL "EXECUTABLE")
+    # Every program carries ThreadSanitizer's options and suppressions (cmake/tsan_defaults.cpp).
+    target_sources(${target} PRIVATE ${PROJECT_SOURCE_DIR}/cmake/tsan_defaults.cpp)
+  endif()
   if(NOT kind STREQUAL "EXECUTABLE")
     target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
   else()
