@@ -20,6 +20,7 @@ std::string_view errc_name(errc e) {
     case errc::down: return "down";
     case errc::capacity: return "capacity";
     case errc::refused: return "refused";
+    case errc::unavailable: return "unavailable";
   }
   return "unknown";
 }
@@ -33,6 +34,7 @@ caf::error error_from(const std::exception& e) {
   if (dynamic_cast<const load_cancelled*>(&e) != nullptr) return make_error(errc::cancelled, what);
   if (dynamic_cast<const capacity_error*>(&e) != nullptr) return make_error(errc::capacity, what);
   if (dynamic_cast<const out_of_memory_error*>(&e) != nullptr) return make_error(errc::out_of_memory, what);
+  if (dynamic_cast<const unavailable_error*>(&e) != nullptr) return make_error(errc::unavailable, what);
   if (dynamic_cast<const llm::sampling_error*>(&e) != nullptr) return make_error(errc::bad_request, what);
   return make_error(errc::failed, what);
 }

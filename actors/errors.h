@@ -28,6 +28,7 @@ enum class errc : uint8_t {
   down = 7,           // the actor that would serve this is down
   capacity = 8,       // the context is full
   refused = 9,        // authentication failed (a cluster join with a wrong key)
+  unavailable = 10,   // a device it needs cannot be reached now (its peer is down, the connection was lost)
 };
 
 std::string_view errc_name(errc e);
@@ -37,7 +38,8 @@ constexpr caf::atom_value error_category = caf::atom("troupe");
 
 caf::error make_error(errc code, std::string message);
 // The error for an exception caught at an actor's edge, by its type: out_of_memory_error -> out_of_memory,
-// capacity_error -> capacity, load_cancelled -> cancelled, anything else -> failed.
+// capacity_error -> capacity, load_cancelled -> cancelled, unavailable_error (a peer down or its connection
+// lost) -> unavailable, anything else -> failed.
 caf::error error_from(const std::exception& e);
 // "not_found: no model named 'x'" for troupe's errors, CAF's rendering otherwise.
 std::string describe(const caf::error& e);

@@ -24,9 +24,13 @@ struct session_state {
   bool cancelled = false;
   static inline const char* name = "troupe.session";
 
+  caf::error cancelled_error() const { return make_error(errc::cancelled, "session " + std::to_string(id) + ": answer cancelled"); }
+
   ~session_state() {
     // Terminated mid-answer (shut down, killed): the requester gets an error, never a hang.
-    if (current && !cancelled) promise.deliver(make_error(errc::down, "session " + std::to_string(id) + " terminated"));
+    if (current) {
+      promise.deliver(cancelled ? cancelled_error() : make_error(errc::down, "session " + std::to_string(id) + " terminated"));
+    }
   }
 };
 
@@ -50,7 +54,8 @@ void send_step(session_ptr self) {
           [self](step_logits& l) {
             auto& s = self->state;
             if (!s.current) return;
-            if (s.cancelled) {  // the requester already has its error
+            if (s.cancelled) {  // the step in flight is back: the session is free, the requester hears so
+              s.promise.deliver(s.cancelled_error());
               end_answer(self);
               return;
             }
@@ -82,7 +87,7 @@ void send_step(session_ptr self) {
           [self](const caf::error& e) {
             auto& s = self->state;
             if (!s.current) return;
-            if (!s.cancelled) s.promise.deliver(e);
+            s.promise.deliver(s.cancelled ? s.cancelled_error() : e);
             end_answer(self);
           });
 }
@@ -118,8 +123,9 @@ session_actor::behavior_type session(session_ptr self, std::shared_ptr<const loa
         if (!st.current || st.cancelled) return;
         st.cancelled = true;
         st.current->cancel();
-        st.promise.deliver(make_error(errc::cancelled, "session " + std::to_string(st.id) + ": answer cancelled"));
-        // The step in flight still comes back (end_answer then); the scheduler stops waiting for us now.
+        // The requester hears of it when the step in flight comes back (end_answer then): until then the
+        // session is still answering, and a requester told earlier would hand it to the next request, which
+        // would find it busy. The scheduler stops waiting for this sequence's next step now.
         self->send(st.sched, end_atom_v, st.seq);
       },
       [self](reset_atom) -> caf::result<bool> {

@@ -41,6 +41,13 @@ class backend_error : public error {
   using error::error;
 };
 
+// A device that cannot be reached now: its peer is down, or the connection (and what lived on it) was lost.
+// Trying again later may succeed. Actors report it as errc::unavailable, the daemon as a 503.
+class unavailable_error : public backend_error {
+ public:
+  using backend_error::backend_error;
+};
+
 // A buffer type could not allocate what was asked: the device (or a configured limit) has no room, or the
 // size exceeds the buffer type's max_size. Thrown by buffer types; actors report it as errc::out_of_memory.
 class out_of_memory_error : public backend_error {

@@ -13,7 +13,7 @@ void client::impl::throw_if_down() const {
     std::lock_guard l(down_mu);
     why = down_reason;
   }
-  throw backend_error("peer " + who + " is down" + (why.empty() ? std::string() : ": " + why));
+  throw unavailable_error("peer " + who + " is down" + (why.empty() ? std::string() : ": " + why));
 }
 
 std::unique_lock<std::mutex> client::impl::enter() {
@@ -29,7 +29,7 @@ void client::impl::fail(const std::string& what) {
   closing_reason = msg;
   close_locked();
   if (was_up) notify_lost(msg);
-  throw backend_error(msg);
+  throw unavailable_error(msg);
 }
 
 void client::impl::notify_lost(const std::string& why) {
@@ -72,12 +72,12 @@ void client::impl::ensure_up(bool may_reconnect) {
     connect_locked();
     return;
   }
-  throw backend_error("peer " + who + ": not connected");
+  throw unavailable_error("peer " + who + ": not connected");
 }
 
 void client::impl::check(remote_buffer b) const {
   if (!up || b.epoch != epoch) {
-    throw backend_error("peer " + who + ": buffer " + std::to_string(b.handle) + " was lost when its connection dropped");
+    throw unavailable_error("peer " + who + ": buffer " + std::to_string(b.handle) + " was lost when its connection dropped");
   }
 }
 
@@ -86,7 +86,7 @@ void client::impl::connect_locked() {
   try {
     io.connect(opts);
   } catch (const transport_error& e) {
-    throw backend_error("peer " + who + ": " + e.what());
+    throw unavailable_error("peer " + who + ": " + e.what());
   }
   up = true;  // from here on, fail() closes
   if (opts.debug) TROUPE_LOG(debug, "rpc client " << addr << ": connected" << (opts.tls ? " (TLS)" : ""));

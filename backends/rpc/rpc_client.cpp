@@ -310,7 +310,7 @@ bool client::wait(ticket t, std::chrono::microseconds timeout, int wake_fd) {
         std::rethrow_exception(e);
       }
       if (t.epoch != impl_->epoch || (!impl_->up && t.id >= impl_->first_unread())) {
-        throw backend_error("peer " + impl_->who + ": a graph's reply was lost when its connection dropped");
+        throw unavailable_error("peer " + impl_->who + ": a graph's reply was lost when its connection dropped");
       }
       if (t.id < impl_->first_unread()) return true;
       // Its reply, or one before it, is to come: read what has arrived.

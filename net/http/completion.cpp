@@ -83,7 +83,7 @@ bool finish_response(answer_sink& out, front::body_sink& sink) {
 api_error error_for(const actors::request_error& e) {
   if (e.is(actors::errc::capacity)) return api_error(400, "invalid_request_error", e.what());
   if (e.is(actors::errc::bad_request)) return api_error(400, "invalid_request_error", e.what());
-  if (e.is(actors::errc::down)) return api_error(503, "unavailable_error", e.what());
+  if (e.is(actors::errc::down) || e.is(actors::errc::unavailable)) return api_error(503, "unavailable_error", e.what());
   return api_error(500, "server_error", e.what());
 }
 

@@ -96,6 +96,14 @@ TEST_CASE("a session cancelled mid-answer gets cancelled, and the other session 
   session fresh = eng.open_session("m");
   CHECK(fresh.generate("Once upon a time", generation_params::greedy(16)).tokens == again.tokens);
 
+  // Right after a cancelled answer returns, its session is free: the next answer never finds it busy (the
+  // step in flight when the cancel came is back before the requester hears of the cancel).
+  for (int i = 0; i < 20; ++i) {
+    int n = 0;
+    CHECK(a.generate("Once upon a time", generation_params::greedy(64), [&](std::string_view) { return ++n < 2; }).finish == "cancelled");
+    CHECK(a.generate("Once upon a time", generation_params::greedy(4)).tokens.size() == 4);
+  }
+
   // Cancelling from another thread while the answer runs.
   auto run = std::async(std::launch::async, [&] { return a.generate("Once upon a time", generation_params::greedy(400)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -494,12 +494,13 @@ TEST_CASE("a model placed over two nodes answers as on the CPU, moves to the nod
   // a's peer stops trying its address (no retries for a node that is gone).
   CHECK(d.wait_for_log("peer a (" + a_address + ") parked: node 'a' is down", 5s));
 
-  // b killed too: nowhere to go; requests get 503 naming it (the model waits for a node).
+  // b killed too: nowhere to go; requests get 503 naming it (the model waits for a node). Before the cluster
+  // marks the node down, a request that meets b's lost connection is a 503 naming b's peer.
   b.kill9();
   answer got;
   const bool refused = wait_until([&] {
     got = complete(port, "stories");
-    return got.status == 503;
+    return got.status == 503 && got.text.find("node 'b' is down") != std::string::npos;
   }, 20s);
   INFO(got.text);
   CHECK(refused);

@@ -757,3 +757,26 @@ TEST_CASE("daemon: load test, 16 clients and 200 requests on stories260K, none f
   httplib::Client c("127.0.0.1", d.port());
   CHECK(metric(c, "troupe_requests_total{endpoint=\"chat\",status=\"200\"}") == 200);
 }
+
+TEST_CASE("daemon: a session whose streamed answer the client abandoned serves the next request at once", "[http][daemon]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  // One session: every request after an abandoned stream gets the session that answered it.
+  test::daemon_process d(stories_config(model->string(), "", 1024, 1));
+  httplib::Client c("127.0.0.1", d.port());
+  c.set_read_timeout(60, 0);
+  json slow = greedy_chat(400);
+  slow["stream"] = true;
+  for (int i = 0; i < 10; ++i) {
+    {
+      raw_request gone(d.port(), "/v1/chat/completions", slow.dump());
+      REQUIRE(gone.read_until("data: "));
+    }  // closed after the first event
+    auto r = c.Post("/v1/chat/completions", greedy_chat().dump(), "application/json");
+    REQUIRE(r);
+    INFO(r->body);
+    REQUIRE(r->status == 200);
+    CHECK(json::parse(r->body)["choices"][0]["tokens"].get<std::vector<int>>() == reference_tokens);
+  }
+  CHECK(d.log().find("is already answering") == std::string::npos);
+}

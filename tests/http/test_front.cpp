@@ -307,7 +307,7 @@ TEST_CASE("front: beyond max_connections a connection is answered 503 in the Ope
   CHECK_THAT(m, !Contains("\ntroupe_http_connections_rejected_total 0\n"));
 }
 
-TEST_CASE("front: a header or body that misses its deadline is answered 408; keep-alive ends at keep_alive_max",
+TEST_CASE("front: a header or body that misses its deadline is answered 408, and keep-alive ends at keep_alive_max",
           "[http][front]") {
   const auto model = test::model_path("stories260K.gguf");
   if (!model) return;
