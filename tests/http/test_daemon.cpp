@@ -16,6 +16,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <thread>
 
@@ -655,22 +656,28 @@ class logged_peer {
       }
       close(fd);
     });
-    std::smatch m;
-    if (wait_for(std::regex("listening on (127\\.0\\.0\\.1:[0-9]+)"), &m)) address_ = m[1];
+    address_ = match(std::regex("listening on (127\\.0\\.0\\.1:[0-9]+)"), 1).value_or("");
   }
   ~logged_peer() {
     ::kill(pid_, SIGTERM);
     waitpid(pid_, nullptr, 0);
     reader_.join();
   }
-  // Waits (at most a minute) until the output matches re.
-  bool wait_for(const std::regex& re, std::smatch* m = nullptr) {
+  // Waits (at most a minute) until the output matches re; returns the match's group `group`, copied while
+  // the lock is held (the reader thread grows the text, which moves it: a match kept past the lock would
+  // point into freed memory, as ThreadSanitizer found), or nothing.
+  std::optional<std::string> match(const std::regex& re, size_t group = 0) {
     std::unique_lock l(mu_);
-    return cv_.wait_for(l, std::chrono::seconds(60), [&] {
-      std::smatch local;
-      return std::regex_search(out_, m != nullptr ? *m : local, re);
+    std::optional<std::string> got;
+    cv_.wait_for(l, std::chrono::seconds(60), [&] {
+      std::smatch m;
+      if (!std::regex_search(out_, m, re)) return false;
+      got = m[group].str();
+      return true;
     });
+    return got;
   }
+  bool wait_for(const std::regex& re) { return match(re).has_value(); }
   std::string text() {
     std::lock_guard l(mu_);
     return out_;
