@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -401,18 +402,22 @@ TEST_CASE("front::parse: pipelined requests, chunked bodies, and each refusal wi
 }
 
 TEST_CASE("front: a writer's head leaves with its first chunk, so a failure before it gets its own status", "[http][front]") {
+  // What the writers saw, checked on this thread afterwards (Catch's assertions are not thread-safe, and the
+  // writers run on the front's workers).
+  std::atomic<bool> refuse_before = false, refuse_started = true, late_started = false, late_refused = true;
   http::front::handlers h;
-  h.handle = [](const http::front::request& req, http::front::response& res) {
+  h.handle = [&](const http::front::request& req, http::front::response& res) {
     if (req.path == "/refuse") {
-      res.set_chunked("text/event-stream", [](http::front::body_sink& s) {
-        CHECK_FALSE(s.started());
+      res.set_chunked("text/event-stream", [&](http::front::body_sink& s) {
+        refuse_started = s.started();
+        refuse_before = true;
         return s.refuse(503, R"({"error":{"message":"down"}})", "application/json");
       });
     } else if (req.path == "/late") {
-      res.set_chunked("text/event-stream", [](http::front::body_sink& s) {
-        REQUIRE(s.write("data: a\n\n"));
-        CHECK(s.started());
-        CHECK_FALSE(s.refuse(503, "too late", "text/plain"));
+      res.set_chunked("text/event-stream", [&](http::front::body_sink& s) {
+        if (!s.write("data: a\n\n")) return false;
+        late_started = s.started();
+        late_refused = s.refuse(503, "too late", "text/plain");
         return s.write("data: {\"error\": 1}\n\n") && s.done();
       });
     } else {
@@ -451,4 +456,8 @@ TEST_CASE("front: a writer's head leaves with its first chunk, so a failure befo
 
   srv.stop();
   loop.join();
+  CHECK(refuse_before);
+  CHECK_FALSE(refuse_started);
+  CHECK(late_started);
+  CHECK_FALSE(late_refused);
 }
