@@ -34,6 +34,24 @@ import time
 REFERENCE = ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw"
 
 
+def arguments(doc, add):
+    """The command line both scripts share (--troupe, --model, --json) with the script's own (add(parser))."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--troupe", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--json", help="write the summary here")
+    add(ap)
+    return ap.parse_args()
+
+
+def missing_model(a, name):
+    """The exit code when the model is absent (77: skipped; under CI=true a failure), else None."""
+    if os.path.exists(a.model):
+        return None
+    print(f"{name}: {a.model} is missing", file=sys.stderr)
+    return 77 if os.environ.get("CI") != "true" else 1
+
+
 def log(msg):
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -299,17 +317,14 @@ def one_request(port, stats, hang_s):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--troupe", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--hang-s", type=float, default=60, help="no byte for this long: the request hung")
-    ap.add_argument("--settle-s", type=float, default=15, help="load before and after the chaos")
-    ap.add_argument("--json", help="write the summary here")
-    a = ap.parse_args()
-    if not os.path.exists(a.model):
-        print(f"chaos: {a.model} is missing", file=sys.stderr)
-        return 77 if os.environ.get("CI") != "true" else 1
+    def own(ap):
+        ap.add_argument("--clients", type=int, default=16)
+        ap.add_argument("--hang-s", type=float, default=60, help="no byte for this long: the request hung")
+        ap.add_argument("--settle-s", type=float, default=15, help="load before and after the chaos")
+
+    a = arguments(__doc__, own)
+    if (rc := missing_model(a, "chaos")) is not None:
+        return rc
 
     work = tempfile.mkdtemp(prefix="troupe-chaos-")
     port_a, port_b, port_proxy = free_port(), free_port(), free_port()

@@ -13,17 +13,17 @@ Flat means: after the warm-up sample (the first after `--warmup-s`), resident me
 with -DTROUPE_CHAOS_TESTS=ON.
 """
 
-import argparse
 import http.client
 import json
 import os
 import random
 import sys
+import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from chaos import REFERENCE, Daemon, log  # noqa: E402
+from chaos import REFERENCE, Daemon, arguments, log, missing_model  # noqa: E402
 
 
 def proc_sample(pid):
@@ -123,21 +123,17 @@ def one(port, counts, rng):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--troupe", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--minutes", type=float, default=60)
-    ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--sample-s", type=float, default=60)
-    ap.add_argument("--warmup-s", type=float, default=120)
-    ap.add_argument("--rss-slack", type=float, default=0.10)
-    ap.add_argument("--json", help="write the summary here")
-    a = ap.parse_args()
-    if not os.path.exists(a.model):
-        print(f"soak: {a.model} is missing", file=sys.stderr)
-        return 77 if os.environ.get("CI") != "true" else 1
+    def own(ap):
+        ap.add_argument("--minutes", type=float, default=60)
+        ap.add_argument("--clients", type=int, default=8)
+        ap.add_argument("--sample-s", type=float, default=60)
+        ap.add_argument("--warmup-s", type=float, default=120)
+        ap.add_argument("--rss-slack", type=float, default=0.10)
 
-    import tempfile
+    a = arguments(__doc__, own)
+    if (rc := missing_model(a, "soak")) is not None:
+        return rc
+
     work = tempfile.mkdtemp(prefix="troupe-soak-")
     cfg = f"""[server]
 port = 0
