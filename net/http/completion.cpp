@@ -61,8 +61,8 @@ actors::generate_request generate_request_of(const completion_request& r) {
 
 // An answer's error: its own status while nothing of the answer went out (a plain answer's heartbeat
 // spaces and a stream's first event take that chance away); after that, a last stream event or the whole
-// body of the 200. Returns whether it was written, and the status the client saw (for the metrics, which
-// count the request before its last byte).
+// body of the 200. `count` gets the status the client sees before the last byte is written (the metrics
+// count a request before its last byte). Returns whether it was written.
 bool send_error_answer(answer_sink& out, front::body_sink& sink, bool stream, const api_error& e,
                        const std::function<void(int)>& count) {
   if (!sink.started()) {
