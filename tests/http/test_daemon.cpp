@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "net/http/loadgen.h"
+#include "tests/http/client_socket.h"
 #include "tests/http/daemon_process.h"
 #include "tests/http/stories_daemon.h"
 #include "tests/test_models.h"
@@ -45,42 +46,13 @@ std::vector<std::string> sse_events(const std::string& body) {
 }
 
 // A raw HTTP/1.1 request on its own socket, so that the test decides when the connection drops.
-class raw_request {
+class raw_request : public test::client_socket {
  public:
-  raw_request(int port, const std::string& path, const std::string& body) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd_ >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    timeval tv{30, 0};
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    const std::string req = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
-                            std::to_string(body.size()) + "\r\n\r\n" + body;
-    REQUIRE(send(fd_, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size()));
+  raw_request(int port, const std::string& path, const std::string& body) : client_socket(port) {
+    REQUIRE(connected());
+    REQUIRE(send_text("POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+                      std::to_string(body.size()) + "\r\n\r\n" + body));
   }
-  ~raw_request() { close_now(); }
-  // Reads until `text` arrived (true) or the connection ended / 30 s passed (false).
-  bool read_until(const std::string& text) {
-    char buf[4096];
-    while (got_.find(text) == std::string::npos) {
-      const ssize_t n = recv(fd_, buf, sizeof buf, 0);
-      if (n <= 0) return false;
-      got_.append(buf, static_cast<size_t>(n));
-    }
-    return true;
-  }
-  void close_now() {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-  const std::string& received() const { return got_; }
-
- private:
-  int fd_ = -1;
-  std::string got_;
 };
 
 // Polls until pred() holds (true) or 20 s passed.
