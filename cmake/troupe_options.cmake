@@ -4,7 +4,8 @@ find_package(Threads REQUIRED)
 
 # ---- sanitizers: applied to everything we build, so that tests and libraries agree ----
 # TROUPE_SANITIZE: OFF; ON or address: ASan + UBSan; thread: ThreadSanitizer (with CAF built by
-# scripts/build-caf-tsan, found through TROUPE_CAF_ROOT, see actors/CMakeLists.txt).
+# scripts/build-tsan-deps, found through TROUPE_CAF_ROOT, see actors/CMakeLists.txt; and cpp-httplib from
+# the same script, see net/http/CMakeLists.txt).
 string(TOLOWER "${TROUPE_SANITIZE}" troupe_sanitize)
 set(TROUPE_TSAN OFF)
 if(troupe_sanitize STREQUAL "thread")
