@@ -7,6 +7,7 @@
 
 #include "runtime/error.h"
 #include "runtime/quants.h"
+#include "runtime/quants_iq.h"
 
 namespace troupe {
 
@@ -87,6 +88,12 @@ table make_table() {
   set(type::q8_K, computable("q8_K", qk_k, sizeof(block_q8_K), true, dequantize_row_q8_K, quantize_row_q8_K_ref,
                              vec_dot_q8_K_q8_K, type::q8_K));
 
+  // i-quants with the 4-bit codebook.
+  set(type::iq4_nl, computable("iq4_nl", qk4_nl, sizeof(block_iq4_nl), true, dequantize_row_iq4_nl,
+                               quantize_row_iq4_nl_ref, vec_dot_iq4_nl_q8_0, type::q8_0));
+  set(type::iq4_xs, computable("iq4_xs", qk_k, sizeof(block_iq4_xs), true, dequantize_row_iq4_xs,
+                               quantize_row_iq4_xs_ref, vec_dot_iq4_xs_q8_K, type::q8_K));
+
   // Index types troupe uses (get_rows, set_rows, argmax...): supported, with no conversions.
   set(type::i32, computable("i32", 1, 4, false, nullptr, nullptr, nullptr, type::i32));
   set(type::i64, computable("i64", 1, 8, false, nullptr, nullptr, nullptr, type::i64));
@@ -96,10 +103,8 @@ table make_table() {
   set(type::iq2_xs, known_only("iq2_xs", qk_k, 74, true));
   set(type::iq3_xxs, known_only("iq3_xxs", qk_k, 98, true));
   set(type::iq1_s, known_only("iq1_s", qk_k, 50, true));
-  set(type::iq4_nl, known_only("iq4_nl", 32, 18, true));
   set(type::iq3_s, known_only("iq3_s", qk_k, 110, true));
   set(type::iq2_s, known_only("iq2_s", qk_k, 82, true));
-  set(type::iq4_xs, known_only("iq4_xs", qk_k, 136, true));
   set(type::i8, known_only("i8", 1, 1, false));
   set(type::i16, known_only("i16", 1, 2, false));
   set(type::f64, known_only("f64", 1, 8, false));

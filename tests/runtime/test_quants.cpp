@@ -19,6 +19,8 @@
 //   q4_0   9e-3    (7.5e-3)           3e-2    (2.1e-2)
 //   q4_1   8e-3    (6.2e-3)           1.6e-2  (1.2e-2)
 //   q4_K   6.5e-3  (5.1e-3)           1.3e-2  (9.9e-3)
+//   iq4_nl 7.5e-3  (5.8e-3)           1.8e-2  (1.4e-2)
+//   iq4_xs 7.5e-3  (5.9e-3)           1.9e-2  (1.4e-2)
 //   q3_K   3e-2    (2.3e-2)           3e-2    (2.4e-2)
 //   q2_K   0.1     (8.3e-2)           0.1     (6.5e-2)
 //
@@ -37,6 +39,7 @@
 
 #include "runtime/error.h"
 #include "runtime/quants.h"
+#include "runtime/quants_iq.h"
 #include "runtime/types.h"
 
 using namespace troupe;
@@ -54,7 +57,8 @@ const accuracy_bound bounds[] = {
     {type::q8_1, 5e-5, 2e-4},     {type::q8_K, 8e-5, 1e-3},     {type::q6_K, 5e-4, 1.5e-3},
     {type::q5_0, 2.5e-3, 1e-2},   {type::q5_1, 2e-3, 4e-3},     {type::q5_K, 1.6e-3, 4e-3},
     {type::q4_0, 9e-3, 3e-2},     {type::q4_1, 8e-3, 1.6e-2},   {type::q4_K, 6.5e-3, 1.3e-2},
-    {type::q3_K, 3e-2, 3e-2},     {type::q2_K, 0.1, 0.1},
+    {type::q3_K, 3e-2, 3e-2},     {type::q2_K, 0.1, 0.1},       {type::iq4_nl, 7.5e-3, 1.8e-2},
+    {type::iq4_xs, 7.5e-3, 1.9e-2},
 };
 
 double typical_bound(type t) {
@@ -156,7 +160,7 @@ std::vector<float> decode(type t, const void* block) {
 }
 
 const type quantized_types[] = {type::q4_0, type::q4_1, type::q5_0, type::q5_1, type::q8_0, type::q8_1, type::q2_K,
-                                type::q3_K, type::q4_K, type::q5_K, type::q6_K, type::q8_K};
+                                type::q3_K, type::q4_K, type::q5_K, type::q6_K, type::q8_K, type::iq4_nl, type::iq4_xs};
 
 }  // namespace
 
@@ -219,7 +223,8 @@ TEST_CASE("quantizers handle a lone value per block and sign extremes", "[quants
 
 TEST_CASE("vec_dot equals the double dot of the dequantized rows", "[quants][vec_dot]") {
   const type all[] = {type::f32,  type::f16,  type::bf16, type::q4_0, type::q4_1, type::q5_0, type::q5_1, type::q8_0,
-                      type::q8_1, type::q2_K, type::q3_K, type::q4_K, type::q5_K, type::q6_K, type::q8_K};
+                      type::q8_1, type::q2_K, type::q3_K, type::q4_K, type::q5_K, type::q6_K, type::q8_K,
+                      type::iq4_nl, type::iq4_xs};
   for (type t : all) {
     const type_traits& tr = traits(t);
     const type vt = tr.vec_dot_type;
@@ -474,6 +479,51 @@ TEST_CASE("q6_K golden block: ql / qh split and signed scales", "[quants][golden
   CHECK(y[65] == 128.0f);   // value 65 (k 2, l 1): high nibble of ql[1] 0, qh[1] bits 4..5 0 -> -4 * -32
 }
 
+TEST_CASE("iq4_nl / iq4_xs codebook: the format's 16 values, and golden blocks", "[quants][golden]") {
+  // The codebook as the format defines it (ggml-common.h's kvalues_iq4nl; gguf-py decodes with the same).
+  const int8_t defined[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  for (int i = 0; i < 16; ++i) CHECK(iq4nl_values[i] == defined[i]);
+
+  // iq4_nl: d = 0.5, qs[j] = j | (15 - j) << 4: values 0..15 are the codebook in order, 16..31 reversed.
+  block_iq4_nl b = zeroed<block_iq4_nl>();
+  b.d = 0x3800;
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | (15 - j) << 4);
+  std::vector<float> y = decode(type::iq4_nl, &b);
+  for (int j = 0; j < 16; ++j) {
+    CHECK(y[static_cast<size_t>(j)] == 0.5f * defined[j]);
+    CHECK(y[static_cast<size_t>(j + 16)] == 0.5f * defined[15 - j]);
+  }
+
+  // iq4_xs: d = 0.25; sub-block j has the 6-bit scale 32 + (j - 4) * 5 (-20 .. 15 after the -32, high bits
+  // in scales_h), and in sub-block j every nibble is j (low) and 15 - j (high).
+  block_iq4_xs x = zeroed<block_iq4_xs>();
+  x.d = 0x3400;
+  for (int j = 0; j < 8; ++j) {
+    const int ls = 32 + (j - 4) * 5;
+    x.scales_l[j / 2] = static_cast<uint8_t>(x.scales_l[j / 2] | (ls & 0xF) << (4 * (j % 2)));
+    x.scales_h = static_cast<uint16_t>(x.scales_h | (ls >> 4) << (2 * j));
+    for (int l = 0; l < 16; ++l) x.qs[16 * j + l] = static_cast<uint8_t>(j | (15 - j) << 4);
+    CHECK(iq4_xs_scale(x, j) == ls);
+  }
+  y = decode(type::iq4_xs, &x);
+  for (int j = 0; j < 8; ++j) {
+    const float dl = 0.25f * static_cast<float>((j - 4) * 5);
+    INFO("sub-block " << j);
+    for (int l = 0; l < 16; ++l) {
+      CHECK(y[static_cast<size_t>(32 * j + l)] == dl * defined[j]);
+      CHECK(y[static_cast<size_t>(32 * j + 16 + l)] == dl * defined[15 - j]);
+    }
+  }
+
+  // Each quantizer keeps a block that is exactly a scaled codebook row (the fit can always find it).
+  std::vector<float> row(256);
+  for (int i = 0; i < 256; ++i) row[static_cast<size_t>(i)] = 0.125f * defined[(i * 7) % 16];
+  for (type t : {type::iq4_nl, type::iq4_xs}) {
+    INFO("type " << type_name(t));
+    CHECK(dequantize(t, quantize(t, row), 256) == row);
+  }
+}
+
 TEST_CASE("q8_K golden block and quantizer invariants", "[quants][golden]") {
   block_q8_K b = zeroed<block_q8_K>();
   b.d = 0.125f;
@@ -568,6 +618,8 @@ TEST_CASE("dequantizers agree with an independent decoder on every bit of patter
       {type::q4_K, {0, 2}, 10747144.0, 45004.0, 253.75f, 12.5f},
       {type::q5_K, {0, 2}, 30625984.0, 115343.0, 629.75f, 12.0f},
       {type::q6_K, {208}, -3908730.0, 269853.0, -715.5f, 84.0f},
+      {type::iq4_nl, {0}, -13679.0, 1834.5, 34.5f, -63.5f},
+      {type::iq4_xs, {0}, -2536346.5, 122355.5, 32.5f, -227.5f},
   };
   for (const auto& c : cases) {
     INFO("type " << type_name(c.t));
@@ -629,8 +681,8 @@ TEST_CASE("type table: ids, names, block sizes, supported flags", "[types]") {
       {type::q6_K, 14, "q6_K", 256, 210, true, true},    {type::q8_K, 15, "q8_K", 256, 292, true, true},
       {type::iq2_xxs, 16, "iq2_xxs", 256, 66, true, false}, {type::iq2_xs, 17, "iq2_xs", 256, 74, true, false},
       {type::iq3_xxs, 18, "iq3_xxs", 256, 98, true, false}, {type::iq1_s, 19, "iq1_s", 256, 50, true, false},
-      {type::iq4_nl, 20, "iq4_nl", 32, 18, true, false}, {type::iq3_s, 21, "iq3_s", 256, 110, true, false},
-      {type::iq2_s, 22, "iq2_s", 256, 82, true, false},  {type::iq4_xs, 23, "iq4_xs", 256, 136, true, false},
+      {type::iq4_nl, 20, "iq4_nl", 32, 18, true, true}, {type::iq3_s, 21, "iq3_s", 256, 110, true, false},
+      {type::iq2_s, 22, "iq2_s", 256, 82, true, false},  {type::iq4_xs, 23, "iq4_xs", 256, 136, true, true},
       {type::i8, 24, "i8", 1, 1, false, false},          {type::i16, 25, "i16", 1, 2, false, false},
       {type::i32, 26, "i32", 1, 4, false, true},         {type::i64, 27, "i64", 1, 8, false, true},
       {type::f64, 28, "f64", 1, 8, false, false},        {type::iq1_m, 29, "iq1_m", 256, 56, true, false},
@@ -666,7 +718,8 @@ TEST_CASE("type table: ids, names, block sizes, supported flags", "[types]") {
   CHECK(traits(type::q8_0).vec_dot_type == type::q8_0);
   CHECK(traits(type::q4_1).vec_dot_type == type::q8_1);
   CHECK(traits(type::q5_1).vec_dot_type == type::q8_1);
-  for (type t : {type::q2_K, type::q3_K, type::q4_K, type::q5_K, type::q6_K, type::q8_K}) CHECK(traits(t).vec_dot_type == type::q8_K);
+  for (type t : {type::q2_K, type::q3_K, type::q4_K, type::q5_K, type::q6_K, type::q8_K, type::iq4_xs}) CHECK(traits(t).vec_dot_type == type::q8_K);
+  CHECK(traits(type::iq4_nl).vec_dot_type == type::q8_0);
   CHECK(traits(type::f16).vec_dot_type == type::f32);  // activations stay f32 against f16 weights
   CHECK(traits(type::bf16).vec_dot_type == type::bf16);
   CHECK(traits(type::f32).vec_dot_type == type::f32);

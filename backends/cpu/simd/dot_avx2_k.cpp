@@ -1,4 +1,4 @@
-// AVX2 + FMA + F16C dot products of the K-quants (q2_K ... q6_K) against q8_K activations. Compiled with
+// AVX2 + FMA + F16C dot products of the K-quants (q2_K ... q6_K) and iq4_xs against q8_K activations. Compiled with
 // -mavx2 -mfma -mf16c only.
 //
 // Common scheme (ggml's): 32 weight quants in a register, as unsigned bytes, against 32 activation bytes
@@ -254,8 +254,52 @@ struct q6_K_tile {
   }
 };
 
+// iq4_xs against q8_K: per sub-block of 32 values (laid out as an iq4_nl block), the nibbles index the
+// codebook; byte products by the sign trick (|q| unsigned against r with q's sign) -> 16 int16 pair sums
+// (at most 2 * 127 * 127), madd with the sub-block's scale ls - 32 -> 8 int32, summed exactly over the
+// super-block; then one FMA per super-block with d(x) d(y).
+struct iq4_xs_tile {
+  // iq4_xs_scale of runtime/quants_iq.h, kept here: an inline function of that header compiled with this
+  // file's flags could be the copy the linker keeps for every caller.
+  static int scale(const block_iq4_xs& b, int j) {
+    return ((b.scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((b.scales_h >> (2 * j)) & 3) << 4);
+  }
+
+  template <int NC>
+  static void run(int64_t n, const void* vx, const void* const* vy, float* out) {
+    const block_iq4_xs* x = static_cast<const block_iq4_xs*>(vx);
+    const block_q8_K* y[NC];
+    __m256 acc[NC];
+    for (int c = 0; c < NC; ++c) {
+      y[c] = static_cast<const block_q8_K*>(vy[c]);
+      acc[c] = _mm256_setzero_ps();
+    }
+    const __m256i codebook = iq4_codebook();
+    for (int64_t i = 0; i < n / qk_k; ++i) {
+      stream_ahead<sizeof(block_iq4_xs)>(x + i);
+      __m256i sumi[NC];
+      for (int c = 0; c < NC; ++c) sumi[c] = _mm256_setzero_si256();
+      for (int j = 0; j < qk_k / 32; ++j) {
+        const __m256i q = _mm256_shuffle_epi8(codebook, nibbles_32(x[i].qs + 16 * j));
+        const __m256i abs_q = _mm256_sign_epi8(q, q);
+        const __m256i sc = _mm256_set1_epi16(static_cast<int16_t>(scale(x[i], j) - 32));
+        for (int c = 0; c < NC; ++c) {
+          const __m256i p = _mm256_maddubs_epi16(abs_q, _mm256_sign_epi8(load256(y[c][i].qs + 32 * j), q));
+          sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(sc, p));
+        }
+      }
+      const float xd = h2f(x[i].d);
+      for (int c = 0; c < NC; ++c) {
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(y[c][i].d * xd), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+      }
+    }
+    for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]);
+  }
+};
+
 }  // namespace
 
+TROUPE_SIMD_TILE(vec_dot_iq4_xs, iq4_xs_tile)
 TROUPE_SIMD_TILE(vec_dot_q4_K, k4_tile<false>)
 TROUPE_SIMD_TILE(vec_dot_q5_K, k4_tile<true>)
 TROUPE_SIMD_TILE(vec_dot_q6_K, q6_K_tile)

@@ -30,7 +30,8 @@
 #include <cstring>
 #include <utility>
 
-#include "runtime/quants.h"  // block layouts only; its inline functions are not used here
+#include "runtime/quants.h"     // block layouts only; their inline functions are not used here (compiled
+#include "runtime/quants_iq.h"  // with this file's -m flags, the linker could keep that copy for every caller)
 
 namespace troupe::cpu::simd {
 namespace {
@@ -74,6 +75,11 @@ inline __m256i bytes_from_bits_32(const uint8_t* qh) {
   __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(x32)), shuf);
   bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
   return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+// The iq4_nl / iq4_xs codebook in both 128-bit lanes: _mm256_shuffle_epi8(codebook, nibbles) decodes quants.
+inline __m256i iq4_codebook() {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(iq4nl_values)));
 }
 
 // Sums of u[i] * s[i] (u unsigned bytes, s signed bytes) over groups of 4 bytes: 8 int32. Exact for our
