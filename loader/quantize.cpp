@@ -19,11 +19,27 @@ type quantize_type_for(type want, int64_t ne0) {
       case type::q4_K: t = type::q5_0; break;
       case type::q5_K: t = type::q5_1; break;
       case type::q6_K: t = type::q8_0; break;
+      case type::iq4_xs: t = type::iq4_nl; break;
       default: t = type::f16; break;
     }
   }
   if (ne0 % block_size(t) != 0) t = type::f16;
   return t;
+}
+
+bool needs_importance_matrix(type t) {
+  switch (t) {
+    case type::iq2_xxs:
+    case type::iq2_xs:
+    case type::iq2_s:
+    case type::iq3_xxs:
+    case type::iq3_s:
+    case type::iq1_s:
+    case type::iq1_m:
+      return true;
+    default:
+      return false;
+  }
 }
 
 bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
@@ -48,8 +64,11 @@ std::optional<quantize_recipe> quantize_recipe::parse(std::string_view name) {
 }
 
 type quantize_recipe::type_for(std::string_view tensor, int layer, int n_layer, bool tied) const {
+  const bool output = tensor == "output.weight" || (tied && tensor == "token_embd.weight");
+  // llama.cpp's IQ4_NL / IQ4_XS files keep the output matrix in q6_K, as its mixes do.
+  if (output && (base == type::iq4_nl || base == type::iq4_xs)) return type::q6_K;
   if (!medium) return base;
-  if (tensor == "output.weight" || (tied && tensor == "token_embd.weight")) return type::q6_K;
+  if (output) return type::q6_K;
   if (layer >= 0 && (tensor.ends_with(".attn_v.weight") || tensor.ends_with(".ffn_down.weight"))) {
     return use_more_bits(layer, n_layer) ? type::q6_K : base;
   }
@@ -81,6 +100,8 @@ int file_type_of(type t) {
     case type::q4_K: return 15;  // Q4_K_M
     case type::q5_K: return 17;  // Q5_K_M
     case type::q6_K: return 18;
+    case type::iq4_nl: return 25;
+    case type::iq4_xs: return 30;
     case type::bf16: return 32;
     default: return -1;
   }
@@ -112,10 +133,15 @@ quantize_report quantize_model(const std::filesystem::path& in, const std::files
                                const quantize_recipe& recipe, int n_threads) {
   for (type t : {recipe.base, type::q6_K}) {
     const type_traits& wt = traits(t);
+    if (needs_importance_matrix(t)) {
+      throw error("quantize: " + std::string(type_name(t)) +
+                  " needs an importance matrix (llama.cpp's --imatrix) to keep its quality, which troupe quantize "
+                  "does not compute; of the i-quants it writes iq4_nl and iq4_xs");
+    }
     if (!wt.supported || wt.from_float_ref == nullptr || t == type::q8_1 || t == type::q8_K) {
       throw error("quantize: cannot quantize to " + std::string(type_name(t)));
     }
-    if (!recipe.medium) break;
+    if (!recipe.medium && recipe.base != type::iq4_nl && recipe.base != type::iq4_xs) break;
   }
   if (n_threads < 1) n_threads = 1;
   const gguf_file f = read_gguf(in);

@@ -5,10 +5,12 @@
 //
 // Matrices (two or more dimensions, names ending in ".weight") are converted; vectors (norms, biases) keep
 // their type. A matrix whose row length is not a multiple of the type's block size gets a fallback type
-// (K-quants: q2_K/q3_K -> q4_0, q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0; then f16), reported by name.
+// (K-quants: q2_K/q3_K -> q4_0, q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0; iq4_xs -> iq4_nl; then f16),
+// reported by name.
 // Metadata is copied; general.file_type is updated. Rows are converted on n_threads threads.
 //
-// Recipes (quantize_recipe::parse): a type name ("q4_K": every matrix in it) or one of llama.cpp's mixes by
+// Recipes (quantize_recipe::parse): a type name ("q4_K": every matrix in it; iq4_nl and iq4_xs as llama.cpp's
+// IQ4_NL / IQ4_XS files: every matrix but the output one, which is q6_K) or one of llama.cpp's mixes by
 // its name ("q4_K_M", "q5_K_M"), whose rules pick a type per tensor as llama.cpp's quantizer does for a dense
 // model: the output matrix (the token embeddings when the model ties them) in q6_K; attn_v and ffn_down in
 // q6_K in the layers use_more_bits picks (the first and last eighth and every third between); fused attn_qkv
@@ -52,6 +54,10 @@ struct quantize_recipe {
   type type_for(std::string_view tensor, int layer, int n_layer, bool tied) const;
   int file_type() const;  // llama.cpp's general.file_type (-1: none)
 };
+
+// The i-quants of 3 bits and less: their grids are only good with an importance matrix, which troupe does
+// not compute, so quantize_model refuses them by name (they load and compute when a file has them).
+bool needs_importance_matrix(type t);
 
 // llama.cpp's use_more_bits: the layers of an _M mix that get more bits (i of n).
 bool use_more_bits(int i, int n);

@@ -34,7 +34,9 @@ void indices_for(const float* x, int n, float d, uint8_t* q) {
 
 // The scale of a group of n values: the weighted least-squares scale of the best index assignment among the
 // candidates that map the largest-magnitude value to -127 + t (t in [-n_try, n_try]); scores sumqx^2 / sumq2
-// (the error each removes). 0 for a group of zeros.
+// (the error each removes). 0 for a group of zeros. The weights are |x|: between plain squared error and
+// ggml's x^2 (its choice without an importance matrix); on SmolLM2 re-quantized from Q4_1, |x| gave a 2-3%
+// lower perplexity than x^2 for both types (docs/quantization.md).
 float fit_group(const float* x, int n) {
   float amax = 0.0f, max = 0.0f;
   for (int j = 0; j < n; ++j) {
@@ -51,7 +53,7 @@ float fit_group(const float* x, int n) {
     double sumqx = 0.0, sumq2 = 0.0;
     for (int j = 0; j < n; ++j) {
       const double q = iq4nl_values[nearest_iq4(id * x[j])];
-      const double w = static_cast<double>(x[j]) * x[j];
+      const double w = std::fabs(static_cast<double>(x[j]));
       sumqx += w * q * x[j];
       sumq2 += w * q * q;
     }

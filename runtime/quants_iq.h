@@ -9,8 +9,8 @@
 // (iq4_nl) and q8_K (iq4_xs), like q4_0 and the K-quants, and are exact in integers inside a block.
 //
 // The quantizers need no importance matrix: each block's scale is the best weighted least-squares fit
-// (weights x^2, as ggml uses without an imatrix) among candidate scales that map the block's largest value
-// onto the table's ends, and the value indices are the nearest table entries.
+// (weights |x|) among candidate scales that map the block's largest value near the codebook's -127 end, and
+// the value indices are the nearest codebook entries.
 #pragma once
 
 #include <cstddef>

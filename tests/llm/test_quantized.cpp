@@ -9,6 +9,7 @@
 #include "loader/model_loader.h"
 #include "backends/cpu/cpu_backend.h"
 #include "loader/quantize.h"
+#include "runtime/error.h"
 #include "runtime/llm/llm_context.h"
 #include "tests/test_models.h"
 
@@ -49,6 +50,51 @@ TEST_CASE("the q4_K_M and q5_K_M recipes pick llama.cpp's type per tensor", "[qu
   CHECK(m->type_for("output.weight", -1, 30, false) == type::q6_K);
   CHECK(m->type_for("token_embd.weight", -1, 30, false) == type::q4_K);  // a separate output exists
   CHECK(m->type_for("token_embd.weight", -1, 30, true) == type::q6_K);   // tied: it is the output
+}
+
+TEST_CASE("the iq4 recipes: llama.cpp's IQ4_NL / IQ4_XS files, iq4_xs rows falling back to iq4_nl, the smaller i-quants refused by name", "[quantize]") {
+  const auto nl = quantize_recipe::parse("IQ4_NL");
+  const auto xs = quantize_recipe::parse("iq4_xs");
+  REQUIRE(nl);
+  REQUIRE(xs);
+  CHECK(nl->file_type() == 25);
+  CHECK(xs->file_type() == 30);
+  CHECK(xs->type_for("blk.3.attn_q.weight", 3, 30, true) == type::iq4_xs);
+  CHECK(xs->type_for("output.weight", -1, 30, false) == type::q6_K);
+  CHECK(nl->type_for("token_embd.weight", -1, 30, true) == type::q6_K);   // tied: it is the output
+  CHECK(nl->type_for("token_embd.weight", -1, 30, false) == type::iq4_nl);
+  CHECK(quantize_type_for(type::iq4_xs, 1536) == type::iq4_xs);
+  CHECK(quantize_type_for(type::iq4_xs, 576) == type::iq4_nl);
+  CHECK(quantize_type_for(type::iq4_nl, 576) == type::iq4_nl);
+  CHECK(quantize_type_for(type::iq4_nl, 172) == type::f16);
+
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  const auto out = std::filesystem::temp_directory_path() / "troupe_stories_iq.gguf";
+  for (type t : {type::iq2_xxs, type::iq2_xs, type::iq2_s, type::iq3_xxs, type::iq3_s, type::iq1_s, type::iq1_m}) {
+    INFO(type_name(t));
+    CHECK(needs_importance_matrix(t));
+    try {
+      quantize_model(*path, out, t, 1);
+      FAIL("quantized to " << type_name(t));
+    } catch (const error& e) {
+      CHECK(std::string(e.what()).find(std::string(type_name(t)) + " needs an importance matrix") != std::string::npos);
+    }
+    CHECK_FALSE(std::filesystem::exists(out));
+  }
+  const quantize_report r = quantize_model(*path, out, *nl, 2);
+  model_loader q(out);
+  size_t n_iq4 = 0;
+  for (const auto& t : q.tensors()) {
+    n_iq4 += t.type == type::iq4_nl;
+    // The output matrix wants q6_K; its rows of 64 fall back to q8_0. ffn_down's rows of 172 to f16.
+    if (t.name == "output.weight") CHECK(t.type == type::q8_0);
+    if (t.name == "blk.0.ffn_down.weight") CHECK(t.type == type::f16);
+  }
+  CHECK(n_iq4 == r.n_quantized);
+  CHECK(n_iq4 == 31);
+  CHECK(q.meta().get_uint("general.file_type").value() == 25);
+  std::filesystem::remove(out);
 }
 
 TEST_CASE("stories260K quantized with the q4_K_M recipe: per-tensor types with their fallbacks, and it generates", "[quantize][model]") {
