@@ -20,6 +20,8 @@ type quantize_type_for(type want, int64_t ne0) {
       case type::q5_K: t = type::q5_1; break;
       case type::q6_K: t = type::q8_0; break;
       case type::iq4_xs: t = type::iq4_nl; break;
+      case type::tq1_0:
+      case type::tq2_0: t = type::q4_0; break;  // as llama.cpp
       default: t = type::f16; break;
     }
   }
@@ -102,6 +104,9 @@ int file_type_of(type t) {
     case type::q6_K: return 18;
     case type::iq4_nl: return 25;
     case type::iq4_xs: return 30;
+    case type::tq1_0: return 36;
+    case type::tq2_0: return 37;
+    case type::mxfp4: return 38;  // llama.cpp's MXFP4_MOE
     case type::bf16: return 32;
     default: return -1;
   }

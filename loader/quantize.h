@@ -5,7 +5,8 @@
 //
 // Matrices (two or more dimensions, names ending in ".weight") are converted; vectors (norms, biases) keep
 // their type. A matrix whose row length is not a multiple of the type's block size gets a fallback type
-// (K-quants: q2_K/q3_K -> q4_0, q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0; iq4_xs -> iq4_nl; then f16),
+// (K-quants: q2_K/q3_K -> q4_0, q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0; iq4_xs -> iq4_nl; tq1_0/tq2_0 ->
+// q4_0; then f16),
 // reported by name.
 // Metadata is copied; general.file_type is updated. Rows are converted on n_threads threads.
 //

@@ -8,6 +8,8 @@
 #include "runtime/error.h"
 #include "runtime/quants.h"
 #include "runtime/quants_iq.h"
+#include "runtime/quants_mx.h"
+#include "runtime/quants_tq.h"
 
 namespace troupe {
 
@@ -94,6 +96,14 @@ table make_table() {
   set(type::iq4_xs, computable("iq4_xs", qk_k, sizeof(block_iq4_xs), true, dequantize_row_iq4_xs,
                                quantize_row_iq4_xs_ref, vec_dot_iq4_xs_q8_K, type::q8_K));
 
+  // Ternary types and MXFP4.
+  set(type::tq1_0, computable("tq1_0", qk_k, sizeof(block_tq1_0), true, dequantize_row_tq1_0, quantize_row_tq1_0_ref,
+                              vec_dot_tq1_0_q8_K, type::q8_K));
+  set(type::tq2_0, computable("tq2_0", qk_k, sizeof(block_tq2_0), true, dequantize_row_tq2_0, quantize_row_tq2_0_ref,
+                              vec_dot_tq2_0_q8_K, type::q8_K));
+  set(type::mxfp4, computable("mxfp4", qk_mxfp4, sizeof(block_mxfp4), true, dequantize_row_mxfp4, quantize_row_mxfp4_ref,
+                              vec_dot_mxfp4_q8_0, type::q8_0));
+
   // Index types troupe uses (get_rows, set_rows, argmax...): supported, with no conversions.
   set(type::i32, computable("i32", 1, 4, false, nullptr, nullptr, nullptr, type::i32));
   set(type::i64, computable("i64", 1, 8, false, nullptr, nullptr, nullptr, type::i64));
@@ -109,9 +119,6 @@ table make_table() {
   set(type::i16, known_only("i16", 1, 2, false));
   set(type::f64, known_only("f64", 1, 8, false));
   set(type::iq1_m, known_only("iq1_m", qk_k, 56, true));
-  set(type::tq1_0, known_only("tq1_0", qk_k, 54, true));
-  set(type::tq2_0, known_only("tq2_0", qk_k, 66, true));
-  set(type::mxfp4, known_only("mxfp4", 32, 17, true));
   return tt;
 }
 

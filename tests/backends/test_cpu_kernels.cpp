@@ -770,7 +770,8 @@ TEST_CASE("kernels: mul_mat of a few rows of b (batched decode) equals each row 
   };
   std::vector<shape> shapes;
   for (type t : {type::q4_0, type::q4_1, type::q5_0, type::q5_1, type::q8_0, type::q2_K, type::q3_K, type::q4_K,
-                 type::q5_K, type::q6_K, type::iq4_nl, type::iq4_xs, type::f16, type::f32}) {
+                 type::q5_K, type::q6_K, type::iq4_nl, type::iq4_xs, type::mxfp4, type::tq1_0, type::tq2_0, type::f16,
+                 type::f32}) {
     shapes.push_back({t, 512});
   }
   for (type t : {type::q4_0, type::q4_1, type::q8_0, type::f16}) shapes.push_back({t, 4096});

@@ -49,7 +49,7 @@ std::vector<double> dequantize(type t, const std::vector<uint8_t>& bytes, int64_
 
 const type weight_types[] = {type::f32,  type::f16,  type::bf16, type::q4_0, type::q4_1, type::q5_0, type::q5_1,
                              type::q8_0, type::q2_K, type::q3_K, type::q4_K, type::q5_K, type::q6_K,
-                             type::iq4_nl, type::iq4_xs};
+                             type::iq4_nl, type::iq4_xs, type::mxfp4, type::tq1_0, type::tq2_0};
 
 // Row lengths: single blocks, odd block counts, and a long row; plain types also get lengths that are not
 // multiples of any vector width.

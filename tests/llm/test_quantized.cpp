@@ -67,6 +67,11 @@ TEST_CASE("the iq4 recipes: llama.cpp's IQ4_NL / IQ4_XS files, iq4_xs rows falli
   CHECK(quantize_type_for(type::iq4_xs, 576) == type::iq4_nl);
   CHECK(quantize_type_for(type::iq4_nl, 576) == type::iq4_nl);
   CHECK(quantize_type_for(type::iq4_nl, 172) == type::f16);
+  CHECK(quantize_type_for(type::tq1_0, 576) == type::q4_0);
+  CHECK(quantize_type_for(type::tq2_0, 1536) == type::tq2_0);
+  CHECK(quantize_type_for(type::mxfp4, 576) == type::mxfp4);
+  CHECK(file_type_of(type::tq2_0) == 37);
+  CHECK(file_type_of(type::mxfp4) == 38);
 
   const auto path = test::model_path("stories260K.gguf");
   if (!path) return;

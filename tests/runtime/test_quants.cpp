@@ -21,6 +21,9 @@
 //   q4_K   6.5e-3  (5.1e-3)           1.3e-2  (9.9e-3)
 //   iq4_nl 7.5e-3  (5.8e-3)           1.8e-2  (1.4e-2)
 //   iq4_xs 7.5e-3  (5.9e-3)           1.9e-2  (1.4e-2)
+//   mxfp4  4.5e-2  (3.6e-2: mixed)    3.5e-2  (2.7e-2)   power-of-two scales
+//   tq1_0  0.7     (0.60)             0.35    (0.29)     ternary: for ternary-trained weights, not these
+//   tq2_0  0.7     (0.60)             0.35    (0.29)     (same values as tq1_0, packed differently)
 //   q3_K   3e-2    (2.3e-2)           3e-2    (2.4e-2)
 //   q2_K   0.1     (8.3e-2)           0.1     (6.5e-2)
 //
@@ -40,6 +43,8 @@
 #include "runtime/error.h"
 #include "runtime/quants.h"
 #include "runtime/quants_iq.h"
+#include "runtime/quants_mx.h"
+#include "runtime/quants_tq.h"
 #include "runtime/types.h"
 
 using namespace troupe;
@@ -58,7 +63,8 @@ const accuracy_bound bounds[] = {
     {type::q5_0, 2.5e-3, 1e-2},   {type::q5_1, 2e-3, 4e-3},     {type::q5_K, 1.6e-3, 4e-3},
     {type::q4_0, 9e-3, 3e-2},     {type::q4_1, 8e-3, 1.6e-2},   {type::q4_K, 6.5e-3, 1.3e-2},
     {type::q3_K, 3e-2, 3e-2},     {type::q2_K, 0.1, 0.1},       {type::iq4_nl, 7.5e-3, 1.8e-2},
-    {type::iq4_xs, 7.5e-3, 1.9e-2},
+    {type::iq4_xs, 7.5e-3, 1.9e-2}, {type::mxfp4, 4.5e-2, 3.5e-2}, {type::tq1_0, 0.7, 0.35},
+    {type::tq2_0, 0.7, 0.35},
 };
 
 double typical_bound(type t) {
@@ -160,7 +166,8 @@ std::vector<float> decode(type t, const void* block) {
 }
 
 const type quantized_types[] = {type::q4_0, type::q4_1, type::q5_0, type::q5_1, type::q8_0, type::q8_1, type::q2_K,
-                                type::q3_K, type::q4_K, type::q5_K, type::q6_K, type::q8_K, type::iq4_nl, type::iq4_xs};
+                                type::q3_K, type::q4_K, type::q5_K, type::q6_K, type::q8_K, type::iq4_nl, type::iq4_xs,
+                                type::mxfp4, type::tq1_0, type::tq2_0};
 
 }  // namespace
 
@@ -224,7 +231,7 @@ TEST_CASE("quantizers handle a lone value per block and sign extremes", "[quants
 TEST_CASE("vec_dot equals the double dot of the dequantized rows", "[quants][vec_dot]") {
   const type all[] = {type::f32,  type::f16,  type::bf16, type::q4_0, type::q4_1, type::q5_0, type::q5_1, type::q8_0,
                       type::q8_1, type::q2_K, type::q3_K, type::q4_K, type::q5_K, type::q6_K, type::q8_K,
-                      type::iq4_nl, type::iq4_xs};
+                      type::iq4_nl, type::iq4_xs, type::mxfp4, type::tq1_0, type::tq2_0};
   for (type t : all) {
     const type_traits& tr = traits(t);
     const type vt = tr.vec_dot_type;
@@ -524,6 +531,51 @@ TEST_CASE("iq4_nl / iq4_xs codebook: the format's 16 values, and golden blocks",
   }
 }
 
+TEST_CASE("mxfp4 decodes patterned blocks as gguf-py does, and its E8M0 scales", "[quants][ggml]") {
+  // Bytes (73 i + 11) mod 256 with the exponent bytes set to 127 and 128 (scales 0.5 and 1); checksums from
+  // gguf-py's numpy dequantizer, as in the test above.
+  std::vector<uint8_t> raw(2 * sizeof(block_mxfp4));
+  for (size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<uint8_t>((i * 73 + 11) % 256);
+  raw[0] = 127;
+  raw[sizeof(block_mxfp4)] = 128;
+  const std::vector<float> y = dequantize(type::mxfp4, raw, 64);
+  double weighted = 0, abs_sum = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    weighted += static_cast<double>(i + 1) * y[i];
+    abs_sum += std::fabs(static_cast<double>(y[i]));
+  }
+  CHECK(weighted == 2037.5);
+  CHECK(abs_sum == 222.5);
+  CHECK(y.front() == 2.0f);
+  CHECK(y.back() == 12.0f);
+  // E2M1's values doubled, and the halved power-of-two scales (subnormal below e = 2).
+  const int8_t e2m1_doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  for (int i = 0; i < 16; ++i) CHECK(mxfp4_values[i] == e2m1_doubled[i]);
+  CHECK(mxfp4_scale(127) == 0.5f);
+  CHECK(mxfp4_scale(130) == 4.0f);
+  CHECK(mxfp4_scale(1) == std::ldexp(1.0f, -127));
+  CHECK(mxfp4_scale(0) == std::ldexp(1.0f, -128));
+}
+
+TEST_CASE("tq1_0 and tq2_0: every ternary pattern of a byte, and ternary data round-trip exactly", "[quants][golden]") {
+  // tq1_0's bytes: the digits of all 243 five-digit numbers come back from the packed byte.
+  for (int v = 0; v < 243; ++v) {
+    uint8_t t[5];
+    for (int n = 4, r = v; n >= 0; --n, r /= 3) t[n] = static_cast<uint8_t>(r % 3);
+    const uint8_t b = static_cast<uint8_t>((v * 256 + 242) / 243);
+    for (int n = 0; n < 5; ++n) REQUIRE(tq1_digit(b, n) == t[n]);
+  }
+  // Ternary weights times a power of two are exactly what both types hold.
+  std::vector<float> x(512);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.25f * static_cast<float>(static_cast<int>((i * 7 + i / 3) % 3) - 1);
+  x[0] = 0.25f;  // each block's largest magnitude is the scale
+  x[256] = -0.25f;
+  for (type t : {type::tq1_0, type::tq2_0}) {
+    INFO("type " << type_name(t));
+    CHECK(dequantize(t, quantize(t, x), 512) == x);
+  }
+}
+
 TEST_CASE("q8_K golden block and quantizer invariants", "[quants][golden]") {
   block_q8_K b = zeroed<block_q8_K>();
   b.d = 0.125f;
@@ -620,6 +672,8 @@ TEST_CASE("dequantizers agree with an independent decoder on every bit of patter
       {type::q6_K, {208}, -3908730.0, 269853.0, -715.5f, 84.0f},
       {type::iq4_nl, {0}, -13679.0, 1834.5, 34.5f, -63.5f},
       {type::iq4_xs, {0}, -2536346.5, 122355.5, 32.5f, -227.5f},
+      {type::tq1_0, {52}, -459.5, 175.0, -0.5f, 0.0f},
+      {type::tq2_0, {64}, 33719.5, 252.0, 1.0f, 1.0f},
   };
   for (const auto& c : cases) {
     INFO("type " << type_name(c.t));
@@ -686,8 +740,8 @@ TEST_CASE("type table: ids, names, block sizes, supported flags", "[types]") {
       {type::i8, 24, "i8", 1, 1, false, false},          {type::i16, 25, "i16", 1, 2, false, false},
       {type::i32, 26, "i32", 1, 4, false, true},         {type::i64, 27, "i64", 1, 8, false, true},
       {type::f64, 28, "f64", 1, 8, false, false},        {type::iq1_m, 29, "iq1_m", 256, 56, true, false},
-      {type::bf16, 30, "bf16", 1, 2, false, true},       {type::tq1_0, 34, "tq1_0", 256, 54, true, false},
-      {type::tq2_0, 35, "tq2_0", 256, 66, true, false},  {type::mxfp4, 39, "mxfp4", 32, 17, true, false},
+      {type::bf16, 30, "bf16", 1, 2, false, true},       {type::tq1_0, 34, "tq1_0", 256, 54, true, true},
+      {type::tq2_0, 35, "tq2_0", 256, 66, true, true},   {type::mxfp4, 39, "mxfp4", 32, 17, true, true},
   };
   size_t known = 0;
   for (const auto& r : rows) {
@@ -720,6 +774,9 @@ TEST_CASE("type table: ids, names, block sizes, supported flags", "[types]") {
   CHECK(traits(type::q5_1).vec_dot_type == type::q8_1);
   for (type t : {type::q2_K, type::q3_K, type::q4_K, type::q5_K, type::q6_K, type::q8_K, type::iq4_xs}) CHECK(traits(t).vec_dot_type == type::q8_K);
   CHECK(traits(type::iq4_nl).vec_dot_type == type::q8_0);
+  CHECK(traits(type::mxfp4).vec_dot_type == type::q8_0);
+  CHECK(traits(type::tq1_0).vec_dot_type == type::q8_K);
+  CHECK(traits(type::tq2_0).vec_dot_type == type::q8_K);
   CHECK(traits(type::f16).vec_dot_type == type::f32);  // activations stay f32 against f16 weights
   CHECK(traits(type::bf16).vec_dot_type == type::bf16);
   CHECK(traits(type::f32).vec_dot_type == type::f32);
@@ -759,6 +816,6 @@ TEST_CASE("require_supported names the tensor and the type", "[types]") {
     CHECK(msg.find("iq2_xxs") != std::string::npos);
     CHECK(msg.find("16") != std::string::npos);
   }
-  CHECK_THROWS_AS(require_supported(type::mxfp4, "w"), type_error);
+  CHECK_THROWS_AS(require_supported(type::iq3_s, "w"), type_error);
   CHECK_THROWS_AS(require_supported(type::f64, "w"), type_error);
 }

@@ -40,7 +40,7 @@ command_fn add_quantize(CLI::App& app) {
   auto o = std::make_shared<quantize_options>();
   app.add_option("input", o->in, "source GGUF model")->required();
   app.add_option("output", o->out, "GGUF model to write")->required();
-  app.add_option("type", o->type, "q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, f16, bf16, f32, or a mix: q4_K_M, q5_K_M")->required();
+  app.add_option("type", o->type, "q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, tq1_0, tq2_0 (ternary-trained models), mxfp4, f16, bf16, f32, or a mix: q4_K_M, q5_K_M")->required();
   app.add_option("threads", o->n_threads, "threads (default: all)");
   return [o] { return run_quantize(*o); };
 }
