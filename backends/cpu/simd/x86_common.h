@@ -32,6 +32,7 @@
 
 #include "runtime/quants.h"     // block layouts only; their inline functions are not used here (compiled
 #include "runtime/quants_iq.h"  // with this file's -m flags, the linker could keep that copy for every caller)
+#include "runtime/quants_mx.h"
 
 namespace troupe::cpu::simd {
 namespace {
@@ -80,6 +81,17 @@ inline __m256i bytes_from_bits_32(const uint8_t* qh) {
 // The iq4_nl / iq4_xs codebook in both 128-bit lanes: _mm256_shuffle_epi8(codebook, nibbles) decodes quants.
 inline __m256i iq4_codebook() {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(iq4nl_values)));
+}
+
+// The mxfp4 values (E2M1 doubled) in both 128-bit lanes, and the scale of an E8M0 byte (mxfp4_scale).
+inline __m256i mxfp4_codebook() {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mxfp4_values)));
+}
+inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? (0x00200000u << e) : (static_cast<uint32_t>(e - 1) << 23);
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
 }
 
 // Sums of u[i] * s[i] (u unsigned bytes, s signed bytes) over groups of 4 bytes: 8 int32. Exact for our

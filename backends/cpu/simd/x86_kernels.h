@@ -51,6 +51,7 @@ TROUPE_SIMD_DOT(vec_dot_q5_K);
 TROUPE_SIMD_DOT(vec_dot_q6_K);
 TROUPE_SIMD_DOT(vec_dot_iq4_nl);
 TROUPE_SIMD_DOT(vec_dot_iq4_xs);
+TROUPE_SIMD_DOT(vec_dot_mxfp4);
 TROUPE_SIMD_TILE_DECL(vec_dot_f32);
 TROUPE_SIMD_TILE_DECL(vec_dot_f16);
 TROUPE_SIMD_TILE_DECL(vec_dot_bf16);
@@ -64,6 +65,7 @@ TROUPE_SIMD_TILE_DECL(vec_dot_q5_K);
 TROUPE_SIMD_TILE_DECL(vec_dot_q6_K);
 TROUPE_SIMD_TILE_DECL(vec_dot_iq4_nl);
 TROUPE_SIMD_TILE_DECL(vec_dot_iq4_xs);
+TROUPE_SIMD_TILE_DECL(vec_dot_mxfp4);
 // The 32-value block types' tiles on prepared activation rows (simd.h: tile_prepare); _s: against q8_0,
 // _u: against q8_1.
 TROUPE_SIMD_TILE_DECL(vec_dot_q4_0_prepared);
@@ -72,12 +74,14 @@ TROUPE_SIMD_TILE_DECL(vec_dot_q5_0_prepared);
 TROUPE_SIMD_TILE_DECL(vec_dot_q5_1_prepared);
 TROUPE_SIMD_TILE_DECL(vec_dot_q8_0_prepared);
 TROUPE_SIMD_TILE_DECL(vec_dot_iq4_nl_prepared);
+TROUPE_SIMD_TILE_DECL(vec_dot_mxfp4_prepared);
 void tile_prepare_q4_0(int64_t n, const void* y, void* out);
 void tile_prepare_q4_1(int64_t n, const void* y, void* out);
 void tile_prepare_q5_0(int64_t n, const void* y, void* out);
 void tile_prepare_q5_1(int64_t n, const void* y, void* out);
 void tile_prepare_q8_0(int64_t n, const void* y, void* out);
 void tile_prepare_iq4_nl(int64_t n, const void* y, void* out);
+void tile_prepare_mxfp4(int64_t n, const void* y, void* out);
 size_t tile_prepared_size_s(int64_t n);
 size_t tile_prepared_size_u(int64_t n);
 
