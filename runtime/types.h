@@ -2,7 +2,7 @@
 //
 //   const type_traits& t = traits(type::q4_K);   // name "q4_K", 256 values per 144-byte block
 //   size_t bytes = row_size(type::q4_K, 4096);   // 16 blocks * 144 bytes
-//   if (!t.supported) throw type_error(...);     // iq*, tq*, mxfp4: known by size, never computed with
+//   if (!t.supported) throw type_error(...);     // the i-quants below 4 bits: known by size only
 //
 // Every type GGUF defines is known here (name, block size, block bytes), so a loader can size and skip a
 // tensor it cannot compute with and report it by name; `supported` says whether troupe can convert it.
