@@ -32,6 +32,9 @@ bool check_case(const op_case& c, size_t ci, const std::vector<float>& ref, back
 // Runs every case of the table that be's device computes (supports_op) on be and on the CPU reference path,
 // CHECKing each within its bound; returns how many were compared per op (the first word of a case's name).
 std::map<std::string, int> compare_supported_cases(backend_i& be);
+// A "mul_mat <type> ..." case whose weight type the GPU backends compute (is_gpu_weight_type). The
+// i-quants, ternary and MXFP4 types are computed on the CPU only.
+bool is_gpu_mul_mat_case(const op_case& c);
 // CHECKs that a GPU backend's run of the table (Vulkan, CUDA) covered every op the GPU backends compute:
 // every case of each with its broadcasts, masks, types and indices, and every matrix product case.
 void check_gpu_coverage(std::map<std::string, int>& compared);

@@ -151,7 +151,7 @@ TEST_CASE("every matrix product case matches the CPU reference with each of the 
     int compared = 0;
     for (size_t ci = 0; ci < cases.size(); ++ci) {
       const testing::op_case& c = cases[ci];
-      if (c.name.rfind("mul_mat ", 0) != 0 && c.name != "attention chain") continue;
+      if (!testing::is_gpu_mul_mat_case(c) && c.name != "attention chain") continue;
       INFO("case: " << c.name);
       const auto got = testing::run_case(c, ci, *be, nullptr);
       REQUIRE(got.has_value());
