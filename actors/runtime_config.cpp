@@ -4,6 +4,7 @@
 
 #include "actors/config_toml.h"
 #include "runtime/error.h"
+#include "runtime/llm/offload.h"
 
 namespace troupe::actors {
 
@@ -75,7 +76,7 @@ void parse_peers(const toml::table& root, runtime_config& c, const std::string& 
 // the error placed at the key at fault.
 model_settings parse_model(const toml::table& t, const std::string& source) {
   check_keys(t, {"name", "path", "devices", "use_mmap", "huge_pages", "parallel", "n_ctx", "n_batch", "n_ubatch", "n_pipeline", "n_seq_max", "threads",
-                 "n_ctx_seq", "kv_type", "chat_template", "overrides", "placement", "min_nodes"},
+                 "n_ctx_seq", "kv_type", "chat_template", "overrides", "cpu_moe", "n_cpu_moe", "placement", "min_nodes"},
              "[[model]]", source);
   model_settings m;
   m.name = get<std::string>(t, "name", "", "model", source);
@@ -99,6 +100,11 @@ model_settings parse_model(const toml::table& t, const std::string& source) {
     check_keys(ot, {"pattern", "device"}, overrides, source);
     m.overrides.push_back({get<std::string>(ot, "pattern", "", overrides, source), get<std::string>(ot, "device", "", overrides, source)});
   });
+  // cpu_moe = true / n_cpu_moe = N: the experts of every layer / the first N layers on the CPU, as tensor
+  // overrides after the table's own (--cpu-moe / --n-cpu-moe).
+  const bool cpu_moe = get<bool>(t, "cpu_moe", false, "model", source);
+  const uint32_t n_cpu_moe = get<uint32_t>(t, "n_cpu_moe", 0, "model", source);
+  for (const std::string& p : llm::cpu_moe_patterns(cpu_moe, n_cpu_moe)) m.overrides.push_back({p, "CPU"});
   const std::string devices = "model.devices";
   for_each_table(t, "devices", devices, "{device, layers}", source, [&](const toml::table& dt) {
     check_keys(dt, {"device", "layers"}, devices, source);

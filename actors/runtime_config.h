@@ -29,6 +29,8 @@
 //   chat_template = ""             # "": the model's own; or a family ("chatml", "llama3", "raw", ...)
 //   devices = [{ device = "CPU1", layers = 4 }]
 //   overrides = [{ pattern = "ffn_.*", device = "CPU" }]   # tensor-name regex -> device
+//   cpu_moe = false                # a mixture of experts' expert weights on the CPU (after `overrides`)
+//   n_cpu_moe = 0                  # ... of the first N layers only
 //
 // Unknown tables and keys are errors naming the key (a typo must not silently fall back to a default).
 #pragma once

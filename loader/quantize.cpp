@@ -170,7 +170,10 @@ quantize_report quantize_model(const std::filesystem::path& in, const std::files
   for (const gguf_tensor_info& t : f.tensors()) {
     const std::span<const std::byte> src(m.data() + t.file_offset, t.n_bytes);
     r.bytes_in += t.n_bytes;
-    const bool matrix = t.n_dims >= 2 && t.name.size() > 7 && t.name.ends_with(".weight");
+    // A mixture of experts' router (ffn_gate_inp) stays as it is, as llama.cpp keeps it: small, and its
+    // errors move every token's choice of experts.
+    const bool matrix = t.n_dims >= 2 && t.name.size() > 7 && t.name.ends_with(".weight") &&
+                        !t.name.ends_with(".ffn_gate_inp.weight");
     const type want = recipe.type_for(t.name, layer_of(t.name), n_layer, !has_output);
     const type target = matrix ? quantize_type_for(want, t.ne[0]) : t.type;
     if (target == t.type) {

@@ -111,6 +111,7 @@ tensor* norm(context& ctx, tensor* a, float eps) {
 
 tensor* silu(context& ctx, tensor* a) { return unary(ctx, op::silu, a); }
 tensor* gelu(context& ctx, tensor* a) { return unary(ctx, op::gelu, a); }
+tensor* sigmoid(context& ctx, tensor* a) { return unary(ctx, op::sigmoid, a); }
 
 tensor* glu(context& ctx, tensor* a, tensor* b, glu_kind kind, bool swapped) {
   require_src(a, "glu", "a");
@@ -248,6 +249,26 @@ tensor* mul_mat(context& ctx, tensor* a, tensor* b) {
           "a's rows must be contiguous, or a an f32 / f16 matrix read transposed (another transposed a needs cont first)",
           {a, b});
   return new_node(ctx, op::mul_mat, type::f32, {a->ne[1], b->ne[1], b->ne[2], b->ne[3]}, {a, b});
+}
+
+tensor* mul_mat_id(context& ctx, tensor* as, tensor* b, tensor* ids) {
+  require_src(as, "mul_mat_id", "as");
+  require_src(b, "mul_mat_id", "b");
+  require_src(ids, "mul_mat_id", "ids");
+  const type_traits& ta = traits(as->type);
+  require(ta.supported && ta.vec_dot != nullptr, "mul_mat_id", "the experts' type cannot be multiplied", {as, b, ids});
+  require(is_contiguous_rows(*as), "mul_mat_id", "the experts' rows must be contiguous", {as, b, ids});
+  require(b->type == type::f32, "mul_mat_id", "b must be f32", {as, b, ids});
+  require(ids->type == type::i32, "mul_mat_id", "ids must be i32", {as, b, ids});
+  require(as->ne[3] == 1 && b->ne[3] == 1 && ids->ne[2] == 1 && ids->ne[3] == 1, "mul_mat_id",
+          "shapes must be as = [k, m, n_expert, 1], b = [k, n_b, n_tokens, 1], ids = [n_used, n_tokens, 1, 1]",
+          {as, b, ids});
+  require(as->ne[0] == b->ne[0], "mul_mat_id", "as.ne[0] != b.ne[0]", {as, b, ids});
+  require(ids->ne[1] == b->ne[2], "mul_mat_id", "ids and b must have the same token count (ids.ne[1] == b.ne[2])",
+          {as, b, ids});
+  require(b->ne[1] == 1 || b->ne[1] == ids->ne[0], "mul_mat_id", "b.ne[1] must be 1 or ids.ne[0] (n_used)",
+          {as, b, ids});
+  return new_node(ctx, op::mul_mat_id, type::f32, {as->ne[1], ids->ne[0], ids->ne[1], 1}, {as, b, ids});
 }
 
 tensor* mul_mat_masked(context& ctx, tensor* a, tensor* b, tensor* mask) {
@@ -476,6 +497,15 @@ tensor* argmax(context& ctx, tensor* a) {
   require(a->type == type::f32, "argmax", "a must be f32", {a});
   require(a->ne[2] == 1 && a->ne[3] == 1, "argmax", "a must be 2-D", {a});
   return new_node(ctx, op::argmax, type::i32, {a->ne[1], 1, 1, 1}, {a});
+}
+
+tensor* top_k(context& ctx, tensor* a, int k) {
+  require_src(a, "top_k", "a");
+  require(a->type == type::f32, "top_k", "a must be f32", {a});
+  require(k >= 1 && k <= a->ne[0], "top_k", "k must be in [1, a.ne[0]]", {a});
+  tensor* r = new_node(ctx, op::top_k, type::i32, {k, a->ne[1], a->ne[2], a->ne[3]}, {a});
+  r->set_param(0, static_cast<int32_t>(k));
+  return r;
 }
 
 }  // namespace troupe

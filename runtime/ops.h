@@ -47,6 +47,7 @@ tensor* norm(context& ctx, tensor* a, float eps);
 // ---- activations, f32 ----
 tensor* silu(context& ctx, tensor* a);
 tensor* gelu(context& ctx, tensor* a);  // tanh approximation, as GGUF models expect
+tensor* sigmoid(context& ctx, tensor* a);  // 1 / (1 + exp(-x))
 
 enum class glu_kind : int32_t { swiglu = 0, geglu = 1 };
 // Fused gated unit. With b: act(a) * b, a and b the same shape. Without b: a's rows hold [x | g] halves,
@@ -108,6 +109,14 @@ tensor* mul_mat(context& ctx, tensor* a, tensor* b);
 // ignores it computes every element, which is as correct.
 tensor* mul_mat_masked(context& ctx, tensor* a, tensor* b, tensor* mask);
 
+// Mixture of experts: each token's row of b multiplied by the experts ids chose for it.
+// as: [k, m, n_expert, 1], the experts' weights (a type mul_mat reads, rows contiguous); b: [k, n_b, n_tokens, 1]
+// f32 with n_b == 1 (every chosen expert reads the token's one row) or n_b == n_used (one row per choice);
+// ids: [n_used, n_tokens, 1, 1] i32. dst: [m, n_used, n_tokens, 1] f32,
+//   dst[:, s, t] = as[:, :, ids[s, t]]^T b[:, s % n_b, t].
+// An id outside [0, n_expert) (only a malformed graph has one) gives a row of zeros.
+tensor* mul_mat_id(context& ctx, tensor* as, tensor* b, tensor* ids);
+
 // Attention in one op, without the [n_kv, n_tokens, n_head] score matrix in memory:
 // dst = softmax(scale * k^T q + mask) v for every query row of every head.
 // q: [hd_k, n_tok, n_head, 1] f32 (dense rows, any strides: a permuted view of [hd_k, n_head, n_tok]);
@@ -160,5 +169,8 @@ tensor* pad(context& ctx, tensor* a, int p0, int p1, int p2 = 0, int p3 = 0);
 tensor* sum_rows(context& ctx, tensor* a);  // [1, ne1, ne2, ne3]
 tensor* mean(context& ctx, tensor* a);      // [1, ne1, ne2, ne3]
 tensor* argmax(context& ctx, tensor* a);    // a: [ne0, ne1] f32 -> [ne1] i32, first index of the maximum
+// The indices of the k largest values of each row, largest first (equal values: the lower index first):
+// a: [n, ne1, ne2, ne3] f32 -> [k, ne1, ne2, ne3] i32, 1 <= k <= n. A mixture of experts' routing.
+tensor* top_k(context& ctx, tensor* a, int k);
 
 }  // namespace troupe

@@ -36,6 +36,9 @@ std::string_view op_name(op o) {
     case op::sum_rows: return "sum_rows";
     case op::argmax: return "argmax";
     case op::flash_attn: return "flash_attn";
+    case op::mul_mat_id: return "mul_mat_id";
+    case op::top_k: return "top_k";
+    case op::sigmoid: return "sigmoid";
     case op::count: break;
   }
   return "unknown";

@@ -56,6 +56,9 @@ enum class op : uint8_t {
   sum_rows,
   argmax,
   flash_attn,
+  mul_mat_id,
+  top_k,
+  sigmoid,
   count,
 };
 

@@ -97,7 +97,8 @@ bool supports_op(const tensor& node) {
     case op::norm: return supports_norm(node);
     case op::soft_max: return supports_soft_max(node);
     case op::silu:
-    case op::gelu: return supports_unary(node);
+    case op::gelu:
+    case op::sigmoid: return supports_unary(node);
     case op::glu: return supports_glu(node);
     case op::rope: return supports_rope(node);
     case op::cpy:
@@ -111,6 +112,8 @@ bool supports_op(const tensor& node) {
     case op::mean: return supports_reduce(node);
     case op::argmax: return supports_argmax(node);
     case op::flash_attn: return supports_flash_attn(node);
+    case op::mul_mat_id: return supports_mul_mat_id(node);
+    case op::top_k: return supports_top_k(node);
     case op::count: return false;
   }
   return false;
@@ -127,6 +130,8 @@ size_t work_size(const tensor& node, int nth, bool reference) {
     case op::set_rows: return set_rows_work_size(node, nth);
     case op::mul_mat: return mul_mat_work_size(node, nth, reference);
     case op::flash_attn: return flash_attn_work_size(node, nth);
+    case op::mul_mat_id: return mul_mat_id_work_size(node, nth);
+    case op::top_k: return top_k_work_size(node, nth);
     default: return 0;
   }
 }
@@ -147,7 +152,8 @@ void compute_forward(const compute_params& params, tensor& node) {
     case op::norm: return compute_norm(params, node);
     case op::soft_max: return compute_soft_max(params, node);
     case op::silu:
-    case op::gelu: return compute_unary(params, node);
+    case op::gelu:
+    case op::sigmoid: return compute_unary(params, node);
     case op::glu: return compute_glu(params, node);
     case op::rope: return compute_rope(params, node);
     case op::cpy:
@@ -161,6 +167,8 @@ void compute_forward(const compute_params& params, tensor& node) {
     case op::mean: return compute_reduce(params, node);
     case op::argmax: return compute_argmax(params, node);
     case op::flash_attn: return compute_flash_attn(params, node);
+    case op::mul_mat_id: return compute_mul_mat_id(params, node);
+    case op::top_k: return compute_top_k(params, node);
     case op::count: break;
   }
   unsupported(node, "unknown op");

@@ -136,7 +136,7 @@ void softmax_normalize(float* y, int64_t n, float mx, bool reference);
 bool supports_soft_max(const tensor& node);
 void compute_soft_max(const compute_params& params, tensor& node);
 
-bool supports_unary(const tensor& node);  // silu, gelu
+bool supports_unary(const tensor& node);  // silu, gelu, sigmoid
 void compute_unary(const compute_params& params, tensor& node);
 bool supports_glu(const tensor& node);
 void compute_glu(const compute_params& params, tensor& node);
@@ -170,5 +170,11 @@ void compute_flash_attn(const compute_params& params, tensor& node);
 bool supports_mul_mat(const tensor& node);
 size_t mul_mat_work_size(const tensor& node, int nth, bool reference);
 void compute_mul_mat(const compute_params& params, tensor& node);
+bool supports_mul_mat_id(const tensor& node);
+size_t mul_mat_id_work_size(const tensor& node, int nth);
+void compute_mul_mat_id(const compute_params& params, tensor& node);
+bool supports_top_k(const tensor& node);
+size_t top_k_work_size(const tensor& node, int nth);
+void compute_top_k(const compute_params& params, tensor& node);
 
 }  // namespace troupe::cpu::detail

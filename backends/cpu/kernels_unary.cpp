@@ -1,4 +1,4 @@
-// Activations: silu, gelu (tanh approximation) and the fused gated units swiglu / geglu.
+// Activations: silu, gelu (tanh approximation), sigmoid and the fused gated units swiglu / geglu.
 //
 // f32 with any strides; threads split the rows of the destination. Outside reference mode, silu and swiglu
 // over dense rows use the active SIMD table's row functions.
@@ -18,6 +18,7 @@ constexpr float gelu_coef_a = 0.044715f;
 constexpr float sqrt_2_over_pi = 0.79788456080286535587989211986876f;
 
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 inline float gelu(float x) {
   return 0.5f * x * (1.0f + std::tanh(sqrt_2_over_pi * x * (1.0f + gelu_coef_a * x * x)));
 }
@@ -104,6 +105,7 @@ void compute_unary(const compute_params& params, tensor& node) {
   if (!supports_unary(node)) unsupported(node, "needs f32 a and dst");
   if (node.op == op::silu) return unary<silu>(params, node);
   if (node.op == op::gelu) return unary<gelu>(params, node);
+  if (node.op == op::sigmoid) return unary<sigmoid>(params, node);
   unsupported(node, "not a unary op");
 }
 

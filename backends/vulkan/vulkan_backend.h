@@ -85,7 +85,7 @@ class backend final : public backend_i {
   VkDescriptorSet descriptor_set(const kernel& k, std::initializer_list<VkBuffer> buffers);
   void drop_descriptor_sets();
   void record(tensor& node);
-  void record_weights_op(tensor& node);  // mul_mat, get_rows
+  void record_weights_op(tensor& node);  // mul_mat, mul_mat_id, get_rows
   void record_set_rows(tensor& node);
   // Records one dispatch of an embedded shader over `buffers` (bindings 0..), with its push constants,
   // and the barrier after it.

@@ -199,7 +199,11 @@ backend_ptr device::init_backend() { return std::make_unique<vulkan::backend>(*t
 
 buffer_type_i& device::buffer_type() { return *buffer_type_; }
 
-bool device::supports_op(const tensor& t) const { return computes(t); }
+bool device::supports_op(const tensor& t) const {
+  // mul_mat_id sums with subgroupAdd (a device without it leaves the experts to the CPU).
+  if (t.op == op::mul_mat_id && !limits_.subgroup_arithmetic) return false;
+  return computes(t);
+}
 
 bool device::supports_buft(const buffer_type_i& b) const { return &b == buffer_type_.get(); }
 

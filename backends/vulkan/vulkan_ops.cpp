@@ -93,6 +93,14 @@ struct mul_mat_params {
   uint32_t d_off, d_nb1, d_nb2, d_nb3;
 };
 
+struct mul_mat_id_params {
+  uint32_t m, n_used, n_tokens, k, n_expert;
+  uint32_t a_off, a_nb1, a_nb2;
+  uint32_t b_off, b_nb0, b_nb1, b_nb2, n_b;
+  uint32_t d_off, d_nb1, d_nb2;
+  uint32_t i_off, i_nb0, i_nb1;
+};
+
 struct rows_params {
   uint32_t ne[4];
   uint32_t a_off, a_nb[4];
@@ -235,6 +243,7 @@ bool computes(const tensor& t) {
     case op::scale:
     case op::silu:
     case op::gelu:
+    case op::sigmoid:
     case op::rms_norm:
     case op::norm:
       return f32_strides(t) && t.src[0] && f32_strides(*t.src[0]) && same_shape(t, *t.src[0]);
@@ -304,13 +313,21 @@ bool computes(const tensor& t) {
       const tensor* b = t.src[1];
       return a != nullptr && b != nullptr && f32_strides(t) && t.nb[0] == 4 && f32_strides(*b) && readable_weights(*a);
     }
+    case op::mul_mat_id: {
+      const tensor* a = t.src[0];
+      const tensor* b = t.src[1];
+      const tensor* ids = t.src[2];
+      return a != nullptr && b != nullptr && ids != nullptr && f32_strides(t) && t.nb[0] == 4 && f32_strides(*b) &&
+             readable_weights(*a) && ids->type == type::i32 && element_strides(*ids) && a->ne[3] == 1 &&
+             (b->ne[1] == 1 || b->ne[1] == ids->ne[0]);
+    }
     default:
       return false;
   }
 }
 
 void backend::record(tensor& node) {
-  if (node.op == op::mul_mat || node.op == op::get_rows) {
+  if (node.op == op::mul_mat || node.op == op::get_rows || node.op == op::mul_mat_id) {
     record_weights_op(node);
     return;
   }
@@ -488,7 +505,7 @@ void backend::record(tensor& node) {
     default: {
       unary_params p{};
       set_shape_a_d(p, ne, a, d);
-      p.op = node.op == op::scale ? 0 : node.op == op::silu ? 1 : 2;
+      p.op = node.op == op::scale ? 0 : node.op == op::silu ? 1 : node.op == op::sigmoid ? 3 : 2;
       if (node.op == op::scale) {
         p.s = node.param<float>(0);
         p.bias = node.param<float>(1);
@@ -557,6 +574,35 @@ void backend::record_weights_op(tensor& node) {
     p.d_nb1 = d.nb[1];
     p.d_nb2 = d.nb[2];
     dispatch(("get_rows" + w.variant).c_str(), {w.buffer, iv.buffer, d.buffer}, &p, sizeof p, groups_for(uint64_t{ne[0]} * ne[1] * ne[2]));
+    return;
+  }
+  if (node.op == op::mul_mat_id) {
+    const f32_view b = view_of(dev_, *node.src[1]);
+    const f32_view iv = view_of(dev_, *node.src[2]);
+    mul_mat_id_params p{};
+    p.m = ne[0];
+    p.n_used = ne[1];
+    p.n_tokens = ne[2];
+    p.k = static_cast<uint32_t>(ta.ne[0]);
+    p.n_expert = static_cast<uint32_t>(ta.ne[2]);
+    p.a_off = w.off;
+    p.a_nb1 = w.nb[1];
+    p.a_nb2 = w.nb[2];
+    p.b_off = b.off;
+    p.b_nb0 = b.nb[0];
+    p.b_nb1 = b.nb[1];
+    p.b_nb2 = b.nb[2];
+    p.n_b = static_cast<uint32_t>(node.src[1]->ne[1]);
+    p.d_off = d.off;
+    p.d_nb1 = d.nb[1];
+    p.d_nb2 = d.nb[2];
+    p.i_off = iv.off;
+    p.i_nb0 = iv.nb[0];
+    p.i_nb1 = iv.nb[1];
+    const uint64_t rows_per_group = std::max<uint64_t>(1, 64 / std::max<uint32_t>(dev_.limits().subgroup_size, 1));
+    const uint64_t rows = uint64_t{ne[0]} * ne[1] * ne[2];
+    dispatch(("mul_mat_id" + w.variant).c_str(), {w.buffer, b.buffer, d.buffer, iv.buffer}, &p, sizeof p,
+             (rows + rows_per_group - 1) / rows_per_group);
     return;
   }
   const f32_view b = view_of(dev_, *node.src[1]);

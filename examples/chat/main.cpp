@@ -122,6 +122,7 @@ int run(int argc, char** argv) {
   engine eng({.cpu_instances = cli::max_cpu_instance(offload), .n_threads = 1});
   actors::model_settings ms{.n_ctx = n_ctx, .n_seq_max = 1, .n_threads = n_threads};
   for (const auto& [name, layers] : llm::offload_layers(offload, model_path)) ms.devices.push_back({name, layers});
+  for (const std::string& p : llm::cpu_moe_patterns(offload.cpu_moe, offload.n_cpu_moe)) ms.overrides.push_back({p, "CPU"});
   const actors::model_info info = eng.load_model("chat", model_path, ms);
   session s = eng.open_session("chat");
   actors::generation_params gp;

@@ -45,6 +45,11 @@ tensor* rebuild(context& ctx, const wire_tensor& w, const std::array<tensor*, ma
     case op::norm: return norm(ctx, a, param_f32(w, 0));
     case op::silu: return silu(ctx, a);
     case op::gelu: return gelu(ctx, a);
+    case op::sigmoid: return sigmoid(ctx, a);
+    case op::mul_mat_id: return mul_mat_id(ctx, a, b, c);
+    case op::top_k:
+      if (ne[0] < 1 || ne[0] > INT32_MAX) bad(what, "top_k with k = " + std::to_string(ne[0]));
+      return top_k(ctx, a, static_cast<int>(ne[0]));
     case op::glu: {
       const int32_t kind = param_i32(w, 0);
       return glu(ctx, a, b, static_cast<glu_kind>(kind), param_i32(w, 1) != 0);

@@ -115,6 +115,37 @@ tensor* graph_builder::ffn(const layer_weights& l, tensor* x, bool use_geglu) co
   return mul_mat(ctx, l.ffn_down, a);
 }
 
+expert_routing route_experts(context& ctx, const hparams& hp, tensor* logits) {
+  const int64_t n = logits->ne[1], n_expert = hp.n_expert, n_used = hp.n_expert_used;
+  tensor* probs = hp.gating == expert_gating::sigmoid ? sigmoid(ctx, logits) : soft_max(ctx, logits, nullptr, 1.0f);
+  tensor* chosen = top_k(ctx, probs, static_cast<int>(n_used));                      // [n_used, n] i32
+  tensor* w = get_rows(ctx, reshape(ctx, probs, 1, n_expert, n), chosen);            // [1, n_used, n]
+  if (hp.expert_weights_norm) {
+    tensor* w2 = reshape(ctx, w, n_used, n);
+    w = reshape(ctx, div(ctx, w2, sum_rows(ctx, w2)), 1, n_used, n);
+  }
+  if (hp.expert_weights_scale != 1.0f) w = scale(ctx, w, hp.expert_weights_scale);
+  return {chosen, w};
+}
+
+tensor* graph_builder::moe_ffn(const layer_weights& l, tensor* x) const {
+  const int64_t n = shape.n_tokens, n_embd = hp.n_embd;
+  const auto [chosen, w] = route_experts(ctx, hp, mul_mat(ctx, l.ffn_gate_inp, x));  // logits [n_expert, n]
+  tensor* xe = reshape(ctx, x, n_embd, 1, n);  // every chosen expert reads the token's row
+  tensor* up = mul_mat_id(ctx, l.ffn_up_exps, xe, chosen);      // [n_ff_exp, n_used, n]
+  tensor* gate = mul_mat_id(ctx, l.ffn_gate_exps, xe, chosen);
+  tensor* down = mul_mat_id(ctx, l.ffn_down_exps, swiglu(ctx, gate, up), chosen);  // [n_embd, n_used, n]
+  down = mul(ctx, down, w);
+  // The sum over the chosen experts, in choice order: rows of the [n_used, n_embd, n] view.
+  tensor* out = reshape(ctx, sum_rows(ctx, permute(ctx, down, 1, 0, 2, 3)), n_embd, n);
+  if (l.ffn_gate_inp_shexp != nullptr) {
+    tensor* g = sigmoid(ctx, mul_mat(ctx, l.ffn_gate_inp_shexp, x));  // [1, n]
+    tensor* sh = mul_mat(ctx, l.ffn_down_shexp, swiglu(ctx, mul_mat(ctx, l.ffn_gate_shexp, x), mul_mat(ctx, l.ffn_up_shexp, x)));
+    out = add(ctx, out, mul(ctx, sh, g));
+  }
+  return out;
+}
+
 tensor* graph_builder::head(tensor* x) const {
   tensor* rows = get_rows(ctx, x, in.out_ids);  // [n_embd, n_outputs]
   tensor* h = rms(rows, m.output_norm(), hp.rms_eps);
@@ -133,7 +164,9 @@ tensor* build_graph(graph_builder& b) {
   switch (b.hp.a) {
     case arch::llama:
     case arch::qwen2:
-    case arch::qwen3: return build_llama(b);
+    case arch::qwen3:
+    case arch::qwen2moe:
+    case arch::qwen3moe: return build_llama(b);
     case arch::gemma3: return build_gemma3(b);
   }
   throw error("no graph builder for architecture " + b.hp.name);

@@ -56,16 +56,31 @@ class graph_builder {
   tensor* attention(uint32_t il, tensor* q, tensor* k, tensor* v, float kq_scale, tensor* mask) const;
   // down(act(gate(x)) * up(x)) with act = silu (swiglu) or gelu (geglu).
   tensor* ffn(const layer_weights& l, tensor* x, bool geglu) const;
+  // A mixture of experts' feed-forward (l.ffn_gate_inp set): the router's logits, their softmax or sigmoid,
+  // the hp.n_expert_used experts of highest weight per token (top_k), their weights (renormalized and scaled
+  // as hp says), the chosen experts' SwiGLU feed-forwards (mul_mat_id) weighted and summed; plus qwen2moe's
+  // shared expert gated by a sigmoid. [n_embd, n_tokens] in and out.
+  tensor* moe_ffn(const layer_weights& l, tensor* x) const;
   // The last step: keep the out_ids rows, final norm, output projection: [n_vocab, n_outputs].
   tensor* head(tensor* x) const;
   // y = w x (+ b when b is set).
   tensor* linear(tensor* w, tensor* x, tensor* b = nullptr) const;
 };
 
+// A mixture of experts' routing of n tokens from the router's logits [n_expert, n]: the hp.n_expert_used
+// experts of highest weight per token, best first (equal weights: the lower index), and their weights after
+// hp's gating (softmax or sigmoid over all experts), renormalization and scale.
+struct expert_routing {
+  tensor* chosen = nullptr;   // [n_used, n] i32
+  tensor* weights = nullptr;  // [1, n_used, n] f32
+};
+expert_routing route_experts(context& ctx, const hparams& hp, tensor* logits);
+
 // Builds the graph of b.m's architecture; returns the logits tensor (flagged output).
 tensor* build_graph(graph_builder& b);
 
-// llama, qwen2 and qwen3 (their differences are optional weights: biases, QK norms).
+// llama, qwen2 and qwen3 (their differences are optional weights: biases, QK norms), and their mixtures of
+// experts (Mixtral, qwen2moe, qwen3moe).
 tensor* build_llama(graph_builder& b);
 tensor* build_gemma3(graph_builder& b);
 

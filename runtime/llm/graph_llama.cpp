@@ -1,7 +1,8 @@
 // llama (Llama 1/2/3, TinyLlama, SmolLM2, stories): pre-norm blocks, rotary attention (normal mode) with
 // grouped-query heads, SwiGLU feed-forward. Optional q/k/v biases and rope frequency factors. The same block
 // serves qwen2 (q/k/v biases, neox rope: the rope mode comes from the hyperparameters) and qwen3 (per-head
-// RMS norms on queries and keys before rope, no biases).
+// RMS norms on queries and keys before rope, no biases), and each with a mixture of experts in place of the
+// feed-forward: Mixtral (llama with experts), qwen2moe (biases, a shared expert), qwen3moe (QK norms).
 #include <cmath>
 
 #include "runtime/llm/graph.h"
@@ -28,7 +29,8 @@ tensor* build_llama(graph_builder& b) {
     k = b.rope_of(k, hp.rope_freq_base);
     tensor* att = b.attention(il, q, k, v, kq_scale, b.in.mask);
     x = add(c, x, mul_mat(c, l.wo, att));
-    x = add(c, x, b.ffn(l, b.rms(x, l.ffn_norm, hp.rms_eps), false));
+    tensor* f = b.rms(x, l.ffn_norm, hp.rms_eps);
+    x = add(c, x, l.ffn_gate_inp != nullptr ? b.moe_ffn(l, f) : b.ffn(l, f, false));
   }
   return b.head(x);
 }

@@ -14,7 +14,11 @@
 
 namespace troupe::llm {
 
-enum class arch : uint8_t { llama, qwen2, qwen3, gemma3 };
+enum class arch : uint8_t { llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe };
+
+// How a mixture of experts' router turns its logits into the experts' weights (<arch>.expert_gating_func,
+// numbered as llama.cpp: 1 softmax, 2 sigmoid).
+enum class expert_gating : uint8_t { softmax = 1, sigmoid = 2 };
 
 // The architecture for a general.architecture value; throws error naming it when troupe has no graph for it.
 arch arch_from_name(const std::string& name);
@@ -45,6 +49,14 @@ struct hparams {
   // <arch>.pooling_type, as llama.cpp numbers it: -1 not declared (embeddings use mean), 0 none, 1 mean,
   // 2 cls (the first token), 3 last, 4 rank (refused: a reranker's head is not loaded).
   int32_t pooling = -1;
+  // Mixture of experts (qwen2moe, qwen3moe, llama with experts: Mixtral). n_expert == 0: a dense model.
+  uint32_t n_expert = 0;       // <arch>.expert_count
+  uint32_t n_expert_used = 0;  // <arch>.expert_used_count: experts each token is routed to
+  uint32_t n_ff_exp = 0;       // <arch>.expert_feed_forward_length (default n_ff): an expert's width
+  uint32_t n_ff_shexp = 0;     // <arch>.expert_shared_feed_forward_length: the shared expert's (qwen2moe)
+  expert_gating gating = expert_gating::softmax;
+  bool expert_weights_norm = false;   // the chosen experts' weights divided by their sum
+  float expert_weights_scale = 1.0f;  // and then scaled by this
 
   uint32_t n_embd_k_gqa() const { return n_embd_head_k * n_head_kv; }
   uint32_t n_embd_v_gqa() const { return n_embd_head_v * n_head_kv; }

@@ -95,9 +95,29 @@ void model::attach(model_weights w) {
     l.wv = m->need(b + "attn_v.weight", {n_embd, hp.n_embd_v_gqa()});
     l.wo = m->need(b + "attn_output.weight", {n_v, n_embd});
     l.ffn_norm = m->need(b + "ffn_norm.weight", {n_embd});
-    l.ffn_gate = m->need(b + "ffn_gate.weight", {n_embd, n_ff});
-    l.ffn_up = m->need(b + "ffn_up.weight", {n_embd, n_ff});
-    l.ffn_down = m->need(b + "ffn_down.weight", {n_ff, n_embd});
+    if (hp.n_expert > 0) {
+      const int64_t n_expert = hp.n_expert, n_ff_exp = hp.n_ff_exp;
+      if (m->loader_->files().find_tensor(b + "ffn_gate.0.weight") != nullptr) {
+        throw error("model " + path_ + ": tensor '" + b +
+                    "ffn_gate.0.weight': experts stored one tensor each (an old Mixtral conversion) are not supported; "
+                    "convert the model again with llama.cpp's convert_hf_to_gguf.py, which merges them into ffn_gate_exps");
+      }
+      l.ffn_gate_inp = m->need(b + "ffn_gate_inp.weight", {n_embd, n_expert});
+      l.ffn_gate_exps = m->need(b + "ffn_gate_exps.weight", {n_embd, n_ff_exp, n_expert});
+      l.ffn_up_exps = m->need(b + "ffn_up_exps.weight", {n_embd, n_ff_exp, n_expert});
+      l.ffn_down_exps = m->need(b + "ffn_down_exps.weight", {n_ff_exp, n_embd, n_expert});
+      if (hp.a == arch::qwen2moe) {
+        const int64_t n_ff_sh = hp.n_ff_shexp;
+        l.ffn_gate_inp_shexp = m->need(b + "ffn_gate_inp_shexp.weight", {n_embd});
+        l.ffn_gate_shexp = m->need(b + "ffn_gate_shexp.weight", {n_embd, n_ff_sh});
+        l.ffn_up_shexp = m->need(b + "ffn_up_shexp.weight", {n_embd, n_ff_sh});
+        l.ffn_down_shexp = m->need(b + "ffn_down_shexp.weight", {n_ff_sh, n_embd});
+      }
+    } else {
+      l.ffn_gate = m->need(b + "ffn_gate.weight", {n_embd, n_ff});
+      l.ffn_up = m->need(b + "ffn_up.weight", {n_embd, n_ff});
+      l.ffn_down = m->need(b + "ffn_down.weight", {n_ff, n_embd});
+    }
     switch (hp.a) {
       case arch::llama:
         l.bq = m->maybe(b + "attn_q.bias", {n_q});
@@ -105,11 +125,13 @@ void model::attach(model_weights w) {
         l.bv = m->maybe(b + "attn_v.bias", {hp.n_embd_v_gqa()});
         break;
       case arch::qwen2:
+      case arch::qwen2moe:
         l.bq = m->need(b + "attn_q.bias", {n_q});
         l.bk = m->need(b + "attn_k.bias", {hp.n_embd_k_gqa()});
         l.bv = m->need(b + "attn_v.bias", {hp.n_embd_v_gqa()});
         break;
       case arch::qwen3:
+      case arch::qwen3moe:
         l.q_norm = m->need(b + "attn_q_norm.weight", {hp.n_embd_head_k});
         l.k_norm = m->need(b + "attn_k_norm.weight", {hp.n_embd_head_k});
         break;

@@ -46,6 +46,15 @@ struct layer_weights {
   tensor* ffn_up = nullptr;          // [n_embd, n_ff]
   tensor* ffn_down = nullptr;        // [n_ff, n_embd]
   tensor* post_ffn_norm = nullptr;   // gemma3: [n_embd]
+  // Mixture of experts (hp.n_expert > 0) instead of ffn_gate / ffn_up / ffn_down:
+  tensor* ffn_gate_inp = nullptr;        // the router: [n_embd, n_expert]
+  tensor* ffn_gate_exps = nullptr;       // [n_embd, n_ff_exp, n_expert]
+  tensor* ffn_up_exps = nullptr;         // [n_embd, n_ff_exp, n_expert]
+  tensor* ffn_down_exps = nullptr;       // [n_ff_exp, n_embd, n_expert]
+  tensor* ffn_gate_inp_shexp = nullptr;  // qwen2moe's shared expert: its gate [n_embd],
+  tensor* ffn_gate_shexp = nullptr;      // [n_embd, n_ff_shexp]
+  tensor* ffn_up_shexp = nullptr;        // [n_embd, n_ff_shexp]
+  tensor* ffn_down_shexp = nullptr;      // [n_ff_shexp, n_embd]
   buffer_type_i* buft = nullptr;     // where the layer lives
 };
 

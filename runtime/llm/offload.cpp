@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "backends/cpu/cpu_backend.h"
 #include "runtime/backend.h"
 #include "runtime/error.h"
 #include "runtime/llm/fit.h"
@@ -9,6 +10,19 @@
 #include "runtime/log.h"
 
 namespace troupe::llm {
+
+std::vector<std::string> cpu_moe_patterns(bool all, uint32_t n_first) {
+  if (all) return {"\\.ffn_(up|down|gate)_exps\\."};
+  std::vector<std::string> out;
+  for (uint32_t il = 0; il < n_first; ++il) out.push_back("^blk\\." + std::to_string(il) + "\\.ffn_(up|down|gate)_exps\\.");
+  return out;
+}
+
+std::vector<std::pair<std::string, device_i*>> cpu_moe_overrides(const offload_request& r) {
+  std::vector<std::pair<std::string, device_i*>> out;
+  for (std::string& p : cpu_moe_patterns(r.cpu_moe, r.n_cpu_moe)) out.emplace_back(std::move(p), &cpu::cpu_device());
+  return out;
+}
 
 std::vector<std::pair<std::string, int>> offload_layers(const offload_request& r, int n_layer) {
   std::vector<std::pair<std::string, int>> out;

@@ -10,6 +10,10 @@
 //                               proportion to their free memory, keeping 512 MiB free on each (fit.h)
 //   -ts / --tensor-split P,Q,...  with --device: the devices' shares in these proportions instead of evenly
 //                               (the output layer counts as one layer), e.g. 3,1: three quarters on the first
+//   -cmoe / --cpu-moe           a mixture of experts' expert weights (ffn_{gate,up,down}_exps) of every layer
+//                               stay on the CPU whatever device their layer is on (tensor overrides, the
+//                               first that matches wins; -ot / the daemon's overrides come first)
+//   -ncmoe / --n-cpu-moe N      the same for the experts of the first N layers
 //
 //   auto layers = llm::offload_layers({.n_gpu_layers = 99}, 30);   // {{"Vulkan0", 31}}: every layer and the output
 //   auto layers = llm::offload_layers({.devices = {"Vulkan0", "CPU"}}, 30);  // {{"Vulkan0", 15}, {"CPU", 16}}
@@ -37,8 +41,16 @@ struct offload_request {
   // has (the CPU last), for a context of fit_ctx cells.
   bool fit = false;
   uint32_t fit_ctx = 4096;
+  bool cpu_moe = false;    // --cpu-moe
+  uint32_t n_cpu_moe = 0;  // --n-cpu-moe N
   bool given() const { return fit || n_gpu_layers >= 0 || !devices.empty() || !tensor_split.empty(); }
 };
+
+// The tensor-override patterns (regexes over tensor names) that keep experts on the CPU: every layer's
+// (all), else the first n_first layers'. Empty when neither.
+std::vector<std::string> cpu_moe_patterns(bool all, uint32_t n_first);
+// Those patterns for r, each with the CPU device, as llm::model_params::overrides takes them.
+std::vector<std::pair<std::string, device_i*>> cpu_moe_overrides(const offload_request& r);
 
 // (device name, layers) in placement order; empty when nothing is offloaded (no flag, -ngl 0, or -ngl on a
 // machine with no device but the CPU, which logs a warning and runs on the CPU as llama.cpp does).

@@ -253,6 +253,31 @@ std::vector<op_case> conformance_cases() {
   add_case("mean", f32_math, [](case_builder& b) { return mean(b.ctx(), b.input(type::f32, {33, 5, 4, 1})); });
   add_case("argmax", exact, [](case_builder& b) { return argmax(b.ctx(), b.input(type::f32, {100, 7, 1, 1})); });
 
+  // ---- mixtures of experts: the chosen experts' products, the router's choice, its sigmoid gate ----
+  // ids distinct per token (as a router chooses); 8 experts, 3 chosen; the token's one row for every choice,
+  // or a row per choice (the down projection's input); a prompt whose experts get more than one chunk of
+  // pairs.
+  for (type wt : {type::f32, type::f16, type::bf16, type::q4_0, type::q8_0, type::q4_K, type::q6_K, type::iq4_nl}) {
+    const std::string tn(type_name(wt));
+    for (int64_t n : {1, 5, 40}) {
+      add_case("mul_mat_id " + tn + " n=" + std::to_string(n), matmul, [wt, n](case_builder& b) {
+        tensor* ids = b.input(type::i32, {3, n, 1, 1}, fill::unique_rows, 8);
+        return mul_mat_id(b.ctx(), b.input(wt, {256, 48, 8, 1}), b.input(type::f32, {256, 1, n, 1}), ids);
+      });
+    }
+  }
+  add_case("mul_mat_id q8_0 a row per choice", matmul, [](case_builder& b) {
+    tensor* ids = b.input(type::i32, {3, 6, 1, 1}, fill::unique_rows, 8);
+    return mul_mat_id(b.ctx(), b.input(type::q8_0, {64, 40, 8, 1}), b.input(type::f32, {64, 3, 6, 1}), ids);
+  });
+  add_case("mul_mat_id q4_K 100 tokens over 4 experts", matmul, [](case_builder& b) {
+    tensor* ids = b.input(type::i32, {2, 100, 1, 1}, fill::unique_rows, 4);
+    return mul_mat_id(b.ctx(), b.input(type::q4_K, {256, 70, 4, 1}), b.input(type::f32, {256, 1, 100, 1}), ids);
+  });
+  add_case("top_k", exact, [](case_builder& b) { return top_k(b.ctx(), b.input(type::f32, {60, 7, 2, 1}), 4); });
+  add_case("top_k all", exact, [](case_builder& b) { return top_k(b.ctx(), b.input(type::f32, {8, 5, 1, 1}), 8); });
+  add_case("sigmoid", f32_math, [](case_builder& b) { return sigmoid(b.ctx(), b.input(type::f32, {33, 5, 4, 1})); });
+
   // ---- a small chain: norm -> matmul -> rope -> softmax, as in attention ----
   add_case("attention chain", matmul, [](case_builder& b) {
     context& c = b.ctx();

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include "net/http/daemon_config.h"
 #include "net/http/metrics.h"
@@ -75,6 +76,33 @@ overrides = [{ pattern = "output", device = "CPU" }]
   const actors::model_settings lr = m.resolved();
   CHECK(lr.n_ctx_seq == 512);  // n_ctx / n_seq_max by default
 
+  // cpu_moe / n_cpu_moe: the experts' tensor overrides to the CPU, after the table's own.
+  const daemon_config moe = parse_daemon_config(R"(
+[[model]]
+name = "a"
+path = "a.gguf"
+overrides = [{ pattern = "output", device = "Vulkan0" }]
+cpu_moe = true
+[[model]]
+name = "b"
+path = "b.gguf"
+n_cpu_moe = 2
+)",
+                                                "d.toml");
+  REQUIRE(moe.runtime.models.size() == 2);
+  const auto& ao = moe.runtime.models[0].overrides;
+  REQUIRE(ao.size() == 2);
+  CHECK(ao[0].pattern == "output");
+  CHECK(ao[1].device == "CPU");
+  CHECK(std::regex_search("blk.7.ffn_up_exps.weight", std::regex(ao[1].pattern)));
+  CHECK_FALSE(std::regex_search("blk.7.ffn_up.weight", std::regex(ao[1].pattern)));
+  const auto& bo = moe.runtime.models[1].overrides;
+  REQUIRE(bo.size() == 2);
+  CHECK(std::regex_search("blk.1.ffn_down_exps.weight", std::regex(bo[1].pattern)));
+  CHECK_FALSE(std::regex_search("blk.2.ffn_down_exps.weight", std::regex(bo[0].pattern)));
+  CHECK_FALSE(std::regex_search("blk.2.ffn_down_exps.weight", std::regex(bo[1].pattern)));
+  CHECK_FALSE(std::regex_search("blk.10.ffn_gate_exps.weight", std::regex(bo[1].pattern)));
+
   // The shipped example parses (its model may not be downloaded: validation is separate).
   const daemon_config ex = load_daemon_config(std::filesystem::path(TROUPE_SOURCE_DIR) / "configs/daemon.toml");
   REQUIRE(ex.runtime.models.size() == 1);
@@ -95,6 +123,8 @@ TEST_CASE("daemon config: errors name the file, the line and the key", "[http][c
   CHECK_THAT(config_error("[[model]]\nname = \"m\"\npath = \"m.gguf\"\noverrides = [{ pattern = \"(\", device = \"CPU\" }]\n"),
              Contains("invalid regex"));
   CHECK_THAT(config_error("[server]\napi_key_file = \"/nonexistent/keys\"\n"), Contains("server.api_key_file"));
+  CHECK_THAT(config_error("[[model]]\nname = \"m\"\npath = \"m.gguf\"\ncpu_moe = \"yes\"\n"), Contains("d.toml:4") && Contains("cpu_moe"));
+  CHECK_THAT(config_error("[[model]]\nname = \"m\"\npath = \"m.gguf\"\nn_cpu_moe = -1\n"), Contains("n_cpu_moe"));
   CHECK_THAT(config_error("[server\n"), Contains("d.toml:1"));
 
   daemon_config none = parse_daemon_config("", "d.toml");

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,10 +17,19 @@ namespace troupe::testing {
 
 struct synthetic_shape {
   uint32_t n_embd = 64, n_head = 4, n_head_kv = 2, head_dim = 16, n_ff = 96, n_layer = 6, n_vocab = 128;
+  // Mixtures of experts (qwen2moe, qwen3moe, "mixtral": llama with experts).
+  uint32_t n_expert = 8, n_expert_used = 2, n_ff_exp = 32, n_ff_shexp = 48;
 };
 
-inline void write_synthetic_model(const std::string& arch, const std::filesystem::path& path, synthetic_shape s = {}) {
-  uint64_t state = 0x9e3779b97f4a7c15ull ^ (arch.size() * 7919);
+inline bool synthetic_is_moe(const std::string& name) { return name == "qwen2moe" || name == "qwen3moe" || name == "mixtral"; }
+
+// `name` is an architecture troupe runs, or "mixtral" (a llama file with experts, as Mixtral's).
+// edit, when set, may change the metadata (gguf_writer::set) before the file is written.
+inline void write_synthetic_model(const std::string& name, const std::filesystem::path& path, synthetic_shape s = {},
+                                  const std::function<void(gguf_writer&)>& edit = {}) {
+  const std::string arch = name == "mixtral" ? "llama" : name;
+  const bool moe = synthetic_is_moe(name);
+  uint64_t state = 0x9e3779b97f4a7c15ull ^ (name.size() * 7919) ^ (moe ? static_cast<uint64_t>(name[4]) << 20 : 0);
   auto next = [&state] {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     return static_cast<float>((state >> 40) & 0xffffff) / static_cast<float>(0x1000000) - 0.5f;  // [-0.5, 0.5)
@@ -38,14 +48,20 @@ inline void write_synthetic_model(const std::string& arch, const std::filesystem
   w.add(p + "attention.layer_norm_rms_epsilon", 1e-6f);
   w.add(p + "rope.freq_base", arch == "gemma3" ? 1000000.0f : 10000.0f);
   if (arch == "gemma3") w.add(p + "attention.sliding_window", uint32_t{4});
+  if (moe) {
+    w.add(p + "expert_count", s.n_expert);
+    w.add(p + "expert_used_count", s.n_expert_used);
+    if (name != "mixtral") w.add(p + "expert_feed_forward_length", s.n_ff_exp);
+    if (name == "qwen2moe") w.add(p + "expert_shared_feed_forward_length", s.n_ff_shexp);
+  }
 
   std::vector<std::vector<float>> keep;  // data must outlive write_file
-  auto tensor = [&](const std::string& name, std::vector<int64_t> shape, float scale, float offset = 0.0f) {
+  auto tensor = [&](const std::string& tname, std::vector<int64_t> shape, float scale, float offset = 0.0f) {
     size_t n = 1;
     for (int64_t d : shape) n *= static_cast<size_t>(d);
     keep.emplace_back(n);
     for (float& x : keep.back()) x = offset + scale * next();
-    w.add_tensor(name, type::f32, std::span<const int64_t>(shape), std::as_bytes(std::span(keep.back())));
+    w.add_tensor(tname, type::f32, std::span<const int64_t>(shape), std::as_bytes(std::span(keep.back())));
   };
   const int64_t e = s.n_embd, q = int64_t{s.n_head} * s.head_dim, kv = int64_t{s.n_head_kv} * s.head_dim;
   // gemma3 scales embeddings by sqrt(n_embd) and ties the output to them: small embeddings keep the
@@ -60,12 +76,12 @@ inline void write_synthetic_model(const std::string& arch, const std::filesystem
     tensor(b + "attn_k.weight", {e, kv}, 0.4f);
     tensor(b + "attn_v.weight", {e, kv}, 0.4f);
     tensor(b + "attn_output.weight", {q, e}, 0.3f);
-    if (arch == "qwen2") {
+    if (arch == "qwen2" || arch == "qwen2moe") {
       tensor(b + "attn_q.bias", {q}, 0.2f);
       tensor(b + "attn_k.bias", {kv}, 0.2f);
       tensor(b + "attn_v.bias", {kv}, 0.2f);
     }
-    if (arch == "qwen3" || arch == "gemma3") {
+    if (arch == "qwen3" || arch == "qwen3moe" || arch == "gemma3") {
       tensor(b + "attn_q_norm.weight", {s.head_dim}, 0.2f, 1.0f);
       tensor(b + "attn_k_norm.weight", {s.head_dim}, 0.2f, 1.0f);
     }
@@ -74,10 +90,25 @@ inline void write_synthetic_model(const std::string& arch, const std::filesystem
       tensor(b + "post_ffw_norm.weight", {e}, 0.2f, 1.0f);
     }
     tensor(b + "ffn_norm.weight", {e}, 0.2f, 1.0f);
+    if (moe) {
+      const int64_t ff = name == "mixtral" ? s.n_ff : s.n_ff_exp, ne = s.n_expert;
+      tensor(b + "ffn_gate_inp.weight", {e, ne}, 2.0f);  // a router with clear preferences
+      tensor(b + "ffn_gate_exps.weight", {e, ff, ne}, 0.4f);
+      tensor(b + "ffn_up_exps.weight", {e, ff, ne}, 0.4f);
+      tensor(b + "ffn_down_exps.weight", {ff, e, ne}, 0.3f);
+      if (name == "qwen2moe") {
+        tensor(b + "ffn_gate_inp_shexp.weight", {e}, 0.4f);
+        tensor(b + "ffn_gate_shexp.weight", {e, s.n_ff_shexp}, 0.4f);
+        tensor(b + "ffn_up_shexp.weight", {e, s.n_ff_shexp}, 0.4f);
+        tensor(b + "ffn_down_shexp.weight", {s.n_ff_shexp, e}, 0.3f);
+      }
+      continue;
+    }
     tensor(b + "ffn_gate.weight", {e, s.n_ff}, 0.4f);
     tensor(b + "ffn_up.weight", {e, s.n_ff}, 0.4f);
     tensor(b + "ffn_down.weight", {s.n_ff, e}, 0.3f);
   }
+  if (edit) edit(w);
   w.write_file(path);
 }
 

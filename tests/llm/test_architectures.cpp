@@ -1,6 +1,7 @@
 // Every architecture's graph builder against an independent numpy reference (scripts/reference-forward)
 // on a small random-weight model of that architecture (tests/llm/synthetic_model.h; 6 layers, GQA 4/2,
-// head size 16, gemma3 with a sliding window of 4 on five of its six layers).
+// head size 16, gemma3 with a sliding window of 4 on five of its six layers; the mixtures of experts with 8
+// experts of which each token takes 2, qwen2moe with its shared expert).
 //
 // The expected values were produced by:
 //   scripts/reference-forward <the model this test writes> 3,17,42,5,99,7,64,1
@@ -48,6 +49,24 @@ const expected refs[] = {
      {-0.17749f, 0.17798f, -0.16004f, -0.14025f, -0.07158f, 0.09978f, 0.01909f, -0.16588f, 0.06160f, -0.06279f, 0.00495f,
       -0.18451f, -0.07629f, -0.03132f, -0.02960f, -0.09972f},
      0.99406, 1.21678},
+    // Mixtures of experts: 8 experts, 2 chosen per token; the reference's smallest gap between the router
+    // logits of the last expert chosen and the first left out (over every token and layer) is 0.031
+    // (qwen2moe), 0.0146 (qwen3moe) and 0.0503 (mixtral): far above float32 rounding, so the choices match.
+    {"qwen2moe",
+     {51, 107, 34, 84, 88, 55, 56, 105},
+     {0.32389f, 1.63683f, 1.11074f, -0.23665f, -1.51977f, -2.85098f, -2.30174f, 0.04489f, -1.25682f, -0.64051f,
+      -1.42471f, 0.65123f, 0.27704f, -1.13959f, 0.47238f, -1.68855f},
+     -18.07900, 13.50432},
+    {"qwen3moe",
+     {105, 45, 105, 76, 105, 106, 108, 72},
+     {-0.13238f, -1.86863f, 0.45448f, 2.45171f, 0.94178f, -1.46382f, -1.03348f, -2.97046f, -0.39805f, 0.30729f,
+      -0.86577f, 1.87036f, -0.57050f, -1.07526f, 0.77841f, -1.30857f},
+     -21.75618, 13.96785},
+    {"mixtral",  // a llama file with experts
+     {59, 59, 25, 44, 44, 85, 25, 41},
+     {-0.54177f, 0.17558f, 0.83033f, 0.46204f, 1.03685f, 1.67668f, -0.24588f, 0.38765f, -1.47606f, 0.17312f,
+      -0.94348f, 1.25462f, -1.10415f, 0.09115f, -1.31930f, 1.08323f},
+     0.67165, 11.71828},
 };
 
 }  // namespace
@@ -59,7 +78,8 @@ TEST_CASE("each architecture's graph matches the numpy reference", "[llm][arch]"
     const auto path = std::filesystem::temp_directory_path() / (std::string("troupe_syn_") + e.arch + ".gguf");
     testing::write_synthetic_model(e.arch, path);
     auto m = model::load(path);
-    CHECK(m->hp().name == e.arch);
+    CHECK(m->hp().name == (std::string(e.arch) == "mixtral" ? "llama" : e.arch));
+    CHECK((m->hp().n_expert > 0) == testing::synthetic_is_moe(e.arch));
     for (uint32_t ubatch : {8u, 3u}) {  // one micro-batch, and three that attend across micro-batches
       INFO("n_ubatch " << ubatch);
       llm_context ctx(*m, {.n_ctx = 64, .n_ubatch = ubatch, .type_k = type::f32, .type_v = type::f32, .n_threads = 2});

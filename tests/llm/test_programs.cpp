@@ -6,11 +6,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backends/registry.h"
 #include "loader/gguf_writer.h"
 #include "runtime/llm/generator.h"
 #include "tests/llm/synthetic_model.h"
@@ -64,13 +66,13 @@ TEST_CASE("troupe-chat and troupe refuse bad input with a message and exit code 
   {
     gguf_writer w;
     w.add("general.architecture", std::string("llama"));
-    std::vector<std::byte> blob(66);
-    w.add_tensor("blk.0.ffn_up.weight", type::iq2_xxs, {256}, blob);
+    std::vector<std::byte> blob(256 * 8);
+    w.add_tensor("blk.0.ffn_up.weight", type::f64, {256}, blob);
     w.write_file(iq);
   }
   r = run(troupe_bin + " bench -m " + iq.string() + " -p 8 -n 8 -r 1");
   CHECK(r.exit_code == 1);
-  CHECK_THAT(r.output, Catch::Contains("blk.0.ffn_up.weight") && Catch::Contains("iq2_xxs"));
+  CHECK_THAT(r.output, Catch::Contains("blk.0.ffn_up.weight") && Catch::Contains("f64"));
 
   // Not a GGUF file at all.
   r = run(troupe_bin + " inspect " + std::string(TROUPE_CHAT_BIN));
@@ -186,4 +188,61 @@ TEST_CASE("troupe-chat after /quit and at the end of its input, and troupe perpl
   CHECK(has_row(r.output, "Host"));
   if (vulkan) CHECK(r.output.find("troupe_memory_breakdown_print: |   - Vulkan0 (") != std::string::npos);
   CHECK(lines_end_in_bar(r.output) == (vulkan ? 3 : 2));
+}
+
+TEST_CASE("troupe inspect --cpu-moe / --n-cpu-moe --ranges: the CPU's file ranges are the experts', the device's never", "[programs][moe]") {
+  register_builtin_backends();
+  if (registry::instance().find("Vulkan0") == nullptr) {
+    WARN("skipped: no Vulkan0 (CI has lavapipe's)");
+    return;
+  }
+  const auto path = std::filesystem::temp_directory_path() / "troupe_inspect_moe.gguf";
+  testing::write_synthetic_model("qwen3moe", path);
+  const std::regex row(R"(^\s+(CPU|Vulkan0)\s+\d+\s+\d+\s+\d+\s+(\S+) \.\. (\S+)$)");
+  const std::regex expert(R"(^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$)");
+  for (const std::string flag : {"--cpu-moe", "--n-cpu-moe 2"}) {
+    INFO(flag);
+    const run_result r = run(troupe_bin + " inspect " + path.string() + " --device Vulkan0=99 " + flag + " --ranges");
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    std::istringstream lines(r.output);
+    std::string line;
+    int cpu_expert_ranges = 0, device_ranges = 0;
+    while (std::getline(lines, line)) {
+      std::smatch m;
+      if (!std::regex_match(line, m, row)) continue;
+      const std::string first = m[2], last = m[3];
+      std::smatch e1, e2;
+      const bool experts = std::regex_match(first, e1, expert) && std::regex_match(last, e2, expert);
+      if (m[1] == "CPU") {
+        // A host range is one layer's experts (gate, up, down: consecutive in the file), or the token
+        // embeddings, which stay on the CPU in every placement.
+        if (first == "token_embd.weight") {
+          CHECK(last == "token_embd.weight");
+          continue;
+        }
+        CHECK(experts);
+        if (experts) {
+          CHECK(e1[1] == e2[1]);
+          CHECK(e1[2] == "gate");
+          CHECK(e2[2] == "down");
+          if (flag != "--cpu-moe") CHECK(std::stoi(e1[1]) < 2);
+        }
+        ++cpu_expert_ranges;
+      } else {
+        // --cpu-moe: no expert on the device; --n-cpu-moe 2: the experts of layers 2.. only.
+        for (const std::string& name : {first, last}) {
+          std::smatch e;
+          if (std::regex_match(name, e, expert)) {
+            CHECK(flag != "--cpu-moe");
+            CHECK(std::stoi(e[1]) >= 2);
+          }
+        }
+        ++device_ranges;
+      }
+    }
+    CHECK(cpu_expert_ranges == (flag == "--cpu-moe" ? 6 : 2));
+    CHECK(device_ranges > 0);
+  }
+  std::filesystem::remove(path);
 }

@@ -4,8 +4,9 @@
 //   add_offload_options(app, off);   // -ngl / --n-gpu-layers N, --device A,B,..., --list-devices
 //   app.parse(llama_spellings(argc, argv));
 //
-// CLI11 takes one-letter short options only, so llama.cpp's multi-letter ones (-ngl, -dev, -sys, -ub, -np, -ts) are
-// rewritten to their long forms before parsing.
+// --cpu-moe / --n-cpu-moe N keep a mixture of experts' expert weights (all, or the first N layers') on the CPU.
+// CLI11 takes one-letter short options only, so llama.cpp's multi-letter ones (-ngl, -dev, -sys, -ub, -np, -ts,
+// -cmoe, -ncmoe) are rewritten to their long forms before parsing.
 // --list-devices prints the devices (backends/registry.h's format_devices) and exits. runtime/llm/offload.h
 // turns the request into layers per device.
 #pragma once
@@ -35,6 +36,8 @@ inline std::vector<std::string> llama_spellings(int argc, char** argv) {
     else if (a == "-ub") a = "--ubatch-size";
     else if (a == "-np") a = "--n-parallel";
     else if (a == "-ts") a = "--tensor-split";
+    else if (a == "-cmoe") a = "--cpu-moe";
+    else if (a == "-ncmoe") a = "--n-cpu-moe";
   }
   std::reverse(args.begin(), args.end());
   return args;
@@ -80,6 +83,8 @@ inline void add_offload_options(CLI::App& app, llm::offload_request& r) {
   app.add_option("--device", r.devices, "(-dev) devices sharing the layers evenly, e.g. Vulkan0,CPU")->delimiter(',');
   app.add_option("--tensor-split", r.tensor_split, "(-ts) the --device list's shares in these proportions, e.g. 3,1")
       ->delimiter(',');
+  app.add_flag("--cpu-moe", r.cpu_moe, "(-cmoe) keep every layer's expert weights (mixture of experts) on the CPU");
+  app.add_option("--n-cpu-moe", r.n_cpu_moe, "(-ncmoe) keep the expert weights of the first N layers on the CPU");
   app.add_flag_callback(
       "--list-devices",
       [] {

@@ -168,6 +168,7 @@ int run_bench(const bench_options& o) {
     for (const auto& [dev, layers] : mp.devices) backend += (backend.empty() ? "" : ",") + std::string(dev->name());
     if (backend.empty()) backend = "CPU";
   }
+  mp.overrides = llm::cpu_moe_overrides(o.offload);
   auto m = llm::model::load(o.model, mp);
   const uint32_t n_ctx = static_cast<uint32_t>(std::max(o.n_prompt, o.n_gen * o.n_parallel) + 32);
   auto ctx_owner = std::make_unique<llm::llm_context>(*m, llm::context_params{.n_ctx = n_ctx, .n_batch = static_cast<uint32_t>(std::max({o.n_prompt, o.n_parallel, 1})),

@@ -23,6 +23,9 @@ struct inspect_options {
   std::string model;
   std::vector<std::string> devices;    // NAME=LAYERS
   std::vector<std::string> overrides;  // REGEX=DEVICE
+  bool cpu_moe = false;                // the experts of every layer on the CPU (after the overrides)
+  uint32_t n_cpu_moe = 0;              // the experts of the first N layers
+  bool ranges = false;                 // list each buffer type's file ranges
   bool all_metadata = false;
   bool fit = false;           // the plan by free memory over this machine's devices
   std::string cluster;        // HOST:PORT of a coordinating `troupe serve`: the plan over its nodes' devices
@@ -178,6 +181,7 @@ int run_inspect(const inspect_options& o) {
     const auto [re, name] = split_eq(ov, "--override");
     p.overrides.emplace_back(re, &device_named(name).buffer_type());
   }
+  for (const std::string& re : llm::cpu_moe_patterns(o.cpu_moe, o.n_cpu_moe)) p.overrides.emplace_back(re, &cpu.buffer_type());
   const placement plan = loader.plan(p);
   const auto ranges = map_ranges(loader.tensors(), plan);
 
@@ -207,6 +211,20 @@ int run_inspect(const inspect_options& o) {
       devices.push_back({std::string(dev.name()), dev.description(), m.total, m.free});
     }
   }
+  if (o.ranges) {
+    // Each buffer's bytes in the file: a buffer type holds exactly these ranges (host ones mapped in place).
+    std::printf("\nfile ranges:\n  %-16s %14s %14s %8s  %s\n", "buffer type", "offset", "end", "tensors", "first .. last");
+    for (buffer_type_i* buft : plan.buffer_types()) {
+      const auto it = ranges.find(buft);
+      if (it == ranges.end()) continue;
+      for (const file_range& r : it->second) {
+        if (r.tensors.empty()) continue;
+        std::printf("  %-16s %14llu %14llu %8zu  %s .. %s\n", std::string(buft->name()).c_str(),
+                    static_cast<unsigned long long>(r.begin), static_cast<unsigned long long>(r.end),
+                    r.tensors.size(), r.tensors.front()->name.c_str(), r.tensors.back()->name.c_str());
+      }
+    }
+  }
   std::printf("\nmemory plan (model weights):\n%s", format_memory_table(ledger, devices).c_str());
   if (o.fit || !o.cluster.empty()) print_fit(o);
   return 0;
@@ -219,6 +237,9 @@ command_fn add_inspect(CLI::App& app) {
   app.add_option("model", o->model, "GGUF model file (the first file of a split model)")->required();
   app.add_option("--device", o->devices, "NAME=LAYERS: put the model's last LAYERS layers on device NAME (repeatable)");
   app.add_option("--override", o->overrides, "REGEX=DEVICE: tensors whose name matches go to DEVICE (repeatable)");
+  app.add_flag("--cpu-moe,--cmoe", o->cpu_moe, "keep every layer's expert weights (mixture of experts) on the CPU");
+  app.add_option("--n-cpu-moe,--ncmoe", o->n_cpu_moe, "keep the expert weights of the first N layers on the CPU");
+  app.add_flag("--ranges", o->ranges, "list the file ranges each buffer type holds, with their first and last tensors");
   app.add_flag("--all-metadata", o->all_metadata, "print every element of long arrays");
   app.add_flag("--fit", o->fit, "the placement by free memory over this machine's devices (-ngl auto)");
   app.add_option("--cluster", o->cluster, "HOST:PORT of a troupe serve with [cluster]: the placement over its nodes");

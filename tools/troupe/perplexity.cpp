@@ -29,7 +29,7 @@ int run_perplexity(const ppl_options& o) {
   std::ostringstream text;
   text << in.rdbuf();
   const auto placement = llm::offload_devices(o.offload, o.model);
-  auto m = llm::model::load(o.model, {.devices = placement});
+  auto m = llm::model::load(o.model, {.devices = placement, .overrides = llm::cpu_moe_overrides(o.offload)});
   llm::vocab v(m->meta());
   // Every token of a chunk has logits: the compute memory reserved for all of a micro-batch's rows.
   llm::llm_context ctx(*m, {.n_ctx = o.n_ctx, .n_batch = o.n_ctx, .n_threads = o.n_threads, .n_outputs_reserved = llm::context_params{}.n_ubatch});

@@ -116,6 +116,11 @@ int run_serve(const serve_options& o) {
       for (const auto& [name, layers] : llm::offload_layers(o.offload, m.path)) m.devices.push_back({name, layers});
     }
   }
+  if (o.offload.cpu_moe || o.offload.n_cpu_moe > 0) {  // --cpu-moe / --n-cpu-moe: as each model's cpu_moe
+    for (actors::model_settings& m : cfg.runtime.models) {
+      for (const std::string& p : llm::cpu_moe_patterns(o.offload.cpu_moe, o.offload.n_cpu_moe)) m.overrides.push_back({p, "CPU"});
+    }
+  }
   if (!o.log_level.empty()) cfg.logging.level = o.log_level;
   http::validate_daemon_config(cfg);
 

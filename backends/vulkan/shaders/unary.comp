@@ -1,4 +1,4 @@
-// dst = f(a) for f32 tensors of any strides: scale (a * s + bias), silu, gelu (tanh approximation), as the
+// dst = f(a) for f32 tensors of any strides: scale (a * s + bias), silu, gelu (tanh approximation), sigmoid, as the
 // CPU computes them. One invocation per destination element.
 #version 450
 
@@ -14,7 +14,7 @@ layout(push_constant) uniform params {
   uint ne0, ne1, ne2, ne3;
   uint a_off, a_nb0, a_nb1, a_nb2, a_nb3;
   uint d_off, d_nb0, d_nb1, d_nb2, d_nb3;
-  uint op;  // 0 scale, 1 silu, 2 gelu
+  uint op;  // 0 scale, 1 silu, 2 gelu, 3 sigmoid
   float s;
   float bias;
 } p;
@@ -30,6 +30,8 @@ void main() {
     y = x * p.s + p.bias;
   } else if (p.op == 1u) {
     y = silu(x);
+  } else if (p.op == 3u) {
+    y = 1.0 / (1.0 + exp(-x));
   } else {
     y = gelu(x);
   }

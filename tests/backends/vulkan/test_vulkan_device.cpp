@@ -136,6 +136,16 @@ TEST_CASE("every conformance case of the ops Vulkan computes matches the CPU ref
   backend_ptr be = d->init_backend();
   auto compared = testing::compare_supported_cases(*be);
   testing::check_gpu_coverage(compared);
+  // Vulkan also computes the experts' products (mul_mat_id.comp) of every weight type it reads, and sigmoid.
+  int moe_cases = 0;
+  for (const auto& c : testing::conformance_cases()) {
+    if (c.name.rfind("mul_mat_id ", 0) != 0) continue;
+    const auto wt = type_from_name(c.name.substr(11, c.name.find(' ', 11) - 11));
+    moe_cases += wt && is_gpu_weight_type(*wt) ? 1 : 0;
+  }
+  CHECK(moe_cases >= 7 * 3 + 2);
+  CHECK(compared["mul_mat_id"] == moe_cases);
+  CHECK(compared["sigmoid"] == 1);
 }
 
 TEST_CASE("every matrix product case matches the CPU reference with each of the matrix shaders forced", "[vulkan][conformance]") {
