@@ -8,6 +8,7 @@
 #include "runtime/error.h"
 #include "runtime/quants.h"
 #include "runtime/quants_iq.h"
+#include "runtime/quants_iq_low.h"
 #include "runtime/quants_mx.h"
 #include "runtime/quants_tq.h"
 
@@ -108,17 +109,26 @@ table make_table() {
   set(type::i32, computable("i32", 1, 4, false, nullptr, nullptr, nullptr, type::i32));
   set(type::i64, computable("i64", 1, 8, false, nullptr, nullptr, nullptr, type::i64));
 
+  // i-quants below 4 bits: computed, never written (no quantizer: they need an importance matrix).
+  set(type::iq2_xxs, computable("iq2_xxs", qk_k, sizeof(block_iq2_xxs), true, dequantize_row_iq2_xxs, nullptr,
+                                vec_dot_iq2_xxs_q8_K, type::q8_K));
+  set(type::iq2_xs, computable("iq2_xs", qk_k, sizeof(block_iq2_xs), true, dequantize_row_iq2_xs, nullptr,
+                               vec_dot_iq2_xs_q8_K, type::q8_K));
+  set(type::iq2_s, computable("iq2_s", qk_k, sizeof(block_iq2_s), true, dequantize_row_iq2_s, nullptr,
+                              vec_dot_iq2_s_q8_K, type::q8_K));
+  set(type::iq3_xxs, computable("iq3_xxs", qk_k, sizeof(block_iq3_xxs), true, dequantize_row_iq3_xxs, nullptr,
+                                vec_dot_iq3_xxs_q8_K, type::q8_K));
+  set(type::iq3_s, computable("iq3_s", qk_k, sizeof(block_iq3_s), true, dequantize_row_iq3_s, nullptr,
+                              vec_dot_iq3_s_q8_K, type::q8_K));
+  set(type::iq1_s, computable("iq1_s", qk_k, sizeof(block_iq1_s), true, dequantize_row_iq1_s, nullptr,
+                              vec_dot_iq1_s_q8_K, type::q8_K));
+  set(type::iq1_m, computable("iq1_m", qk_k, sizeof(block_iq1_m), true, dequantize_row_iq1_m, nullptr,
+                              vec_dot_iq1_m_q8_K, type::q8_K));
+
   // Known by size only.
-  set(type::iq2_xxs, known_only("iq2_xxs", qk_k, 66, true));
-  set(type::iq2_xs, known_only("iq2_xs", qk_k, 74, true));
-  set(type::iq3_xxs, known_only("iq3_xxs", qk_k, 98, true));
-  set(type::iq1_s, known_only("iq1_s", qk_k, 50, true));
-  set(type::iq3_s, known_only("iq3_s", qk_k, 110, true));
-  set(type::iq2_s, known_only("iq2_s", qk_k, 82, true));
   set(type::i8, known_only("i8", 1, 1, false));
   set(type::i16, known_only("i16", 1, 2, false));
   set(type::f64, known_only("f64", 1, 8, false));
-  set(type::iq1_m, known_only("iq1_m", qk_k, 56, true));
   return tt;
 }
 

@@ -25,7 +25,9 @@ constexpr double matmul = 5e-4;
 
 const type weight_types[] = {type::f32,  type::f16,  type::bf16, type::q4_0, type::q4_1, type::q5_0, type::q5_1,
                              type::q8_0, type::q2_K, type::q3_K, type::q4_K, type::q5_K, type::q6_K,
-                             type::iq4_nl, type::iq4_xs, type::mxfp4, type::tq1_0, type::tq2_0};
+                             type::iq4_nl, type::iq4_xs, type::mxfp4, type::tq1_0, type::tq2_0,
+                             type::iq2_xxs, type::iq2_xs, type::iq2_s, type::iq3_xxs, type::iq3_s, type::iq1_s,
+                             type::iq1_m};
 
 std::string str(const shape& s) {
   return "[" + std::to_string(s[0]) + "," + std::to_string(s[1]) + "," + std::to_string(s[2]) + "," +

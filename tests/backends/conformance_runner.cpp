@@ -8,6 +8,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "runtime/graph.h"
+#include "tests/support/random_blocks.h"
 
 namespace troupe::testing {
 
@@ -40,6 +41,10 @@ std::vector<uint8_t> make_input_bytes(const case_input& in, uint32_t seed) {
       }
     }
     return bytes;
+  }
+  if (traits(t.type).is_quantized && traits(t.type).from_float_ref == nullptr) {
+    // A type troupe reads but does not write (the i-quants below 4 bits): random valid blocks.
+    return test::random_blocks(t.type, static_cast<int64_t>(bytes.size() / type_size(t.type)), rng);
   }
   std::vector<float> f(n);
   if (in.how == fill::causal_mask) {

@@ -12,6 +12,7 @@
 #include "backends/cpu/cpu_features.h"
 #include "backends/cpu/simd/simd.h"
 #include "runtime/quants.h"
+#include "tests/support/random_blocks.h"
 
 using namespace troupe;
 using troupe::cpu::isa;
@@ -35,7 +36,13 @@ std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, floa
   return v;
 }
 
+// x quantized by the reference; for a type troupe reads but does not write (iq3_s), random valid blocks
+// seeded by x's values instead.
 std::vector<uint8_t> quantize_ref(type t, const std::vector<float>& x) {
+  if (traits(t).from_float_ref == nullptr) {
+    std::mt19937 rng(static_cast<uint32_t>(x.size()) ^ static_cast<uint32_t>(std::abs(x[0]) * 1e6f));
+    return test::random_blocks(t, static_cast<int64_t>(x.size()) / block_size(t), rng);
+  }
   std::vector<uint8_t> out(row_size(t, static_cast<int64_t>(x.size())));
   traits(t).from_float_ref(x.data(), out.data(), static_cast<int64_t>(x.size()));
   return out;
@@ -49,7 +56,7 @@ std::vector<double> dequantize(type t, const std::vector<uint8_t>& bytes, int64_
 
 const type weight_types[] = {type::f32,  type::f16,  type::bf16, type::q4_0, type::q4_1, type::q5_0, type::q5_1,
                              type::q8_0, type::q2_K, type::q3_K, type::q4_K, type::q5_K, type::q6_K,
-                             type::iq4_nl, type::iq4_xs, type::mxfp4, type::tq1_0, type::tq2_0};
+                             type::iq4_nl, type::iq4_xs, type::mxfp4, type::tq1_0, type::tq2_0, type::iq3_s};
 
 // Row lengths: single blocks, odd block counts, and a long row; plain types also get lengths that are not
 // multiples of any vector width.

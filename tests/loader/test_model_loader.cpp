@@ -178,14 +178,14 @@ TEST_CASE("range mapping and loading of three interleaved contexts with a shared
 TEST_CASE("a tensor of a type troupe cannot compute with is refused by name before anything is read", "[loader]") {
   gguf_writer w;
   w.add("general.architecture", std::string("test"));
-  std::vector<std::byte> blob(66);
-  w.add_tensor("blk.0.ffn_up.weight", type::iq2_xxs, {256}, blob);
-  const auto path = std::filesystem::temp_directory_path() / "troupe_iq2.gguf";
+  std::vector<std::byte> blob(256 * 8);
+  w.add_tensor("blk.0.ffn_up.weight", type::f64, {256}, blob);
+  const auto path = std::filesystem::temp_directory_path() / "troupe_f64.gguf";
   w.write_file(path);
   model_loader loader(path);
   placement_params p;
   p.host = &cpu::cpu_device().buffer_type();
-  CHECK_THROWS_WITH(loader.load(loader.plan(p)), Catch::Contains("blk.0.ffn_up.weight") && Catch::Contains("iq2_xxs"));
+  CHECK_THROWS_WITH(loader.load(loader.plan(p)), Catch::Contains("blk.0.ffn_up.weight") && Catch::Contains("f64"));
   std::filesystem::remove(path);
 }
 

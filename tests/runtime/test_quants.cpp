@@ -33,19 +33,23 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "runtime/error.h"
 #include "runtime/quants.h"
 #include "runtime/quants_iq.h"
+#include "runtime/quants_iq_low.h"
 #include "runtime/quants_mx.h"
 #include "runtime/quants_tq.h"
 #include "runtime/types.h"
+#include "tests/support/random_blocks.h"
 
 using namespace troupe;
 
@@ -674,6 +678,15 @@ TEST_CASE("dequantizers agree with an independent decoder on every bit of patter
       {type::iq4_xs, {0}, -2536346.5, 122355.5, 32.5f, -227.5f},
       {type::tq1_0, {52}, -459.5, 175.0, -0.5f, 0.0f},
       {type::tq2_0, {64}, 33719.5, 252.0, 1.0f, 1.0f},
+      // The i-quants below 4 bits: every grid row these bytes index, sign pattern and scale nibble as
+      // gguf-py's decoder reads them (iq1_m keeps its scale in the patterned bytes' top nibbles).
+      {type::iq2_xxs, {0}, -141883.5625, 9216.8125, -9.5f, 6.5f},
+      {type::iq2_xs, {0}, 131085.5625, 9391.625, -13.5f, -15.5f},
+      {type::iq2_s, {0}, 99243.9375, 9503.6875, -5.5f, -8.5f},
+      {type::iq3_xxs, {0}, 77438.5, 25120.0, -126.5f, -52.5f},
+      {type::iq3_s, {0}, -384427.0, 24900.0, -38.5f, 37.5f},
+      {type::iq1_s, {0}, -14825.0, 1281.125, -0.4375f, 0.5625f},
+      {type::iq1_m, {}, -4075.557373046875, 491.07281494140625, 0.179443359375f, -0.6917266845703125f},
   };
   for (const auto& c : cases) {
     INFO("type " << type_name(c.t));
@@ -733,13 +746,13 @@ TEST_CASE("type table: ids, names, block sizes, supported flags", "[types]") {
       {type::q2_K, 10, "q2_K", 256, 84, true, true},     {type::q3_K, 11, "q3_K", 256, 110, true, true},
       {type::q4_K, 12, "q4_K", 256, 144, true, true},    {type::q5_K, 13, "q5_K", 256, 176, true, true},
       {type::q6_K, 14, "q6_K", 256, 210, true, true},    {type::q8_K, 15, "q8_K", 256, 292, true, true},
-      {type::iq2_xxs, 16, "iq2_xxs", 256, 66, true, false}, {type::iq2_xs, 17, "iq2_xs", 256, 74, true, false},
-      {type::iq3_xxs, 18, "iq3_xxs", 256, 98, true, false}, {type::iq1_s, 19, "iq1_s", 256, 50, true, false},
-      {type::iq4_nl, 20, "iq4_nl", 32, 18, true, true}, {type::iq3_s, 21, "iq3_s", 256, 110, true, false},
-      {type::iq2_s, 22, "iq2_s", 256, 82, true, false},  {type::iq4_xs, 23, "iq4_xs", 256, 136, true, true},
+      {type::iq2_xxs, 16, "iq2_xxs", 256, 66, true, true}, {type::iq2_xs, 17, "iq2_xs", 256, 74, true, true},
+      {type::iq3_xxs, 18, "iq3_xxs", 256, 98, true, true}, {type::iq1_s, 19, "iq1_s", 256, 50, true, true},
+      {type::iq4_nl, 20, "iq4_nl", 32, 18, true, true}, {type::iq3_s, 21, "iq3_s", 256, 110, true, true},
+      {type::iq2_s, 22, "iq2_s", 256, 82, true, true},  {type::iq4_xs, 23, "iq4_xs", 256, 136, true, true},
       {type::i8, 24, "i8", 1, 1, false, false},          {type::i16, 25, "i16", 1, 2, false, false},
       {type::i32, 26, "i32", 1, 4, false, true},         {type::i64, 27, "i64", 1, 8, false, true},
-      {type::f64, 28, "f64", 1, 8, false, false},        {type::iq1_m, 29, "iq1_m", 256, 56, true, false},
+      {type::f64, 28, "f64", 1, 8, false, false},        {type::iq1_m, 29, "iq1_m", 256, 56, true, true},
       {type::bf16, 30, "bf16", 1, 2, false, true},       {type::tq1_0, 34, "tq1_0", 256, 54, true, true},
       {type::tq2_0, 35, "tq2_0", 256, 66, true, true},   {type::mxfp4, 39, "mxfp4", 32, 17, true, true},
   };
@@ -758,7 +771,10 @@ TEST_CASE("type table: ids, names, block sizes, supported flags", "[types]") {
     CHECK(type_from_name(r.name) == r.t);
     const bool computes = r.supported && r.t != type::i32 && r.t != type::i64;
     CHECK((tr.to_float != nullptr) == computes);
-    CHECK((tr.from_float_ref != nullptr) == computes);
+    // The i-quants below 4 bits are read, never written (their quantizers need an importance matrix).
+    const std::string name(r.name);
+    const bool writes = computes && !(name.rfind("iq", 0) == 0 && name != "iq4_xs" && name != "iq4_nl");
+    CHECK((tr.from_float_ref != nullptr) == writes);
     CHECK((tr.vec_dot != nullptr) == computes);
     if (computes) CHECK(traits(tr.vec_dot_type).vec_dot != nullptr);
     ++known;
@@ -808,14 +824,72 @@ TEST_CASE("require_supported names the tensor and the type", "[types]") {
   CHECK_NOTHROW(require_supported(type::q4_K, "blk.0.attn_q.weight"));
   CHECK_NOTHROW(require_supported(type::i32, "positions"));
   try {
-    require_supported(type::iq2_xxs, "blk.0.attn_q.weight");
-    FAIL("require_supported did not throw for iq2_xxs");
+    require_supported(type::i16, "blk.0.attn_q.weight");
+    FAIL("require_supported did not throw for i16");
   } catch (const type_error& e) {
     const std::string msg = e.what();
     CHECK(msg.find("blk.0.attn_q.weight") != std::string::npos);
-    CHECK(msg.find("iq2_xxs") != std::string::npos);
-    CHECK(msg.find("16") != std::string::npos);
+    CHECK(msg.find("i16") != std::string::npos);
+    CHECK(msg.find("25") != std::string::npos);
   }
-  CHECK_THROWS_AS(require_supported(type::iq3_s, "w"), type_error);
   CHECK_THROWS_AS(require_supported(type::f64, "w"), type_error);
+  CHECK_NOTHROW(require_supported(type::iq3_s, "w"));
+}
+
+TEST_CASE("the i-quant grids are the format's: their values, distinct rows, sign patterns and checksums", "[quants][ggml]") {
+  // Checksums sum_i (i + 1) v_i over each table's values in order, computed from gguf-py's packed grids
+  // (an independent copy of the format's definition) with numpy.
+  auto check = [](const auto& grid, std::initializer_list<int> values, int64_t checksum) {
+    std::set<std::vector<int>> rows;
+    int64_t sum = 0, i = 0;
+    for (const auto& row : grid) {
+      std::vector<int> r(std::begin(row), std::end(row));
+      for (int v : r) {
+        CHECK(std::find(values.begin(), values.end(), v) != values.end());
+        sum += ++i * v;
+      }
+      rows.insert(r);
+    }
+    CHECK(rows.size() == std::size(grid));  // no two codes decode alike
+    CHECK(sum == checksum);
+  };
+  check(iq_grids::iq2xxs, {8, 25, 43}, 42100955);
+  check(iq_grids::iq2xs, {8, 25, 43}, 182044374);
+  check(iq_grids::iq2s, {8, 25, 43}, 720245922);
+  check(iq_grids::iq3xxs, {4, 12, 20, 28, 36, 44, 52, 62}, 14912868);
+  check(iq_grids::iq3s, {1, 3, 5, 7, 9, 11, 13, 15}, 14404362);
+  check(iq_grids::iq1s, {-1, 0, 1}, 10703429);
+  int64_t sum = 0;
+  for (int i = 0; i < 128; ++i) {
+    const uint8_t s = iq_grids::ksigns_iq2xs[i];
+    CHECK((s & 127) == i);                      // the 7 stored signs
+    CHECK(std::popcount(static_cast<unsigned>(s)) % 2 == 0);  // the eighth makes the count of minus signs even
+    sum += (i + 1) * static_cast<int64_t>(s);
+  }
+  CHECK(sum == 1227392);
+}
+
+TEST_CASE("the i-quants below 4 bits: dot products with q8_K match the dequantized values' dot, and a row of any length", "[quants]") {
+  std::mt19937 rng(7);
+  for (type t : {type::iq2_xxs, type::iq2_xs, type::iq2_s, type::iq3_xxs, type::iq3_s, type::iq1_s, type::iq1_m}) {
+    INFO("type " << type_name(t));
+    const int64_t n = 4 * qk_k;
+    const std::vector<uint8_t> x = test::random_blocks(t, n / qk_k, rng);
+    const std::vector<float> xf = dequantize(t, x, n);
+    std::vector<float> yf(static_cast<size_t>(n));
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (float& v : yf) v = u(rng);
+    const std::vector<uint8_t> y = quantize(type::q8_K, yf);
+    const std::vector<float> yq = dequantize(type::q8_K, y, n);
+    double want = 0, mag = 0;
+    for (size_t i = 0; i < xf.size(); ++i) {
+      want += static_cast<double>(xf[i]) * yq[i];
+      mag += std::fabs(static_cast<double>(xf[i]) * yq[i]);
+    }
+    float got = 0;
+    traits(t).vec_dot(n, &got, x.data(), y.data());
+    CHECK(std::abs(got - want) <= 1e-5 * mag + 1e-6);
+    CHECK(traits(t).vec_dot_type == type::q8_K);
+    CHECK(traits(t).from_float_ref == nullptr);  // read, never written
+  }
 }

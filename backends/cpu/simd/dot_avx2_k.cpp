@@ -1,4 +1,4 @@
-// AVX2 + FMA + F16C dot products of the K-quants (q2_K ... q6_K) and iq4_xs against q8_K activations. Compiled with
+// AVX2 + FMA + F16C dot products of the K-quants (q2_K ... q6_K), iq4_xs and iq3_s against q8_K activations. Compiled with
 // -mavx2 -mfma -mf16c only.
 //
 // Common scheme (ggml's): 32 weight quants in a register, as unsigned bytes, against 32 activation bytes
@@ -297,8 +297,58 @@ struct iq4_xs_tile {
   }
 };
 
+// iq3_s against q8_K: per sub-block of 32 values, its 8 grid rows (4 unsigned values each, 9-bit indices from
+// qs and one qh bit) gathered into a register; the 32 explicit sign bits become a byte mask (each value's
+// sign byte picked by a shuffle, its bit by an AND and compare) applied to the activations; maddubs ->
+// 16 int16 pair sums (at most 2 * 15 * 127), madd with the sub-block's odd scale 2 s + 1 -> 8 int32, summed
+// exactly over the super-block; then one FMA per super-block with d(x) d(y). The activations never hold
+// -128 (troupe's q8_K maps its largest magnitude to 127), so negating them is exact.
+struct iq3_s_tile {
+  template <int NC>
+  static void run(int64_t n, const void* vx, const void* const* vy, float* out) {
+    const block_iq3_s* x = static_cast<const block_iq3_s*>(vx);
+    const block_q8_K* y[NC];
+    __m256 acc[NC];
+    for (int c = 0; c < NC; ++c) {
+      y[c] = static_cast<const block_q8_K*>(vy[c]);
+      acc[c] = _mm256_setzero_ps();
+    }
+    // Byte v of a sub-block takes sign byte v / 8 and tests bit v % 8.
+    const __m256i pick = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+    for (int64_t i = 0; i < n / qk_k; ++i) {
+      stream_ahead<sizeof(block_iq3_s)>(x + i);
+      __m256i sumi[NC];
+      for (int c = 0; c < NC; ++c) sumi[c] = _mm256_setzero_si256();
+      for (int j = 0; j < qk_k / 32; ++j) {
+        const uint8_t* qs = x[i].qs + 8 * j;
+        const int qh = x[i].qh[j];
+        uint32_t rows[8];
+        for (int e = 0; e < 8; ++e) std::memcpy(&rows[e], iq_grids::iq3s[qs[e] | (((qh >> e) & 1) << 8)], 4);
+        const __m256i q = load256(rows);
+        uint32_t sw;
+        std::memcpy(&sw, x[i].signs + 4 * j, 4);
+        const __m256i sb = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(sw)), pick), bit);
+        const __m256i neg = _mm256_cmpeq_epi8(sb, bit);  // 0xFF where the value is negative
+        const __m256i sc = _mm256_set1_epi16(static_cast<int16_t>(2 * ((x[i].scales[j / 2] >> (4 * (j % 2))) & 0xF) + 1));
+        for (int c = 0; c < NC; ++c) {
+          const __m256i yv = load256(y[c][i].qs + 32 * j);
+          const __m256i ys = _mm256_sub_epi8(_mm256_xor_si256(yv, neg), neg);
+          sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, ys)));
+        }
+      }
+      const float xd = h2f(x[i].d);
+      for (int c = 0; c < NC; ++c) {
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(y[c][i].d * xd), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+      }
+    }
+    for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]);
+  }
+};
+
 }  // namespace
 
+TROUPE_SIMD_TILE(vec_dot_iq3_s, iq3_s_tile)
 TROUPE_SIMD_TILE(vec_dot_iq4_xs, iq4_xs_tile)
 TROUPE_SIMD_TILE(vec_dot_q4_K, k4_tile<false>)
 TROUPE_SIMD_TILE(vec_dot_q5_K, k4_tile<true>)

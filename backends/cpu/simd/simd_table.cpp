@@ -104,6 +104,7 @@ kernel_table avx2_table() {
   set_dot(t, type::q6_K, vec_dot_q6_K, vec_dot_q6_K_rows);
   set_dot(t, type::iq4_nl, vec_dot_iq4_nl, vec_dot_iq4_nl_rows);
   set_dot(t, type::iq4_xs, vec_dot_iq4_xs, vec_dot_iq4_xs_rows);
+  set_dot(t, type::iq3_s, vec_dot_iq3_s, vec_dot_iq3_s_rows);
   set_dot(t, type::mxfp4, vec_dot_mxfp4, vec_dot_mxfp4_rows);
   set_tile(t, type::f32, vec_dot_f32_tile);
   set_tile(t, type::f16, vec_dot_f16_tile);
@@ -120,6 +121,7 @@ kernel_table avx2_table() {
   set_tile(t, type::q6_K, vec_dot_q6_K_tile);
   set_tile(t, type::iq4_nl, vec_dot_iq4_nl_tile, vec_dot_iq4_nl_prepared_tile, tile_prepare_iq4_nl, tile_prepared_size_s);
   set_tile(t, type::iq4_xs, vec_dot_iq4_xs_tile);
+  set_tile(t, type::iq3_s, vec_dot_iq3_s_tile);
   set_tile(t, type::mxfp4, vec_dot_mxfp4_tile, vec_dot_mxfp4_prepared_tile, tile_prepare_mxfp4, tile_prepared_size_s);
 
   set(t.from_float, type::q8_0, quantize_row_q8_0);

@@ -32,6 +32,7 @@
 
 #include "runtime/quants.h"     // block layouts only; their inline functions are not used here (compiled
 #include "runtime/quants_iq.h"  // with this file's -m flags, the linker could keep that copy for every caller)
+#include "runtime/quants_iq_low.h"
 #include "runtime/quants_mx.h"
 
 namespace troupe::cpu::simd {

@@ -51,6 +51,7 @@ TROUPE_SIMD_DOT(vec_dot_q5_K);
 TROUPE_SIMD_DOT(vec_dot_q6_K);
 TROUPE_SIMD_DOT(vec_dot_iq4_nl);
 TROUPE_SIMD_DOT(vec_dot_iq4_xs);
+TROUPE_SIMD_DOT(vec_dot_iq3_s);
 TROUPE_SIMD_DOT(vec_dot_mxfp4);
 TROUPE_SIMD_TILE_DECL(vec_dot_f32);
 TROUPE_SIMD_TILE_DECL(vec_dot_f16);
@@ -65,6 +66,7 @@ TROUPE_SIMD_TILE_DECL(vec_dot_q5_K);
 TROUPE_SIMD_TILE_DECL(vec_dot_q6_K);
 TROUPE_SIMD_TILE_DECL(vec_dot_iq4_nl);
 TROUPE_SIMD_TILE_DECL(vec_dot_iq4_xs);
+TROUPE_SIMD_TILE_DECL(vec_dot_iq3_s);
 TROUPE_SIMD_TILE_DECL(vec_dot_mxfp4);
 // The 32-value block types' tiles on prepared activation rows (simd.h: tile_prepare); _s: against q8_0,
 // _u: against q8_1.
