@@ -26,7 +26,11 @@ graph_builder::graph_builder(context& c, const model& mdl, const kv_cache& cache
   in.v_idx->set_name(kv.any_v_trans() ? "inp_v_idx" : "inp_k_idx");
   in.out_ids = ctx.new_tensor_1d(type::i32, s.n_outputs);
   in.out_ids->set_name("inp_out_ids");
-  for (tensor* t : {in.tokens, in.pos, in.mask, in.mask_swa, in.k_idx, in.v_idx, in.out_ids}) {
+  if (hp.attn_temp_scale > 0.0f) {
+    in.attn_temp = ctx.new_tensor_3d(type::f32, 1, 1, n);
+    in.attn_temp->set_name("inp_attn_temp");
+  }
+  for (tensor* t : {in.tokens, in.pos, in.mask, in.mask_swa, in.k_idx, in.v_idx, in.out_ids, in.attn_temp}) {
     if (t != nullptr) t->flags |= flag_input;
   }
 }
@@ -47,13 +51,23 @@ tensor* graph_builder::rope_of(tensor* x, float freq_base) const {
   rope_params p;
   p.n_dims = static_cast<int32_t>(hp.n_rot);
   p.mode = hp.rope;
-  p.n_ctx_orig = static_cast<int32_t>(hp.n_ctx_train);
+  p.n_ctx_orig = static_cast<int32_t>(hp.ctx_orig());
   p.freq_base = freq_base;
   p.freq_scale = hp.rope_freq_scale;
-  return rope(ctx, x, in.pos, m.rope_freqs(), p);
+  p.attn_factor = hp.rope_attn_factor;
+  if (hp.rope_yarn) {
+    p.ext_factor = 1.0f;
+    p.beta_fast = hp.yarn_beta_fast;
+    p.beta_slow = hp.yarn_beta_slow;
+  }
+  return rope(ctx, x, in.pos, m.rope_factors(kv.size()), p);
 }
 
-tensor* graph_builder::attention(uint32_t il, tensor* q, tensor* k, tensor* v, float kq_scale, tensor* mask) const {
+tensor* graph_builder::softcap(tensor* x, float cap) const {
+  return scale(ctx, sigmoid(ctx, scale(ctx, x, 2.0f / cap)), 2.0f * cap, -cap);
+}
+
+tensor* graph_builder::attention(uint32_t il, tensor* q, tensor* k, tensor* v, float kq_scale, tensor* mask, float cap) const {
   const int64_t n_tokens = shape.n_tokens, n_kv = shape.n_kv;
   const int64_t hd_k = hp.n_embd_head_k, hd_v = hp.n_embd_head_v;
   const int64_t n_head_kv = hp.n_head_kv, n_head = hp.n_head;
@@ -77,7 +91,7 @@ tensor* graph_builder::attention(uint32_t il, tensor* q, tensor* k, tensor* v, f
   const size_t k_row = row_size(ck->type, n_embd_k);
   tensor* kview = view_3d(ctx, k_stored, hd_k, n_kv, n_head_kv, k_row, row_size(ck->type, hd_k), 0);  // [hd, n_kv, h_kv]
   tensor* qp = permute(ctx, q, 0, 2, 1, 3);                                                              // [hd, n_tok, h]
-  if (!v_trans && mask != nullptr && !is_quantized(ck->type) && !is_quantized(cv->type)) {
+  if (!v_trans && mask != nullptr && cap == 0.0f && !is_quantized(ck->type) && !is_quantized(cv->type)) {
     // CPU layers (K and V in a row per cell: the CPU's layout): one op, the scores of a few query rows at a
     // time in cache instead of a score matrix in memory; the same values as the unfused graph below.
     tensor* vview = view_3d(ctx, v_stored, hd_v, n_kv, n_head_kv, row_size(cv->type, n_embd_v), row_size(cv->type, hd_v), 0);
@@ -87,6 +101,10 @@ tensor* graph_builder::attention(uint32_t il, tensor* q, tensor* k, tensor* v, f
   // CPU layers (V in a row per cell: the CPU's layout) skip the scores the mask hides whole.
   tensor* kq = mask != nullptr && !v_trans && !is_quantized(cv->type) ? mul_mat_masked(ctx, kview, qp, mask)
                                                     : mul_mat(ctx, kview, qp);                          // [n_kv, n_tok, h]
+  if (cap > 0.0f) {
+    kq = softcap(scale(ctx, kq, kq_scale), cap);
+    kq_scale = 1.0f;
+  }
   kq = soft_max(ctx, kq, mask, kq_scale);
 
   tensor* vt;  // [n_kv, hd_v, h_kv]
@@ -155,6 +173,8 @@ tensor* graph_builder::head(tensor* x) const {
     return h;
   }
   tensor* logits = mul_mat(ctx, m.output(), h);  // [n_vocab, n_outputs]
+  if (hp.logit_scale > 0.0f) logits = scale(ctx, logits, 1.0f / hp.logit_scale);  // granite
+  if (hp.final_softcap > 0.0f) logits = softcap(logits, hp.final_softcap);         // gemma2
   logits->set_name("logits");
   logits->flags |= flag_output;
   return logits;
@@ -166,8 +186,13 @@ tensor* build_graph(graph_builder& b) {
     case arch::qwen2:
     case arch::qwen3:
     case arch::qwen2moe:
-    case arch::qwen3moe: return build_llama(b);
+    case arch::qwen3moe:
+    case arch::granite:
+    case arch::mistral3: return build_llama(b);
+    case arch::gemma2: return build_gemma2(b);
     case arch::gemma3: return build_gemma3(b);
+    case arch::olmo2: return build_olmo2(b);
+    case arch::phi3: return build_phi3(b);
   }
   throw error("no graph builder for architecture " + b.hp.name);
 }

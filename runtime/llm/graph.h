@@ -31,6 +31,8 @@ struct graph_inputs {
   tensor* v_idx = nullptr;     // transposed V: [n_embd_v_gqa * n_tokens] i64, element (d, t) -> d * n_ctx + cell;
                                // otherwise the same as k_idx
   tensor* out_ids = nullptr;   // [n_outputs] i32: token rows whose logits are wanted
+  tensor* attn_temp = nullptr; // [1, 1, n_tokens] f32: each token's query multiplier (mistral3's attention
+                               // temperature, hparams::attn_temp), else null
 };
 
 class graph_builder {
@@ -52,8 +54,11 @@ class graph_builder {
   // for sliding-window layers).
   tensor* rope_of(tensor* x, float freq_base) const;
   // Writes k, v ([head_dim, n_head_kv, n_tokens]) into layer il's cache cells and returns attention of q
-  // ([head_dim, n_head, n_tokens]) over the cache: [n_embd_head_v * n_head, n_tokens], before wo.
-  tensor* attention(uint32_t il, tensor* q, tensor* k, tensor* v, float kq_scale, tensor* mask) const;
+  // ([head_dim, n_head, n_tokens]) over the cache: [n_embd_head_v * n_head, n_tokens], before wo. softcap > 0
+  // (gemma2) caps the scaled scores before the mask and softmax: cap * tanh(score / cap).
+  tensor* attention(uint32_t il, tensor* q, tensor* k, tensor* v, float kq_scale, tensor* mask, float softcap = 0.0f) const;
+  // cap * tanh(x / cap), as 2 cap * sigmoid(2 x / cap) - cap (ops every backend has).
+  tensor* softcap(tensor* x, float cap) const;
   // down(act(gate(x)) * up(x)) with act = silu (swiglu) or gelu (geglu).
   tensor* ffn(const layer_weights& l, tensor* x, bool geglu) const;
   // A mixture of experts' feed-forward (l.ffn_gate_inp set): the router's logits, their softmax or sigmoid,
@@ -79,9 +84,12 @@ expert_routing route_experts(context& ctx, const hparams& hp, tensor* logits);
 // Builds the graph of b.m's architecture; returns the logits tensor (flagged output).
 tensor* build_graph(graph_builder& b);
 
-// llama, qwen2 and qwen3 (their differences are optional weights: biases, QK norms), and their mixtures of
-// experts (Mixtral, qwen2moe, qwen3moe).
+// llama, qwen2 and qwen3 (their differences are optional weights: biases, QK norms), their mixtures of
+// experts (Mixtral, qwen2moe, qwen3moe), and granite (llama with multipliers).
 tensor* build_llama(graph_builder& b);
+tensor* build_gemma2(graph_builder& b);
 tensor* build_gemma3(graph_builder& b);
+tensor* build_olmo2(graph_builder& b);
+tensor* build_phi3(graph_builder& b);
 
 }  // namespace troupe::llm

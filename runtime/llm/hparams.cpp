@@ -13,8 +13,14 @@ arch arch_from_name(const std::string& name) {
   if (name == "gemma3") return arch::gemma3;
   if (name == "qwen2moe") return arch::qwen2moe;
   if (name == "qwen3moe") return arch::qwen3moe;
+  if (name == "granite") return arch::granite;
+  if (name == "olmo2") return arch::olmo2;
+  if (name == "gemma2") return arch::gemma2;
+  if (name == "phi3") return arch::phi3;
+  if (name == "mistral3") return arch::mistral3;
   throw error("model architecture '" + name +
-              "' is not supported (troupe runs llama (with or without experts), qwen2, qwen2moe, qwen3, qwen3moe and gemma3)");
+              "' is not supported (troupe runs llama (with or without experts), mistral3, qwen2, qwen2moe, qwen3, "
+              "qwen3moe, gemma2, gemma3, granite, olmo2 and phi3)");
 }
 
 const char* arch_name(arch a) {
@@ -25,6 +31,11 @@ const char* arch_name(arch a) {
     case arch::gemma3: return "gemma3";
     case arch::qwen2moe: return "qwen2moe";
     case arch::qwen3moe: return "qwen3moe";
+    case arch::granite: return "granite";
+    case arch::olmo2: return "olmo2";
+    case arch::gemma2: return "gemma2";
+    case arch::phi3: return "phi3";
+    case arch::mistral3: return "mistral3";
   }
   return "unknown";
 }
@@ -48,18 +59,19 @@ float get_f32_or(const gguf_file& f, const std::string& key, float fallback) {
   return static_cast<float>(v);
 }
 
-// The mixture-of-experts keys: required by qwen2moe / qwen3moe, optional for llama (Mixtral declares
-// them; a dense llama has none). Each bad value is an error naming its key.
+// The mixture-of-experts keys: required by qwen2moe / qwen3moe, optional for llama and mistral3 (Mixtral
+// declares them; a dense llama has none). Each bad value is an error naming its key.
 void read_experts(const gguf_file& f, hparams& hp) {
   const std::string p = hp.name + ".";
   auto bad = [&](const std::string& key, const std::string& why) { return gguf_error(f.message(key, why, std::nullopt)); };
   const bool moe_arch = hp.a == arch::qwen2moe || hp.a == arch::qwen3moe;
   if (!moe_arch && !f.contains(p + "expert_count")) return;
-  if (hp.a == arch::qwen2 || hp.a == arch::qwen3 || hp.a == arch::gemma3) {
+  if (!moe_arch && hp.a != arch::llama && hp.a != arch::mistral3) {
     const uint32_t n = get_u32(f, p + "expert_count");
     if (n == 0) return;
-    throw bad(p + "expert_count", "experts are not part of " + hp.name + " (its mixture-of-experts variant is " +
-                                      hp.name + "moe)");
+    const bool has_variant = hp.a == arch::qwen2 || hp.a == arch::qwen3;
+    throw bad(p + "expert_count", "experts are not part of " + hp.name +
+                                      (has_variant ? " (its mixture-of-experts variant is " + hp.name + "moe)" : ""));
   }
   hp.n_expert = get_u32(f, p + "expert_count");
   if (hp.n_expert == 0) {
@@ -98,7 +110,53 @@ void read_experts(const gguf_file& f, hparams& hp) {
   }
 }
 
+// <arch>.rope.scaling.*: the type (none, linear, yarn; longrope with phi3's factor tensors), the factor,
+// the original context, YaRN's betas and log multiplier, the magnitude factor. rope.scale_linear is the
+// older spelling of a linear factor.
+template <class Positive>
+void read_rope_scaling(const gguf_file& f, hparams& hp, Positive&& positive) {
+  const std::string p = hp.name + ".";
+  auto bad = [&](const std::string& key, const std::string& why) { return gguf_error(f.message(key, why, std::nullopt)); };
+  const std::string type_key = p + "rope.scaling.type";
+  const std::string type = f.contains(type_key) ? f.get<std::string>(type_key).value() : std::string();
+  const float linear = get_f32_or(f, p + "rope.scale_linear", 0.0f);
+  const float factor = get_f32_or(f, p + "rope.scaling.factor", 0.0f);
+  if (linear < 0.0f) throw bad(p + "rope.scale_linear", "must not be negative");
+  if (factor < 0.0f) throw bad(p + "rope.scaling.factor", "must not be negative");
+  const std::string orig_key = p + "rope.scaling.original_context_length";
+  hp.n_ctx_orig = get_u32_or(f, orig_key, hp.n_ctx_train);
+  if (f.contains(orig_key) && hp.n_ctx_orig == 0) throw bad(orig_key, "must be positive");
+  hp.rope_attn_factor = positive(p + "rope.scaling.attn_factor", 1.0f);
+  if (type.empty() || type == "linear") {
+    if (linear > 0.0f) hp.rope_freq_scale = 1.0f / linear;
+    else if (factor > 0.0f) hp.rope_freq_scale = 1.0f / factor;
+  } else if (type == "none" || type == "longrope") {
+    hp.rope_freq_scale = 1.0f;  // longrope: phi3's factor tensors do the scaling
+  } else if (type == "yarn") {
+    if (!(factor >= 1.0f)) throw bad(p + "rope.scaling.factor", "YaRN needs a factor of at least 1");
+    hp.rope_yarn = true;
+    hp.rope_freq_scale = 1.0f / factor;
+    hp.yarn_beta_fast = positive(p + "rope.scaling.yarn_beta_fast", 32.0f);
+    hp.yarn_beta_slow = positive(p + "rope.scaling.yarn_beta_slow", 1.0f);
+    const float log_mul = get_f32_or(f, p + "rope.scaling.yarn_log_multiplier", 0.0f);
+    if (log_mul < 0.0f) throw bad(p + "rope.scaling.yarn_log_multiplier", "must not be negative");
+    // The attention factor as Hugging Face computes it (mscale 1, mscale_all_dim the log multiplier). The rope
+    // kernels multiply a YaRN rope by 1 + 0.1 ln(factor) themselves (as ggml's), so that part is divided out.
+    auto mscale = [&](float m) { return factor <= 1.0f ? 1.0f : 1.0f + 0.1f * m * std::log(factor); };
+    const float attention = log_mul != 0.0f ? mscale(1.0f) / mscale(log_mul) : mscale(1.0f);
+    hp.rope_attn_factor *= attention / mscale(1.0f);
+  } else {
+    throw bad(type_key, "unknown rope scaling type '" + type + "' (troupe knows none, linear, yarn and longrope)");
+  }
+}
+
 }  // namespace
+
+float hparams::attn_temp(int32_t pos) const {
+  if (attn_temp_scale == 0.0f) return 1.0f;
+  const float periods = std::floor(static_cast<float>(pos) / static_cast<float>(ctx_orig()));
+  return static_cast<float>(std::log(static_cast<double>(periods) + 1.0) * attn_temp_scale + 1.0);
+}
 
 hparams hparams::from_gguf(const gguf_file& f) {
   hparams hp;
@@ -127,15 +185,59 @@ hparams hparams::from_gguf(const gguf_file& f) {
   }
   hp.rms_eps = get_f32_or(f, p + "attention.layer_norm_rms_epsilon", 1e-5f);
   hp.rope_freq_base = get_f32_or(f, p + "rope.freq_base", 10000.0f);
-  const float scale = get_f32_or(f, p + "rope.scale_linear", 0.0f);
-  const float factor = get_f32_or(f, p + "rope.scaling.factor", 0.0f);
-  if (scale > 0.0f) hp.rope_freq_scale = 1.0f / scale;
-  else if (factor > 0.0f) hp.rope_freq_scale = 1.0f / factor;
   if (!(hp.rope_freq_base > 0.0f)) throw bad(p + "rope.freq_base", "must be positive");
-
+  auto positive = [&](const std::string& key, float fallback) {
+    const float v = get_f32_or(f, key, fallback);
+    if (!(v > 0.0f)) throw bad(key, "must be positive");
+    return v;
+  };
+  read_rope_scaling(f, hp, positive);
   switch (hp.a) {
     case arch::llama:
       hp.rope = rope_mode::normal;
+      break;
+    case arch::granite:
+      hp.rope = rope_mode::normal;
+      if (!f.contains(p + "logit_scale")) throw bad(p + "logit_scale", "granite needs it (the logits are divided by it)");
+      hp.logit_scale = positive(p + "logit_scale", 1.0f);
+      if (f.contains(p + "embedding_scale")) hp.embedding_scale = positive(p + "embedding_scale", 1.0f);
+      if (f.contains(p + "residual_scale")) hp.residual_scale = positive(p + "residual_scale", 1.0f);
+      if (f.contains(p + "attention.scale")) hp.attn_scale = positive(p + "attention.scale", 1.0f);
+      break;
+    case arch::phi3:
+      // Its sliding window is not applied (as llama.cpp: the converted files' window does not match the
+      // models' training).
+      hp.rope = rope_mode::neox;
+      break;
+    case arch::mistral3:
+      // llama's block; with YaRN, and the queries scaled by the attention temperature beyond the original
+      // context.
+      hp.rope = rope_mode::normal;
+      if (f.contains(p + "attention.temperature_scale")) {
+        hp.attn_temp_scale = get_f32_or(f, p + "attention.temperature_scale", 0.0f);
+        if (hp.attn_temp_scale < 0.0f) throw bad(p + "attention.temperature_scale", "must not be negative");
+        if (hp.attn_temp_scale > 0.0f && hp.ctx_orig() == 0) {
+          throw bad(p + "attention.temperature_scale",
+                    "needs a positive rope.scaling.original_context_length or context_length (its period)");
+        }
+      }
+      break;
+    case arch::olmo2:
+      hp.rope = rope_mode::neox;
+      if (f.contains(p + "attention.sliding_window")) {
+        throw bad(p + "attention.sliding_window", "sliding-window attention (OLMo 3) is not supported yet");
+      }
+      break;
+    case arch::gemma2:
+      // Every other layer attends over a sliding window (the first of each pair), all with the same rope
+      // base; queries scaled by 1 / sqrt(head size), or 1 / sqrt(n_embd / n_head) for the 27B (46 layers).
+      hp.rope = rope_mode::neox;
+      hp.n_swa = get_u32_or(f, p + "attention.sliding_window", 4096);
+      hp.swa_pattern = 2;
+      hp.rope_freq_base_swa = hp.rope_freq_base;
+      hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.n_layer == 46 ? hp.n_embd / hp.n_head : hp.n_embd_head_k));
+      hp.attn_softcap = positive(p + "attn_logit_softcapping", 50.0f);
+      hp.final_softcap = positive(p + "final_logit_softcapping", 30.0f);
       break;
     case arch::qwen2:
     case arch::qwen3:

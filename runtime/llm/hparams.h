@@ -14,7 +14,7 @@
 
 namespace troupe::llm {
 
-enum class arch : uint8_t { llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe };
+enum class arch : uint8_t { llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, granite, olmo2, gemma2, phi3, mistral3 };
 
 // How a mixture of experts' router turns its logits into the experts' weights (<arch>.expert_gating_func,
 // numbered as llama.cpp: 1 softmax, 2 sigmoid).
@@ -46,6 +46,31 @@ struct hparams {
   uint32_t swa_pattern = 0;
   float rope_freq_base_swa = 10000.0f;
   float attn_scale = 0.0f;  // 0: 1 / sqrt(n_embd_head_k)
+  // granite's multipliers (0: none): the embeddings times embedding_scale, each block's attention and
+  // feed-forward outputs times residual_scale before their residual add, the logits divided by logit_scale.
+  float embedding_scale = 0.0f;
+  float residual_scale = 0.0f;
+  float logit_scale = 0.0f;
+  // gemma2's soft caps (0: none): the attention scores and the logits become cap * tanh(x / cap).
+  float attn_softcap = 0.0f;
+  float final_softcap = 0.0f;
+  // The context the model was trained on before its rope was stretched (<arch>.rope.scaling.
+  // original_context_length): phi3 takes its long rope factors beyond it, YaRN's correction range and
+  // mistral3's attention temperature are measured in it.
+  uint32_t n_ctx_orig = 0;  // 0: n_ctx_train
+  // rope's magnitude factor (cos and sin are multiplied by it): <arch>.rope.scaling.attn_factor, with YaRN
+  // the attention factor below.
+  float rope_attn_factor = 1.0f;
+  // YaRN (<arch>.rope.scaling.type "yarn"): rope_freq_scale = 1 / factor interpolates the low frequencies,
+  // the dimension pairs between the corrections of yarn_beta_fast and yarn_beta_slow rotations blend into
+  // the original (extrapolated) angles, and cos / sin are scaled by the attention factor: 1 + 0.1 ln(factor),
+  // or (1 + 0.1 ln factor) / (1 + 0.1 m ln factor) with <arch>.rope.scaling.yarn_log_multiplier m.
+  bool rope_yarn = false;
+  float yarn_beta_fast = 32.0f;
+  float yarn_beta_slow = 1.0f;
+  // mistral3's attention temperature (Llama 4's): the queries of a token at position p are multiplied by
+  // 1 + attn_temp_scale * ln(1 + floor(p / n_ctx_orig)) after rope. 0: none.
+  float attn_temp_scale = 0.0f;
   // <arch>.pooling_type, as llama.cpp numbers it: -1 not declared (embeddings use mean), 0 none, 1 mean,
   // 2 cls (the first token), 3 last, 4 rank (refused: a reranker's head is not loaded).
   int32_t pooling = -1;
@@ -61,6 +86,9 @@ struct hparams {
   uint32_t n_embd_k_gqa() const { return n_embd_head_k * n_head_kv; }
   uint32_t n_embd_v_gqa() const { return n_embd_head_v * n_head_kv; }
   bool is_swa(uint32_t il) const { return n_swa > 0 && swa_pattern > 0 && (il + 1) % swa_pattern != 0; }
+  uint32_t ctx_orig() const { return n_ctx_orig > 0 ? n_ctx_orig : n_ctx_train; }
+  // The query multiplier of mistral3's attention temperature at position pos (1 without one).
+  float attn_temp(int32_t pos) const;
 
   static hparams from_gguf(const gguf_file& f);
 };

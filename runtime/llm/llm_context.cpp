@@ -250,6 +250,11 @@ void llm_context::prepare(ubatch& u, scheduler& s, const batch& b, size_t begin,
     tensor_set(*gb.in.v_idx, v_idx.data(), 0, v_idx.size() * sizeof(int64_t));
   }
   tensor_set(*gb.in.out_ids, out_ids.data(), 0, out_ids.size() * sizeof(int32_t));
+  if (gb.in.attn_temp != nullptr) {
+    std::vector<float> temp(n_tokens);
+    for (uint32_t t = 0; t < n_tokens; ++t) temp[t] = hp.attn_temp(u.pos[t]);
+    tensor_set(*gb.in.attn_temp, temp.data(), 0, temp.size() * sizeof(float));
+  }
   kv_->commit(u.cells, u.pos, u.seq);
 }
 

@@ -83,18 +83,28 @@ void model::attach(model_weights w) {
   m->output_ = tied ? m->need("token_embd.weight", {n_embd, n_vocab}, plan.output_buft())
                     : m->need("output.weight", {n_embd, n_vocab});
   m->rope_freqs_ = m->maybe("rope_freqs.weight", {hp.n_rot / 2});
+  m->rope_long_ = m->maybe("rope_factors_long.weight", {hp.n_rot / 2});
+  m->rope_short_ = m->maybe("rope_factors_short.weight", {hp.n_rot / 2});
+  if ((m->rope_long_ == nullptr) != (m->rope_short_ == nullptr)) {
+    throw error("model " + path_ + ": rope_factors_long.weight and rope_factors_short.weight come as a pair");
+  }
 
   m->layers_.resize(hp.n_layer);
   for (uint32_t il = 0; il < hp.n_layer; ++il) {
     layer_weights& l = m->layers_[il];
     const std::string b = "blk." + std::to_string(il) + ".";
     l.buft = plan.layer_buft(static_cast<int>(il));
-    l.attn_norm = m->need(b + "attn_norm.weight", {n_embd});
-    l.wq = m->need(b + "attn_q.weight", {n_embd, n_q});
-    l.wk = m->need(b + "attn_k.weight", {n_embd, hp.n_embd_k_gqa()});
-    l.wv = m->need(b + "attn_v.weight", {n_embd, hp.n_embd_v_gqa()});
+    const bool post_norms_only = hp.a == arch::olmo2;  // olmo2 normalizes each sublayer's output, not its input
+    if (!post_norms_only) l.attn_norm = m->need(b + "attn_norm.weight", {n_embd});
+    if (hp.a == arch::phi3 && m->loader_->files().find_tensor(b + "attn_qkv.weight") != nullptr) {
+      l.wqkv = m->need(b + "attn_qkv.weight", {n_embd, n_q + hp.n_embd_k_gqa() + hp.n_embd_v_gqa()});
+    } else {
+      l.wq = m->need(b + "attn_q.weight", {n_embd, n_q});
+      l.wk = m->need(b + "attn_k.weight", {n_embd, hp.n_embd_k_gqa()});
+      l.wv = m->need(b + "attn_v.weight", {n_embd, hp.n_embd_v_gqa()});
+    }
     l.wo = m->need(b + "attn_output.weight", {n_v, n_embd});
-    l.ffn_norm = m->need(b + "ffn_norm.weight", {n_embd});
+    if (!post_norms_only) l.ffn_norm = m->need(b + "ffn_norm.weight", {n_embd});
     if (hp.n_expert > 0) {
       const int64_t n_expert = hp.n_expert, n_ff_exp = hp.n_ff_exp;
       if (m->loader_->files().find_tensor(b + "ffn_gate.0.weight") != nullptr) {
@@ -113,6 +123,9 @@ void model::attach(model_weights w) {
         l.ffn_up_shexp = m->need(b + "ffn_up_shexp.weight", {n_embd, n_ff_sh});
         l.ffn_down_shexp = m->need(b + "ffn_down_shexp.weight", {n_ff_sh, n_embd});
       }
+    } else if (hp.a == arch::phi3) {  // gate and up fused in one matrix
+      l.ffn_up = m->need(b + "ffn_up.weight", {n_embd, 2 * n_ff});
+      l.ffn_down = m->need(b + "ffn_down.weight", {n_ff, n_embd});
     } else {
       l.ffn_gate = m->need(b + "ffn_gate.weight", {n_embd, n_ff});
       l.ffn_up = m->need(b + "ffn_up.weight", {n_embd, n_ff});
@@ -120,6 +133,7 @@ void model::attach(model_weights w) {
     }
     switch (hp.a) {
       case arch::llama:
+      case arch::mistral3:
         l.bq = m->maybe(b + "attn_q.bias", {n_q});
         l.bk = m->maybe(b + "attn_k.bias", {hp.n_embd_k_gqa()});
         l.bv = m->maybe(b + "attn_v.bias", {hp.n_embd_v_gqa()});
@@ -141,10 +155,32 @@ void model::attach(model_weights w) {
         l.post_attn_norm = m->need(b + "post_attention_norm.weight", {n_embd});
         l.post_ffn_norm = m->need(b + "post_ffw_norm.weight", {n_embd});
         break;
+      case arch::gemma2:
+        l.post_attn_norm = m->need(b + "post_attention_norm.weight", {n_embd});
+        l.post_ffn_norm = m->need(b + "post_ffw_norm.weight", {n_embd});
+        break;
+      case arch::olmo2:
+        // QK norms over all heads at once (a row of n_head * head size), and the post-norms.
+        l.q_norm = m->need(b + "attn_q_norm.weight", {n_q});
+        l.k_norm = m->need(b + "attn_k_norm.weight", {hp.n_embd_k_gqa()});
+        l.post_attn_norm = m->need(b + "post_attention_norm.weight", {n_embd});
+        l.post_ffn_norm = m->need(b + "post_ffw_norm.weight", {n_embd});
+        break;
+      case arch::granite:
+        l.bo = m->maybe(b + "attn_output.bias", {n_embd});
+        break;
+      case arch::phi3:
+        break;
     }
   }
 }
 
+
+tensor* model::rope_factors(uint32_t n_ctx) const {
+  if (rope_freqs_ != nullptr) return rope_freqs_;
+  const uint32_t orig = hp_.ctx_orig();
+  return n_ctx > orig ? rope_long_ : rope_short_;
+}
 
 uint64_t model::n_params() const {
   uint64_t n = 0;

@@ -30,7 +30,8 @@ struct model_params {
 
 // One transformer block's weights. Optional ones are null when the architecture has none.
 struct layer_weights {
-  tensor* attn_norm = nullptr;       // [n_embd]
+  tensor* attn_norm = nullptr;       // [n_embd] (olmo2: none)
+  tensor* wqkv = nullptr;            // phi3 (when fused): [n_embd, n_q + 2 n_embd_k_gqa], q, k, v rows
   tensor* wq = nullptr;              // [n_embd, n_embd_head_k * n_head]
   tensor* wk = nullptr;              // [n_embd, n_embd_k_gqa]
   tensor* wv = nullptr;              // [n_embd, n_embd_v_gqa]
@@ -38,14 +39,15 @@ struct layer_weights {
   tensor* bq = nullptr;              // qwen2: [n_embd_head_k * n_head]
   tensor* bk = nullptr;              // qwen2: [n_embd_k_gqa]
   tensor* bv = nullptr;              // qwen2: [n_embd_v_gqa]
-  tensor* q_norm = nullptr;          // qwen3, gemma3: [n_embd_head_k]
-  tensor* k_norm = nullptr;          // qwen3, gemma3: [n_embd_head_k]
-  tensor* post_attn_norm = nullptr;  // gemma3: [n_embd]
-  tensor* ffn_norm = nullptr;        // [n_embd]
+  tensor* bo = nullptr;              // granite (optional): [n_embd]
+  tensor* q_norm = nullptr;          // qwen3, gemma3: [n_embd_head_k]; olmo2: [n_embd_head_k * n_head]
+  tensor* k_norm = nullptr;          // qwen3, gemma3: [n_embd_head_k]; olmo2: [n_embd_k_gqa]
+  tensor* post_attn_norm = nullptr;  // gemma2, gemma3, olmo2: [n_embd]
+  tensor* ffn_norm = nullptr;        // [n_embd] (olmo2: none)
   tensor* ffn_gate = nullptr;        // [n_embd, n_ff]
-  tensor* ffn_up = nullptr;          // [n_embd, n_ff]
+  tensor* ffn_up = nullptr;          // [n_embd, n_ff]; phi3: [n_embd, 2 n_ff], the gate's rows then the up's
   tensor* ffn_down = nullptr;        // [n_ff, n_embd]
-  tensor* post_ffn_norm = nullptr;   // gemma3: [n_embd]
+  tensor* post_ffn_norm = nullptr;   // gemma2, gemma3, olmo2: [n_embd]
   // Mixture of experts (hp.n_expert > 0) instead of ffn_gate / ffn_up / ffn_down:
   tensor* ffn_gate_inp = nullptr;        // the router: [n_embd, n_expert]
   tensor* ffn_gate_exps = nullptr;       // [n_embd, n_ff_exp, n_expert]
@@ -83,6 +85,9 @@ class model {
   tensor* output_norm() const { return output_norm_; }  // [n_embd]
   tensor* output() const { return output_; }            // [n_embd, n_vocab] (the embeddings when tied)
   tensor* rope_freqs() const { return rope_freqs_; }    // optional [n_rot / 2]
+  // The rope frequency factors for a context of n_ctx cells: rope_freqs, or phi3's short factors (long
+  // ones beyond its original context); null when the model has none.
+  tensor* rope_factors(uint32_t n_ctx) const;
   const std::vector<layer_weights>& layers() const { return layers_; }
   // Bytes of weights per buffer type.
   std::map<buffer_type_i*, size_t> weight_bytes() const { return weights_.bytes_by_buft(); }
@@ -104,6 +109,8 @@ class model {
   tensor* output_norm_ = nullptr;
   tensor* output_ = nullptr;
   tensor* rope_freqs_ = nullptr;
+  tensor* rope_long_ = nullptr;   // phi3: rope_factors_long, [n_rot / 2]
+  tensor* rope_short_ = nullptr;  // phi3: rope_factors_short
   std::vector<layer_weights> layers_;
 };
 

@@ -37,7 +37,7 @@ inline void write_synthetic_model(const std::string& name, const std::filesystem
   gguf_writer w;
   w.add("general.architecture", arch);
   const std::string p = arch + ".";
-  w.add(p + "context_length", uint32_t{256});
+  w.add(p + "context_length", uint32_t{arch == "mistral3" ? 8192u : 256u});
   w.add(p + "embedding_length", s.n_embd);
   w.add(p + "block_count", s.n_layer);
   w.add(p + "feed_forward_length", s.n_ff);
@@ -47,7 +47,28 @@ inline void write_synthetic_model(const std::string& name, const std::filesystem
   w.add(p + "attention.value_length", s.head_dim);
   w.add(p + "attention.layer_norm_rms_epsilon", 1e-6f);
   w.add(p + "rope.freq_base", arch == "gemma3" ? 1000000.0f : 10000.0f);
-  if (arch == "gemma3") w.add(p + "attention.sliding_window", uint32_t{4});
+  const bool gemma = arch == "gemma3" || arch == "gemma2";
+  if (gemma) w.add(p + "attention.sliding_window", uint32_t{4});
+  if (arch == "gemma2") {  // caps small enough to bend these scores and logits
+    w.add(p + "attn_logit_softcapping", 5.0f);
+    w.add(p + "final_logit_softcapping", 3.0f);
+  }
+  if (arch == "phi3") w.add(p + "rope.scaling.original_context_length", uint32_t{128});
+  if (arch == "mistral3") {  // YaRN whose correction range covers rotated pairs 2..6 of 8, and a temperature
+    w.add(p + "rope.scaling.type", std::string("yarn"));
+    w.add(p + "rope.scaling.factor", 4.0f);
+    w.add(p + "rope.scaling.original_context_length", uint32_t{2048});
+    w.add(p + "rope.scaling.yarn_beta_fast", 32.0f);
+    w.add(p + "rope.scaling.yarn_beta_slow", 1.0f);
+    w.add(p + "rope.scaling.yarn_log_multiplier", 0.5f);
+    w.add(p + "attention.temperature_scale", 0.5f);
+  }
+  if (arch == "granite") {
+    w.add(p + "logit_scale", 4.0f);
+    w.add(p + "embedding_scale", 1.5f);
+    w.add(p + "residual_scale", 0.5f);
+    w.add(p + "attention.scale", 0.3f);
+  }
   if (moe) {
     w.add(p + "expert_count", s.n_expert);
     w.add(p + "expert_used_count", s.n_expert_used);
@@ -66,15 +87,23 @@ inline void write_synthetic_model(const std::string& name, const std::filesystem
   const int64_t e = s.n_embd, q = int64_t{s.n_head} * s.head_dim, kv = int64_t{s.n_head_kv} * s.head_dim;
   // gemma3 scales embeddings by sqrt(n_embd) and ties the output to them: small embeddings keep the
   // blocks, not the identity, in charge of its logits.
-  tensor("token_embd.weight", {e, s.n_vocab}, arch == "gemma3" ? 0.05f : 1.0f);
+  tensor("token_embd.weight", {e, s.n_vocab}, gemma ? 0.05f : 1.0f);
   tensor("output_norm.weight", {e}, 0.2f, 1.0f);
-  if (arch != "gemma3") tensor("output.weight", {e, s.n_vocab}, 0.5f);
+  if (!gemma) tensor("output.weight", {e, s.n_vocab}, 0.5f);
+  if (arch == "phi3") {  // long-context rope factors: the short ones apply to contexts up to 128
+    tensor("rope_factors_long.weight", {s.head_dim / 2}, 4.0f, 8.0f);
+    tensor("rope_factors_short.weight", {s.head_dim / 2}, 1.0f, 1.2f);
+  }
   for (uint32_t il = 0; il < s.n_layer; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
-    tensor(b + "attn_norm.weight", {e}, 0.2f, 1.0f);
-    tensor(b + "attn_q.weight", {e, q}, 0.4f);
-    tensor(b + "attn_k.weight", {e, kv}, 0.4f);
-    tensor(b + "attn_v.weight", {e, kv}, 0.4f);
+    if (arch != "olmo2") tensor(b + "attn_norm.weight", {e}, 0.2f, 1.0f);
+    if (arch == "phi3") {
+      tensor(b + "attn_qkv.weight", {e, q + 2 * kv}, 0.4f);  // q, k and v rows in one matrix
+    } else {
+      tensor(b + "attn_q.weight", {e, q}, 0.4f);
+      tensor(b + "attn_k.weight", {e, kv}, 0.4f);
+      tensor(b + "attn_v.weight", {e, kv}, 0.4f);
+    }
     tensor(b + "attn_output.weight", {q, e}, 0.3f);
     if (arch == "qwen2" || arch == "qwen2moe") {
       tensor(b + "attn_q.bias", {q}, 0.2f);
@@ -85,11 +114,15 @@ inline void write_synthetic_model(const std::string& name, const std::filesystem
       tensor(b + "attn_q_norm.weight", {s.head_dim}, 0.2f, 1.0f);
       tensor(b + "attn_k_norm.weight", {s.head_dim}, 0.2f, 1.0f);
     }
-    if (arch == "gemma3") {
+    if (arch == "olmo2") {  // QK norms over all heads at once
+      tensor(b + "attn_q_norm.weight", {q}, 0.2f, 1.0f);
+      tensor(b + "attn_k_norm.weight", {kv}, 0.2f, 1.0f);
+    }
+    if (gemma || arch == "olmo2") {
       tensor(b + "post_attention_norm.weight", {e}, 0.2f, 1.0f);
       tensor(b + "post_ffw_norm.weight", {e}, 0.2f, 1.0f);
     }
-    tensor(b + "ffn_norm.weight", {e}, 0.2f, 1.0f);
+    if (arch != "olmo2") tensor(b + "ffn_norm.weight", {e}, 0.2f, 1.0f);
     if (moe) {
       const int64_t ff = name == "mixtral" ? s.n_ff : s.n_ff_exp, ne = s.n_expert;
       tensor(b + "ffn_gate_inp.weight", {e, ne}, 2.0f);  // a router with clear preferences
@@ -104,8 +137,12 @@ inline void write_synthetic_model(const std::string& name, const std::filesystem
       }
       continue;
     }
-    tensor(b + "ffn_gate.weight", {e, s.n_ff}, 0.4f);
-    tensor(b + "ffn_up.weight", {e, s.n_ff}, 0.4f);
+    if (arch == "phi3") {
+      tensor(b + "ffn_up.weight", {e, 2 * s.n_ff}, 0.4f);  // the gate's rows, then the up's
+    } else {
+      tensor(b + "ffn_gate.weight", {e, s.n_ff}, 0.4f);
+      tensor(b + "ffn_up.weight", {e, s.n_ff}, 0.4f);
+    }
     tensor(b + "ffn_down.weight", {s.n_ff, e}, 0.3f);
   }
   if (edit) edit(w);
