@@ -59,11 +59,23 @@ float get_f32_or(const gguf_file& f, const std::string& key, float fallback) {
   return static_cast<float>(v);
 }
 
+// An error naming key in f, in the format of every gguf_error.
+gguf_error bad_key(const gguf_file& f, const std::string& key, const std::string& why) {
+  return gguf_error(f.message(key, why, std::nullopt));
+}
+
+// key's value (fallback when absent), which must be positive.
+float positive_f32(const gguf_file& f, const std::string& key, float fallback) {
+  const float v = get_f32_or(f, key, fallback);
+  if (!(v > 0.0f)) throw bad_key(f, key, "must be positive");
+  return v;
+}
+
 // The mixture-of-experts keys: required by qwen2moe / qwen3moe, optional for llama and mistral3 (Mixtral
 // declares them; a dense llama has none). Each bad value is an error naming its key.
 void read_experts(const gguf_file& f, hparams& hp) {
   const std::string p = hp.name + ".";
-  auto bad = [&](const std::string& key, const std::string& why) { return gguf_error(f.message(key, why, std::nullopt)); };
+  auto bad = [&](const std::string& key, const std::string& why) { return bad_key(f, key, why); };
   const bool moe_arch = hp.a == arch::qwen2moe || hp.a == arch::qwen3moe;
   if (!moe_arch && !f.contains(p + "expert_count")) return;
   if (!moe_arch && hp.a != arch::llama && hp.a != arch::mistral3) {
@@ -113,10 +125,10 @@ void read_experts(const gguf_file& f, hparams& hp) {
 // <arch>.rope.scaling.*: the type (none, linear, yarn; longrope with phi3's factor tensors), the factor,
 // the original context, YaRN's betas and log multiplier, the magnitude factor. rope.scale_linear is the
 // older spelling of a linear factor.
-template <class Positive>
-void read_rope_scaling(const gguf_file& f, hparams& hp, Positive&& positive) {
+void read_rope_scaling(const gguf_file& f, hparams& hp) {
   const std::string p = hp.name + ".";
-  auto bad = [&](const std::string& key, const std::string& why) { return gguf_error(f.message(key, why, std::nullopt)); };
+  auto bad = [&](const std::string& key, const std::string& why) { return bad_key(f, key, why); };
+  auto positive = [&](const std::string& key, float fallback) { return positive_f32(f, key, fallback); };
   const std::string type_key = p + "rope.scaling.type";
   const std::string type = f.contains(type_key) ? f.get<std::string>(type_key).value() : std::string();
   const float linear = get_f32_or(f, p + "rope.scale_linear", 0.0f);
@@ -142,7 +154,7 @@ void read_rope_scaling(const gguf_file& f, hparams& hp, Positive&& positive) {
     if (log_mul < 0.0f) throw bad(p + "rope.scaling.yarn_log_multiplier", "must not be negative");
     // The attention factor as Hugging Face computes it (mscale 1, mscale_all_dim the log multiplier). The rope
     // kernels multiply a YaRN rope by 1 + 0.1 ln(factor) themselves (as ggml's), so that part is divided out.
-    auto mscale = [&](float m) { return factor <= 1.0f ? 1.0f : 1.0f + 0.1f * m * std::log(factor); };
+    auto mscale = [&](float m) { return 1.0f + 0.1f * m * std::log(factor); };
     const float attention = log_mul != 0.0f ? mscale(1.0f) / mscale(log_mul) : mscale(1.0f);
     hp.rope_attn_factor *= attention / mscale(1.0f);
   } else {
@@ -169,7 +181,7 @@ hparams hparams::from_gguf(const gguf_file& f) {
   hp.n_ff = get_u32(f, p + "feed_forward_length");
   hp.n_head = get_u32(f, p + "attention.head_count");
   hp.n_head_kv = get_u32_or(f, p + "attention.head_count_kv", hp.n_head);
-  auto bad = [&](const std::string& key, const std::string& why) { return gguf_error(f.message(key, why, std::nullopt)); };
+  auto bad = [&](const std::string& key, const std::string& why) { return bad_key(f, key, why); };
   if (hp.n_embd == 0) throw bad(p + "embedding_length", "must be positive");
   if (hp.n_layer == 0) throw bad(p + "block_count", "must be positive");
   if (hp.n_head == 0) throw bad(p + "attention.head_count", "must be positive");
@@ -186,12 +198,8 @@ hparams hparams::from_gguf(const gguf_file& f) {
   hp.rms_eps = get_f32_or(f, p + "attention.layer_norm_rms_epsilon", 1e-5f);
   hp.rope_freq_base = get_f32_or(f, p + "rope.freq_base", 10000.0f);
   if (!(hp.rope_freq_base > 0.0f)) throw bad(p + "rope.freq_base", "must be positive");
-  auto positive = [&](const std::string& key, float fallback) {
-    const float v = get_f32_or(f, key, fallback);
-    if (!(v > 0.0f)) throw bad(key, "must be positive");
-    return v;
-  };
-  read_rope_scaling(f, hp, positive);
+  auto positive = [&](const std::string& key, float fallback) { return positive_f32(f, key, fallback); };
+  read_rope_scaling(f, hp);
   switch (hp.a) {
     case arch::llama:
       hp.rope = rope_mode::normal;
@@ -213,13 +221,11 @@ hparams hparams::from_gguf(const gguf_file& f) {
       // llama's block; with YaRN, and the queries scaled by the attention temperature beyond the original
       // context.
       hp.rope = rope_mode::normal;
-      if (f.contains(p + "attention.temperature_scale")) {
-        hp.attn_temp_scale = get_f32_or(f, p + "attention.temperature_scale", 0.0f);
-        if (hp.attn_temp_scale < 0.0f) throw bad(p + "attention.temperature_scale", "must not be negative");
-        if (hp.attn_temp_scale > 0.0f && hp.ctx_orig() == 0) {
-          throw bad(p + "attention.temperature_scale",
-                    "needs a positive rope.scaling.original_context_length or context_length (its period)");
-        }
+      hp.attn_temp_scale = get_f32_or(f, p + "attention.temperature_scale", 0.0f);
+      if (hp.attn_temp_scale < 0.0f) throw bad(p + "attention.temperature_scale", "must not be negative");
+      if (hp.attn_temp_scale > 0.0f && hp.ctx_orig() == 0) {
+        throw bad(p + "attention.temperature_scale",
+                  "needs a positive rope.scaling.original_context_length or context_length (its period)");
       }
       break;
     case arch::olmo2:

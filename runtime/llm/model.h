@@ -84,7 +84,6 @@ class model {
   tensor* tok_embd() const { return tok_embd_; }        // [n_embd, n_vocab]
   tensor* output_norm() const { return output_norm_; }  // [n_embd]
   tensor* output() const { return output_; }            // [n_embd, n_vocab] (the embeddings when tied)
-  tensor* rope_freqs() const { return rope_freqs_; }    // optional [n_rot / 2]
   // The rope frequency factors for a context of n_ctx cells: rope_freqs, or phi3's short factors (long
   // ones beyond its original context); null when the model has none.
   tensor* rope_factors(uint32_t n_ctx) const;
