@@ -44,7 +44,7 @@ void report(allocator_ptr self, const std::string& owner, int64_t delta) {
   if (delta != 0) self->send(self->state.accountant, record_atom_v, self->state.event(owner, delta));
 }
 
-allocator_actor::behavior_type allocator(allocator_ptr self, runtime_env_ptr env, buffer_type_i* buft,
+allocator_actor::behavior_type allocator(allocator_ptr self, engine_env_ptr env, buffer_type_i* buft,
                                          memory_accountant_actor acct) {
   self->state.buft = buft;
   self->state.accountant = acct;
@@ -108,7 +108,7 @@ allocator_actor::behavior_type allocator(allocator_ptr self, runtime_env_ptr env
 
 }  // namespace
 
-allocator_actor spawn_allocator_actor(caf::actor_system& sys, runtime_env_ptr env, const std::string& device,
+allocator_actor spawn_allocator_actor(caf::actor_system& sys, engine_env_ptr env, const std::string& device,
                                       memory_accountant_actor accountant) {
   device_i* dev = registry::instance().find(device);
   if (dev == nullptr) throw error("allocator actor: no device named '" + device + "' is registered");

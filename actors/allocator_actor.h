@@ -14,7 +14,7 @@
 #include <string>
 
 #include "actors/memory_accountant_actor.h"
-#include "actors/runtime_env.h"
+#include "actors/engine_env.h"
 #include "actors/type_ids.h"
 
 namespace troupe::actors {
@@ -22,7 +22,7 @@ namespace troupe::actors {
 // The interface (using allocator_actor = caf::typed_actor<...>) is in actors/handles.h.
 
 // The allocator for the default buffer type of `device`. Throws error when the registry has no such device.
-allocator_actor spawn_allocator_actor(caf::actor_system& sys, runtime_env_ptr env, const std::string& device,
+allocator_actor spawn_allocator_actor(caf::actor_system& sys, engine_env_ptr env, const std::string& device,
                                       memory_accountant_actor accountant);
 
 }  // namespace troupe::actors

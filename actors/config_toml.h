@@ -1,6 +1,6 @@
 // Reading TOML configuration files (toml++) with errors that name the file, the line and the key:
 // "daemon.toml:3: unknown key 'prot' in [server]". Shared by the runtime's configuration
-// (actors/runtime_config.cpp) and the daemon's (net/http/daemon_config.cpp); include only from .cpp files
+// (actors/engine_config.cpp) and the daemon's (net/http/daemon_config.cpp); include only from .cpp files
 // that link toml++.
 #pragma once
 

@@ -28,7 +28,7 @@ struct owned_buffer {
 };
 
 struct device_state {
-  runtime_env_ptr env;
+  engine_env_ptr env;
   device_i* dev = nullptr;
   backend_ptr backend;
   memory_accountant_actor accountant;
@@ -40,7 +40,6 @@ struct device_state {
   ~device_state() {
     // Whatever is still allocated at exit is released (an abnormal exit included).
     for (auto& [id, b] : buffers) caf::anon_send(accountant, record_atom_v, event(b, -1));
-    if (env && backend && env->backend(std::string(dev->name())) == backend.get()) env->set_backend(std::string(dev->name()), nullptr);
   }
 
   memory_event event(const owned_buffer& b, int sign) const {
@@ -93,7 +92,7 @@ caf::result<split_result> compute_timed(device_state& st, uint32_t microbatch, u
   return split_result{microbatch, split, std::chrono::duration<double>(clock_type::now() - t0).count()};
 }
 
-device_actor::behavior_type device(device_ptr self, runtime_env_ptr env, device_i* dev, memory_accountant_actor acct,
+device_actor::behavior_type device(device_ptr self, engine_env_ptr env, device_i* dev, memory_accountant_actor acct,
                                    device_actor_params p) {
   auto& init = self->state;
   init.env = env;
@@ -108,7 +107,6 @@ device_actor::behavior_type device(device_ptr self, runtime_env_ptr env, device_
   } catch (const std::exception& e) {
     TROUPE_LOG(warn, "device actor " << dev->name() << ": no backend: " << e.what());
   }
-  if (init.backend) env->set_backend(std::string(dev->name()), init.backend.get());
   self->send(acct, device_atom_v, init.status());
 
   return {
@@ -204,7 +202,7 @@ device_actor::behavior_type device(device_ptr self, runtime_env_ptr env, device_
         }
       },
       [self](compute_atom, const decode_split& r) -> caf::result<split_result> {
-        // A split of a model context's decode (handed on by the model's scheduler actor; its pipeline thread
+        // A split of a model context's decode (handed on by the model's decoder actor; its pipeline thread
         // waits for the task to be settled).
         auto& st = self->state;
         const std::shared_ptr<split_task> task = st.env->objects.get<split_task>(r.task);
@@ -218,20 +216,6 @@ device_actor::behavior_type device(device_ptr self, runtime_env_ptr env, device_
         task->finish();
         return res;
       },
-      [self](compute_atom, const split_ref& r) -> caf::result<split_result> {
-        auto& st = self->state;
-        const std::shared_ptr<pipeline_job> job = st.env->objects.get<pipeline_job>(r.job);
-        if (!job) return not_found(st, "no pipeline job " + std::to_string(r.job) + " in this process");
-        if (r.microbatch >= job->microbatches.size()) return make_error(errc::bad_request, "no such micro-batch");
-        scheduler& sched = *job->microbatches[r.microbatch].sched;
-        if (static_cast<int>(r.split) >= sched.n_splits()) return make_error(errc::bad_request, "no such split");
-        const auto& sp = sched.splits()[r.split];
-        if (&sched.backend(sp.backend).device() != st.dev) {
-          return make_error(errc::bad_request, "split " + std::to_string(r.split) + " runs on " +
-                                                   std::string(sched.backend(sp.backend).device().name()));
-        }
-        return compute_timed(st, r.microbatch, r.split, [&] { sched.compute_split(static_cast<int>(r.split)); });
-      },
       [self](memory_atom) {
         // The accountant's row of this device is refreshed too (what the driver reports free now: buffers
         // allocated past this actor, a model context's compute and KV cache, change it).
@@ -244,7 +228,7 @@ device_actor::behavior_type device(device_ptr self, runtime_env_ptr env, device_
 
 }  // namespace
 
-device_actor spawn_device_actor(caf::actor_system& sys, runtime_env_ptr env, const std::string& name,
+device_actor spawn_device_actor(caf::actor_system& sys, engine_env_ptr env, const std::string& name,
                                 memory_accountant_actor accountant, const device_actor_params& p) {
   device_i* dev = registry::instance().find(name);
   if (dev == nullptr) throw error("device actor: no device named '" + name + "' is registered");

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "actors/memory_accountant_actor.h"
-#include "actors/runtime_env.h"
+#include "actors/engine_env.h"
 #include "actors/type_ids.h"
 
 namespace troupe::actors {
@@ -30,7 +30,7 @@ struct device_actor_params {
 };
 
 // Throws error when the registry has no such device.
-device_actor spawn_device_actor(caf::actor_system& sys, runtime_env_ptr env, const std::string& device,
+device_actor spawn_device_actor(caf::actor_system& sys, engine_env_ptr env, const std::string& device,
                                 memory_accountant_actor accountant, const device_actor_params& p = {});
 
 }  // namespace troupe::actors

@@ -5,7 +5,7 @@
 #include <caf/to_string.hpp>
 
 #include "loader/model_loader.h"
-#include "runtime/llm/sampler.h"
+#include "llm/sampler.h"
 
 namespace troupe::actors {
 

@@ -46,11 +46,10 @@ std::string describe(const caf::error& e);
 // Whether e is troupe's error with this code.
 bool is(const caf::error& e, errc code);
 
-// An error a request came back with, thrown by the embedding API (actors/runtime.h).
+// An error a request came back with, thrown by the embedding API (actors/engine.h).
 class request_error : public troupe::error {
  public:
   request_error(caf::error e) : troupe::error(describe(e)), error_(std::move(e)) {}
-  const caf::error& error() const { return error_; }
   bool is(errc code) const { return actors::is(error_, code); }
 
  private:

@@ -28,7 +28,6 @@ struct tensor_range;
 struct range_upload;
 struct upload_job;
 struct upload_result;
-struct split_ref;
 struct decode_split;
 struct split_result;
 struct compute_reservation;
@@ -44,12 +43,10 @@ struct session_request;
 struct session_prefix;
 struct decode_step;
 struct step_logits;
-struct sched_stats;
-struct pipeline_ref;
-struct pipeline_result;
+struct decoder_stats;
 struct peer_status;
 struct peer_memory;
-struct runtime_status;
+struct engine_status;
 struct actor_directory;
 
 // ---- receivers of streams ----
@@ -91,8 +88,6 @@ using device_actor = caf::typed_actor<
     caf::replies_to<upload_atom, upload_job>::with<upload_result>,
     // Returns bytes of a buffer this actor allocated.
     caf::replies_to<get_atom, tensor_range>::with<std::vector<char>>,
-    // Computes one split of a pipeline job on this device's backend (its inputs copied in first).
-    caf::replies_to<compute_atom, split_ref>::with<split_result>,
     // Computes one split of a model context's decode graph (a split task its scheduler registered).
     caf::replies_to<compute_atom, decode_split>::with<split_result>,
     // The device's memory now.
@@ -137,7 +132,7 @@ using session_actor = caf::typed_actor<
     // Takes another session's cached tokens as its own (shared cells, no decode).
     caf::replies_to<share_atom, session_prefix>::with<bool>>;
 
-using scheduler_actor = caf::typed_actor<
+using decoder_actor = caf::typed_actor<
     // A session joins the model: its sequence id (the context is created on the first attach).
     caf::replies_to<attach_atom, session_actor>::with<int32_t>,
     // A session leaves: its sequence's cache is cleared and the id freed.
@@ -151,13 +146,11 @@ using scheduler_actor = caf::typed_actor<
     caf::reacts_to<end_atom, int32_t>,
     // Decodes the waiting steps now (sent to itself after flush_delay).
     caf::reacts_to<flush_atom>,
-    // Runs an in-process pipeline job (local_registry id) over the device actors.
-    caf::replies_to<pipeline_atom, pipeline_ref>::with<pipeline_result>,
     // Batching and memory figures.
-    caf::replies_to<get_atom, stats_atom>::with<sched_stats>,
+    caf::replies_to<get_atom, stats_atom>::with<decoder_stats>,
     // Frees the context (KV cache, compute memory) and reports the release; attached sessions are dropped.
     caf::replies_to<release_atom>::with<bool>,
-    // The device actor serving a device (for pipeline jobs and decode splits).
+    // The device actor serving a device (for decode splits).
     caf::reacts_to<device_atom, std::string, device_actor>,
     // Internal: a split of the context's decode, from its pipeline thread, to hand on to its device's actor.
     caf::reacts_to<compute_atom, decode_split>,
@@ -197,7 +190,7 @@ using supervisor_actor = caf::typed_actor<
     // The memory breakdown.
     caf::replies_to<get_atom, breakdown_atom>::with<memory_breakdown>,
     // Every supervised actor and whether it is up.
-    caf::replies_to<get_atom, status_atom>::with<runtime_status>,
+    caf::replies_to<get_atom, status_atom>::with<engine_status>,
     // The handles of the runtime's actors.
     caf::replies_to<get_atom, directory_atom>::with<actor_directory>,
     // Cancels a running load.

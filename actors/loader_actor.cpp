@@ -31,7 +31,7 @@ struct in_flight {
 };
 
 struct loader_state {
-  runtime_env_ptr env;
+  engine_env_ptr env;
   memory_accountant_actor accountant;
   std::map<std::string, device_actor> devices;
   std::map<std::string, in_flight> loads;  // by model name
@@ -148,7 +148,7 @@ void dispatch(loader_ptr self, const std::string& name, buffer_type_i* target) {
           });
 }
 
-loader_actor::behavior_type loader(loader_ptr self, runtime_env_ptr env, memory_accountant_actor acct) {
+loader_actor::behavior_type loader(loader_ptr self, engine_env_ptr env, memory_accountant_actor acct) {
   self->state.env = env;
   self->state.accountant = acct;
   return {
@@ -235,7 +235,7 @@ loader_actor::behavior_type loader(loader_ptr self, runtime_env_ptr env, memory_
 
 }  // namespace
 
-loader_actor spawn_loader_actor(caf::actor_system& sys, runtime_env_ptr env, memory_accountant_actor accountant) {
+loader_actor spawn_loader_actor(caf::actor_system& sys, engine_env_ptr env, memory_accountant_actor accountant) {
   return sys.spawn(loader, std::move(env), std::move(accountant));
 }
 

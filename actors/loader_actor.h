@@ -17,13 +17,13 @@
 #include <string>
 
 #include "actors/memory_accountant_actor.h"
-#include "actors/runtime_env.h"
+#include "actors/engine_env.h"
 #include "actors/type_ids.h"
 
 namespace troupe::actors {
 
 // The interface (using loader_actor = caf::typed_actor<...>) is in actors/handles.h.
 
-loader_actor spawn_loader_actor(caf::actor_system& sys, runtime_env_ptr env, memory_accountant_actor accountant);
+loader_actor spawn_loader_actor(caf::actor_system& sys, engine_env_ptr env, memory_accountant_actor accountant);
 
 }  // namespace troupe::actors

@@ -1,10 +1,10 @@
-// In-process objects that messages refer to by id: a staged load job, a pipeline job, a graph. The
+// In-process objects that messages refer to by id: a staged load job, a decode split task, a graph. The
 // objects never cross a process boundary; their ids do (as uint64_t fields of messages), and in another
 // process an id finds nothing, so the request fails with errc::not_found instead of touching memory.
 //
-//   auto job = std::make_shared<pipeline_job>(...);
-//   const uint64_t id = env.objects.put(job);                       // any shared_ptr<T>
-//   std::shared_ptr<pipeline_job> j = env.objects.get<pipeline_job>(id);   // null: absent or another type
+//   auto task = std::make_shared<split_task>();
+//   const uint64_t id = env.objects.put(task);                        // any shared_ptr<T>
+//   std::shared_ptr<split_task> t = env.objects.get<split_task>(id);  // null: absent or another type
 //   env.objects.erase(id);
 //
 // Thread-safe: the actors that use one registry run on different threads.

@@ -3,7 +3,7 @@
 // sends every one of them between two processes.
 //
 // Conventions: sizes and offsets are bytes (uint64_t); kinds are memory_kind as uint8_t; ids of
-// in-process objects (a load job, a pipeline job, a graph) are uint64_t handles into the runtime's
+// in-process objects (a load job, a decode split task, a graph) are uint64_t handles into the runtime's
 // local_registry (actors/local_registry.h) that mean nothing in another process, where a request naming
 // one fails with errc::not_found. Handles in messages are typed (actors/handles.h).
 #pragma once
@@ -16,7 +16,7 @@
 
 #include "actors/handles.h"
 #include "actors/model_settings.h"
-#include "runtime/llm/generate_params.h"
+#include "llm/generate_params.h"
 
 namespace troupe::actors {
 
@@ -41,7 +41,7 @@ struct device_status {
   uint64_t free = 0;
   bool host = false;       // the device's default buffer type is host memory (no device row of its own)
   uint64_t n_buffers = 0;  // buffers the device actor owns (alloc_atom)
-  uint64_t n_splits = 0;   // graph splits it computed (pipeline jobs and model decodes)
+  uint64_t n_splits = 0;   // graph splits it computed (splits of model decodes)
   friend bool operator==(const device_status&, const device_status&) = default;
 };
 
@@ -116,16 +116,8 @@ struct upload_result {
   friend bool operator==(const upload_result&, const upload_result&) = default;
 };
 
-// Compute split `split` of micro-batch `microbatch` of an in-process pipeline job.
-struct split_ref {
-  uint64_t job = 0;
-  uint32_t microbatch = 0;
-  uint32_t split = 0;
-  friend bool operator==(const split_ref&, const split_ref&) = default;
-};
-
 // Compute split `split` of the decode graph of a model context: `task` is the local_registry id of the
-// split task (runtime_env.h) its scheduler actor registered for the device actor.
+// split task (engine_env.h) its decoder actor registered for the device actor.
 struct decode_split {
   uint64_t task = 0;
   uint32_t split = 0;
@@ -245,7 +237,7 @@ struct session_request {
   friend bool operator==(const session_request&, const session_request&) = default;
 };
 
-// ---- scheduler actor ----
+// ---- decoder actor ----
 
 // Decode `tokens` on sequence `seq` after keeping its first `keep` cache positions.
 // What a session holds in its model's cache: another session of the same model can share it (n answers
@@ -271,7 +263,7 @@ struct step_logits {
   friend bool operator==(const step_logits&, const step_logits&) = default;
 };
 
-struct sched_stats {
+struct decoder_stats {
   std::string model;
   uint64_t n_batches = 0;   // batched decodes
   uint64_t n_steps = 0;     // session steps decoded
@@ -282,20 +274,7 @@ struct sched_stats {
   uint64_t compute_bytes = 0;
   uint32_t n_in_flight = 0;    // decodes in the context's pipeline now (the scheduler answers meanwhile)
   uint32_t max_in_flight = 0;  // most at once: 2 when sequence groups overlapped on a model over devices
-  friend bool operator==(const sched_stats&, const sched_stats&) = default;
-};
-
-struct pipeline_ref {
-  uint64_t job = 0;
-  friend bool operator==(const pipeline_ref&, const pipeline_ref&) = default;
-};
-
-struct pipeline_result {
-  uint32_t microbatches = 0;
-  uint32_t splits = 0;        // splits computed over all micro-batches
-  double seconds = 0;         // wall time
-  double busy_seconds = 0;    // sum of the splits' compute times (> seconds when they overlapped)
-  friend bool operator==(const pipeline_result&, const pipeline_result&) = default;
+  friend bool operator==(const decoder_stats&, const decoder_stats&) = default;
 };
 
 // ---- remote peers ----
@@ -332,11 +311,11 @@ struct actor_status {
   friend bool operator==(const actor_status&, const actor_status&) = default;
 };
 
-struct runtime_status {
+struct engine_status {
   std::vector<actor_status> actors;
   std::vector<std::string> models;
   std::vector<peer_status> peers;  // remote peers given to the supervisor
-  friend bool operator==(const runtime_status&, const runtime_status&) = default;
+  friend bool operator==(const engine_status&, const engine_status&) = default;
 };
 
 // Handles of a runtime's actors (for hosts and remote peers that talk to them directly).
@@ -347,8 +326,7 @@ struct actor_directory {
   std::vector<device_actor> devices;        // device actors, in device_names order
   std::vector<allocator_actor> allocators;  // allocator actors, one per device's buffer type, same order
   std::vector<std::string> model_names;
-  std::vector<scheduler_actor> schedulers;  // one per loaded model, in model_names order
-  scheduler_actor graphs;                   // the scheduler actor for in-process pipeline jobs
+  std::vector<decoder_actor> decoders;  // one per loaded model, in model_names order
   std::vector<std::string> peer_names;
   std::vector<peer_actor> peers;            // peer actors, in peer_names order
   friend bool operator==(const actor_directory&, const actor_directory&) = default;
@@ -397,10 +375,6 @@ typename Inspector::result_type inspect(Inspector& f, upload_job& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, upload_result& x) {
   return f(caf::meta::type_name("upload_result"), x.buft, x.device, x.bytes, x.seconds);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, split_ref& x) {
-  return f(caf::meta::type_name("split_ref"), x.job, x.microbatch, x.split);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_split& x) {
@@ -488,25 +462,17 @@ typename Inspector::result_type inspect(Inspector& f, step_logits& x) {
   return f(caf::meta::type_name("step_logits"), x.seq, x.logits, x.batch_steps);
 }
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, sched_stats& x) {
-  return f(caf::meta::type_name("sched_stats"), x.model, x.n_batches, x.n_steps, x.n_tokens, x.max_steps, x.n_sessions,
+typename Inspector::result_type inspect(Inspector& f, decoder_stats& x) {
+  return f(caf::meta::type_name("decoder_stats"), x.model, x.n_batches, x.n_steps, x.n_tokens, x.max_steps, x.n_sessions,
            x.kv_bytes, x.compute_bytes, x.n_in_flight, x.max_in_flight);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, pipeline_ref& x) {
-  return f(caf::meta::type_name("pipeline_ref"), x.job);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, pipeline_result& x) {
-  return f(caf::meta::type_name("pipeline_result"), x.microbatches, x.splits, x.seconds, x.busy_seconds);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, actor_status& x) {
   return f(caf::meta::type_name("actor_status"), x.name, x.up, x.restarts, x.last_error);
 }
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, runtime_status& x) {
-  return f(caf::meta::type_name("runtime_status"), x.actors, x.models, x.peers);
+typename Inspector::result_type inspect(Inspector& f, engine_status& x) {
+  return f(caf::meta::type_name("engine_status"), x.actors, x.models, x.peers);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, peer_status& x) {
@@ -520,7 +486,7 @@ typename Inspector::result_type inspect(Inspector& f, peer_memory& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, actor_directory& x) {
   return f(caf::meta::type_name("actor_directory"), x.accountant, x.loader, x.device_names, x.devices, x.allocators,
-           x.model_names, x.schedulers, x.graphs, x.peer_names, x.peers);
+           x.model_names, x.decoders, x.peer_names, x.peers);
 }
 
 }  // namespace troupe::actors

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <regex>
 
-#include "runtime/llm/chat_template.h"
+#include "llm/chat_template.h"
 
 namespace troupe::actors {
 

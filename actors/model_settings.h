@@ -1,5 +1,5 @@
 // How a model is loaded and served: the one definition of a model's settings. The embedding API
-// (engine::load_model), a [[model]] table of a TOML configuration (actors/runtime_config.h) and the load
+// (engine::load_model), a [[model]] table of a TOML configuration (actors/engine_config.h) and the load
 // request the supervisor and loader actors exchange (actors/messages.h) all carry this struct.
 //
 //   actors::model_settings s{.name = "stories", .path = "stories260K.gguf", .n_ctx = 512, .n_seq_max = 2};

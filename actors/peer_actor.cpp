@@ -9,9 +9,8 @@
 #include <set>
 
 #include "actors/errors.h"
-#include "actors/runtime_config.h"
+#include "actors/engine_config.h"
 #include "backends/rpc/rpc.h"
-#include "net/rpc/auth.h"
 #include "runtime/log.h"
 
 namespace troupe::actors {
@@ -24,24 +23,6 @@ std::chrono::milliseconds backoff_delay(const backoff_params& b, uint32_t failur
   const double jitter = std::clamp(b.jitter, 0.0, 1.0);
   const double f = 1.0 - jitter * std::clamp(u, 0.0, 1.0);
   return std::chrono::milliseconds(static_cast<int64_t>(std::max(1.0, std::floor(d * f))));
-}
-
-peer_params to_peer_params(const peer_config& c) {
-  peer_params p;
-  p.name = c.name;
-  p.host = c.host;
-  p.port = c.port;
-  p.tls = c.tls;
-  p.tls_ca = c.tls_ca;
-  p.busy_poll = std::chrono::microseconds(c.busy_poll_us);
-  if (!c.key_file.empty()) {
-    try {
-      p.key = rpc::load_key_file(c.key_file);
-    } catch (const std::exception& e) {
-      throw error("peer " + (c.name.empty() ? c.host + ":" + std::to_string(c.port) : c.name) + ": " + e.what());
-    }
-  }
-  return p;
 }
 
 namespace {
@@ -269,18 +250,8 @@ peer_actor::behavior_type peer(peer_ptr self, peer_params p) {
   init.status.address = init.params.host + ":" + std::to_string(init.params.port);
   init.status.name = init.params.name.empty() ? init.status.address : init.params.name;
   init.status.state = "connecting";
-  rpc::client_options o;
-  o.host = init.params.host;
-  o.port = init.params.port;
-  o.name = init.params.name;
-  o.key = init.params.key;
-  o.tls = init.params.tls;
-  o.tls_ca_file = init.params.tls_ca;
-  o.tls_verify = init.params.tls_verify;
-  o.connect_timeout = init.params.connect_timeout;
-  o.io_timeout = init.params.io_timeout;
-  o.busy_poll = init.params.busy_poll;
-  o.auto_reconnect = false;  // only this actor reconnects, with backoff
+  rpc::client_options o = init.params;  // the connection's settings, without the actor's own
+  o.auto_reconnect = false;              // only this actor reconnects, with backoff
   init.client = std::make_shared<rpc::client>(std::move(o));
   // The client reports a lost connection from the thread whose request failed.
   const caf::actor_addr me = self->address();

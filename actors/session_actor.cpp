@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "actors/errors.h"
-#include "runtime/llm/sequence.h"
+#include "llm/sequence.h"
 
 namespace troupe::actors {
 
@@ -13,7 +13,7 @@ namespace {
 
 struct session_state {
   std::shared_ptr<const loaded_model> model;
-  scheduler_actor sched;
+  decoder_actor sched;
   int32_t seq = -1;
   uint64_t id = 0;
   std::vector<llm::token_id> cached;        // tokens the sequence holds from earlier turns
@@ -92,7 +92,7 @@ void send_step(session_ptr self) {
           });
 }
 
-session_actor::behavior_type session(session_ptr self, std::shared_ptr<const loaded_model> model, scheduler_actor sched,
+session_actor::behavior_type session(session_ptr self, std::shared_ptr<const loaded_model> model, decoder_actor sched,
                                      uint64_t id) {
   auto& init = self->state;
   init.model = std::move(model);
@@ -198,7 +198,7 @@ std::vector<llm::token_id> prompt_tokens(const loaded_model& m, const generate_r
 }
 
 session_actor spawn_session_actor(caf::actor_system& sys, std::shared_ptr<const loaded_model> model,
-                                  scheduler_actor scheduler, uint64_t id) {
+                                  decoder_actor scheduler, uint64_t id) {
   return sys.spawn(session, std::move(model), std::move(scheduler), id);
 }
 

@@ -1,5 +1,5 @@
 // The session actor, one per conversation: tokenizes the prompt (or applies the model's chat template to
-// the messages), schedules decode steps on the model's scheduler actor, samples each next token, streams
+// the messages), schedules decode steps on the model's decoder actor, samples each next token, streams
 // the text to the request's subscriber as it comes, and replies the whole answer. The tokens a turn leaves
 // in the cache are reused by the next turn that starts with them. cancel ends the current answer: its
 // requester gets errc::cancelled at once, and other sessions of the model continue.
@@ -15,7 +15,7 @@
 #include <memory>
 #include <vector>
 
-#include "actors/runtime_env.h"
+#include "actors/engine_env.h"
 #include "actors/type_ids.h"
 
 namespace troupe::actors {
@@ -28,6 +28,6 @@ std::vector<llm::token_id> prompt_tokens(const loaded_model& m, const generate_r
 
 // A session on the model's scheduler; it serves requests once it got its sequence (attach_atom).
 session_actor spawn_session_actor(caf::actor_system& sys, std::shared_ptr<const loaded_model> model,
-                                  scheduler_actor scheduler, uint64_t id);
+                                  decoder_actor scheduler, uint64_t id);
 
 }  // namespace troupe::actors

@@ -27,6 +27,11 @@ void register_builtin_backends() {
 #endif
 }
 
+device_i& host_device() {
+  cpu::register_cpu_backend();
+  return cpu::cpu_device();
+}
+
 std::vector<std::string> builtin_device_names() {
   register_builtin_backends();
   std::vector<std::string> out{"CPU"};

@@ -12,9 +12,15 @@
 #include <string>
 #include <vector>
 
+#include "runtime/backend.h"
+
 namespace troupe {
 
 void register_builtin_backends();
+
+// The host's CPU device ("CPU", registered when it is not yet): where host memory and the host's compute
+// come from for code that names no device.
+device_i& host_device();
 
 // The devices register_builtin_backends() registers, in order: "CPU", then "Vulkan0", ... (not the CPU
 // instances, not remote peers' devices).

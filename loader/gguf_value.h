@@ -67,15 +67,10 @@ class gguf_array {
 
   gguf_type elem_type() const { return static_cast<gguf_type>(values_.index()); }
   size_t size() const;
-  bool empty() const { return size() == 0; }
 
   // The elements when they are of type T (one of storage's vector element types), else nullptr.
   template <class T>
   const std::vector<T>* get_if() const {
-    return std::get_if<std::vector<T>>(&values_);
-  }
-  template <class T>
-  std::vector<T>* get_if() {
     return std::get_if<std::vector<T>>(&values_);
   }
 
@@ -115,7 +110,6 @@ class gguf_value {
   gguf_value(std::vector<T> v) : v_(gguf_array(std::move(v))) {}
 
   gguf_type type() const { return static_cast<gguf_type>(v_.index()); }
-  bool is_array() const { return type() == gguf_type::array; }
 
   // The value when it is exactly of type T, else nullptr. T is a scalar type, std::string, gguf_array, or
   // std::vector<E> (an array whose elements are E).

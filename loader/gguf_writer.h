@@ -61,7 +61,6 @@ class gguf_writer {
 
   uint32_t alignment() const { return alignment_; }
   const std::vector<gguf_kv>& metadata() const { return kv_; }
-  size_t n_tensors() const { return tensors_.size(); }
   // Tensor infos as they will be written: offsets relative to the data section and absolute ones.
   std::vector<gguf_tensor_info> tensor_infos() const;
 

@@ -41,7 +41,6 @@ struct mapped_file::impl {
   std::string path;
   void* addr = nullptr;
   size_t size = 0;
-  size_t released = 0;
 };
 
 const bool mapped_file::SUPPORTED = TROUPE_POSIX != 0;
@@ -83,9 +82,6 @@ mapped_file::mapped_file(mapped_file&&) noexcept = default;
 mapped_file& mapped_file::operator=(mapped_file&&) noexcept = default;
 
 const std::byte* mapped_file::data() const { return static_cast<const std::byte*>(impl_->addr); }
-size_t mapped_file::size() const { return impl_->size; }
-const std::string& mapped_file::path() const { return impl_->path; }
-size_t mapped_file::released() const { return impl_->released; }
 
 void mapped_file::prefetch(size_t offset, size_t n) const {
 #if TROUPE_POSIX
@@ -119,7 +115,6 @@ void mapped_file::release(size_t offset, size_t n) {
                                        << std::strerror(errno));
     return;
   }
-  impl_->released += end - begin;
 #else
   (void)offset;
   (void)n;

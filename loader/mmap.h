@@ -3,11 +3,11 @@
 //
 //   if (mapped_file::SUPPORTED) {
 //     mapped_file m(path);                    // the whole file, read-only, shared
-//     m.prefetch(0, m.size());                // posix_madvise(WILLNEED): start reading ahead
+//     m.prefetch(offset, n);                  // posix_madvise(WILLNEED): start reading ahead
 //     const std::byte* p = m.data() + offset; // weights used in place
+//     memory_lock lock(p, n);                 // optional: keep the weights resident (mlock)
 //     m.release(offset, n);                   // pages already copied to a device are dropped from memory
 //   }
-//   memory_lock lock(m.data(), m.size());     // optional: keep the weights resident (mlock)
 //
 // Failures throw error naming the file and the system error.
 #pragma once
@@ -32,8 +32,6 @@ class mapped_file {
   mapped_file& operator=(mapped_file&&) noexcept;
 
   const std::byte* data() const;
-  size_t size() const;
-  const std::string& path() const;
 
   // Hints that bytes [offset, offset + n) will be read soon (no effect where unsupported).
   void prefetch(size_t offset, size_t n) const;
@@ -41,8 +39,6 @@ class mapped_file {
   // bytes must not be read through this mapping again. Pages shared with the rest of the range's
   // neighbours are kept.
   void release(size_t offset, size_t n);
-  // Bytes released so far.
-  size_t released() const;
 
  private:
   struct impl;
@@ -58,7 +54,6 @@ class memory_lock {
   ~memory_lock();
   memory_lock(const memory_lock&) = delete;
   memory_lock& operator=(const memory_lock&) = delete;
-  bool locked() const { return locked_; }
 
  private:
   const void* addr_;
@@ -73,8 +68,6 @@ class model_file {
   ~model_file();
   model_file(const model_file&) = delete;
   model_file& operator=(const model_file&) = delete;
-  size_t size() const { return size_; }
-  const std::string& path() const { return path_; }
   // Reads exactly n bytes at offset into dst; throws error naming the file, offset and size on a short read.
   void read_at(size_t offset, void* dst, size_t n) const;
 

@@ -34,7 +34,7 @@ tensor* model_weights::get(const std::string& name, buffer_type_i* buft) const {
 
 std::map<buffer_type_i*, size_t> model_weights::bytes_by_buft() const {
   // What is held: the buffers' sizes (alignment padding and, for mapped ranges, the bytes between tensors
-  // included), as the seed counts model memory, not the sum of the tensors' bytes.
+  // included), as llama.cpp counts model memory, not the sum of the tensors' bytes.
   std::map<buffer_type_i*, size_t> out;
   for (const auto& [buft, ctx] : contexts_) out[buft] = 0;
   for (const auto& b : buffers_) out[&b->type()] += b->size();

@@ -70,8 +70,8 @@ class model_weights {
   // As get, but null when the model has no such weight.
   tensor* find(const std::string& name, buffer_type_i* buft = nullptr) const;
   const placement& plan() const { return plan_; }
-  // Bytes of weight buffers held per buffer type (the model memory of the breakdown: buffer sizes, as the
-  // seed counts it).
+  // Bytes of weight buffers held per buffer type (the model memory of the breakdown: buffer sizes, as
+  // llama.cpp counts it).
   std::map<buffer_type_i*, size_t> bytes_by_buft() const;
   const std::vector<buffer_ptr>& buffers() const { return buffers_; }
   // The buffer that contains [addr, addr + n), or null (lookup by address containment).

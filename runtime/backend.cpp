@@ -8,15 +8,6 @@
 
 namespace troupe {
 
-std::string_view buffer_usage_name(buffer_usage u) {
-  switch (u) {
-    case buffer_usage::any: return "any";
-    case buffer_usage::weights: return "weights";
-    case buffer_usage::compute: return "compute";
-  }
-  return "unknown";
-}
-
 std::string_view device_type_name(device_type t) {
   switch (t) {
     case device_type::cpu: return "cpu";

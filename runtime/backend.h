@@ -39,7 +39,6 @@ using buffer_ptr = std::unique_ptr<buffer_i>;
 using backend_ptr = std::unique_ptr<backend_i>;
 
 enum class buffer_usage : uint8_t { any, weights, compute };
-std::string_view buffer_usage_name(buffer_usage u);
 
 // How memory of one kind is allocated on a device: "CPU", "Vulkan0", "CUDA0_host"...
 class buffer_type_i {
@@ -125,6 +124,9 @@ class backend_i {
   // wake_fd (>= 0) becomes readable; true once it has finished, or when none was waiting. Rethrows its
   // failure (the next call waits for the next graph). synchronize() waits for them all.
   virtual bool finish_oldest(std::chrono::microseconds timeout, int wake_fd = -1);
+  // Optional: how many host threads this backend computes with (0: every hardware thread). Default: ignored,
+  // for backends whose work does not run on host threads.
+  virtual void set_n_threads(int n) { (void)n; }
 
   bool supports_op(const tensor& t) const;
   bool supports_buft(const buffer_type_i& b) const;
@@ -166,12 +168,6 @@ class device_i {
   virtual bool supports_op(const tensor& t) const = 0;
   // Whether this device's backends can read and write tensors in buffers of type b.
   virtual bool supports_buft(const buffer_type_i& b) const = 0;
-  // Optional: whether an op whose weights live in host memory is still worth running here (large batches).
-  // Default: false.
-  virtual bool offload_op(const tensor& t) const {
-    (void)t;
-    return false;
-  }
 };
 
 // All devices of this process. Backends register their devices; the registry owns them.

@@ -91,8 +91,6 @@ tensor* context::new_tensor_4d(type t, int64_t ne0, int64_t ne1, int64_t ne2, in
   return new_tensor(t, 4, ne);
 }
 
-tensor* context::dup_tensor(const tensor& a) { return new_tensor(a.type, max_dims, a.ne.data()); }
-
 tensor* context::view_tensor(tensor* a) {
   tensor* v = new_tensor_impl(a->type, max_dims, a->ne.data(), a, 0);
   v->nb = a->nb;

@@ -36,8 +36,6 @@ class context {
   tensor* new_tensor_2d(type t, int64_t ne0, int64_t ne1);
   tensor* new_tensor_3d(type t, int64_t ne0, int64_t ne1, int64_t ne2);
   tensor* new_tensor_4d(type t, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
-  // A tensor with a's type and shape (dense strides), no op.
-  tensor* dup_tensor(const tensor& a);
   // A tensor with a's type, shape and strides viewing a's data (view_src set); the caller sets the op.
   tensor* view_tensor(tensor* a);
 
@@ -45,11 +43,6 @@ class context {
   tensor* find(std::string_view name) const;
 
   size_t n_tensors() const { return tensors_.size(); }
-  size_t max_tensors() const { return params_.max_tensors; }
-  size_t mem_used() const { return mem_used_; }
-  size_t mem_size() const { return params_.mem_size; }
-  bool no_alloc() const { return params_.no_alloc; }
-  void set_no_alloc(bool v) { params_.no_alloc = v; }
 
   // Tensors in creation order.
   template <class F>

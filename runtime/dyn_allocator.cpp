@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "runtime/error.h"
 
@@ -108,19 +109,6 @@ void dyn_allocator::free(address addr, size_t size_in) {
     (it - 1)->size += it->size;
     c.free.erase(it);
   }
-}
-
-std::string dyn_allocator::dump() const {
-  std::string out;
-  for (size_t ci = 0; ci < chunks_.size(); ++ci) {
-    if (ci) out += "; ";
-    out += "chunk " + std::to_string(ci) + ":";
-    for (const block& b : chunks_[ci].free) {
-      out += " [" + std::to_string(b.offset) + ", " +
-             (b.size >= unbounded / 2 ? std::string("inf") : std::to_string(b.offset + b.size)) + ")";
-    }
-  }
-  return out;
 }
 
 }  // namespace troupe

@@ -20,7 +20,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 namespace troupe {
@@ -49,12 +48,7 @@ class dyn_allocator {
   int n_chunks() const { return static_cast<int>(chunks_.size()); }
   // High-water mark of a chunk: the bytes its buffer needs.
   size_t chunk_size(int chunk) const { return chunks_[static_cast<size_t>(chunk)].high_water; }
-  size_t alignment() const { return alignment_; }
-  size_t max_chunk_size() const { return max_chunk_size_; }
   size_t aligned(size_t size) const;
-
-  // Free blocks as text, for tests and debugging: "chunk 0: [0, 16) [32, 48); chunk 1: ...".
-  std::string dump() const;
 
  private:
   struct block {

@@ -13,12 +13,6 @@ graph::graph(size_t capacity) : capacity_(capacity) {
   visited_.reserve(std::min<size_t>(capacity, 4096));
 }
 
-void graph::clear() {
-  nodes_.clear();
-  leafs_.clear();
-  visited_.clear();
-}
-
 void graph::append(tensor* t) {
   if (t == nullptr || visited_.count(t)) return;
   if (nodes_.size() + leafs_.size() >= capacity_) {

@@ -21,7 +21,7 @@ class graph {
   explicit graph(size_t capacity = default_capacity);
 
   // Adds t and its not-yet-visited ancestors, sources before users. Throws capacity_error when the graph
-  // would hold more than capacity() nodes + leafs; the graph is then left as it was.
+  // would hold more nodes + leafs than its capacity; the graph is then left as it was.
   void build_forward_expand(tensor* t);
 
   // Appends t as the next node (or leaf, for op::none) without visiting its sources: for graphs whose order
@@ -33,10 +33,6 @@ class graph {
   size_t n_nodes() const { return nodes_.size(); }
   size_t n_leafs() const { return leafs_.size(); }
   tensor* node(size_t i) const { return nodes_[i]; }
-  size_t capacity() const { return capacity_; }
-  bool contains(const tensor* t) const { return visited_.count(t) != 0; }
-
-  void clear();
 
   static constexpr size_t default_capacity = 2048;
 

@@ -35,8 +35,8 @@ graph_allocator::graph_allocator(std::vector<buffer_type_i*> bufts) : bufts_(std
   if (bufts_.empty()) throw backend_error("graph_allocator: no buffer types");
   for (size_t i = 0; i < bufts_.size(); ++i) {
     if (bufts_[i] == nullptr) throw backend_error("graph_allocator: null buffer type");
-    // A buffer type listed again shares the first entry's planner and chunks (as ggml's allocator, since
-    // its leak fix): one set of buffers, not two of which one would never be freed or counted twice.
+    // A buffer type listed again shares the first entry's planner and chunks (as ggml's allocator does): one
+    // set of buffers, not two of which one would never be freed or counted twice.
     size_t first = i;
     for (size_t j = 0; j < i; ++j) {
       if (bufts_[j] == bufts_[i]) {

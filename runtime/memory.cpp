@@ -56,7 +56,7 @@ memory_usage memory_ledger::total() const {
 }
 
 std::string strip_vendor(const std::string& description) {
-  // As the seed: each word in turn, only where the description (what is left of it) starts with it.
+  // As llama.cpp: each word in turn, only where the description (what is left of it) starts with it.
   static const char* const vendor_prefixes[] = {"NVIDIA ", "GeForce ", "Tesla ", "AMD ", "Radeon ", "Instinct "};
   std::string out = description;
   for (const char* prefix : vendor_prefixes) {
@@ -101,7 +101,7 @@ std::vector<memory_row> memory_rows(const memory_ledger& ledger, const std::vect
     }
     ++i;
   }
-  rows.push_back(host);  // always, as the seed prints it
+  rows.push_back(host);  // always: llama.cpp's breakdown prints the Host row even when empty
   i = 0;
   for (const auto& [k, u] : ledger.entries()) {
     if (!shown[i] && u.self() > 0) {
@@ -120,7 +120,7 @@ namespace {
 
 constexpr int64_t mib = 1024 * 1024;
 
-// Whole MiB, truncated (as the seed prints them); negative values toward zero.
+// Whole MiB, truncated (as llama.cpp prints them); negative values toward zero.
 std::string to_mib(int64_t bytes) { return std::to_string(bytes / mib); }
 
 }  // namespace
@@ -128,7 +128,7 @@ std::string to_mib(int64_t bytes) { return std::to_string(bytes / mib); }
 std::string format_memory_table(const memory_ledger& ledger, const std::vector<device_memory_info>& devices,
                                 std::string_view prefix) {
   const std::vector<memory_row> rows = memory_rows(ledger, devices);
-  // The seed's layout: per line the prefix, then "| label | ... |": the label left-aligned, every number
+  // llama.cpp's layout: per line the prefix, then "| label | ... |": the label left-aligned, every number
   // right-aligned in its column (as wide as its widest cell or name); device rows read
   // "total = free + (self = model + context + compute) + unaccounted", the others leave total, free and
   // unaccounted blank and read "self = model + context + compute"; the header puts blanks where the
@@ -146,7 +146,7 @@ std::string format_memory_table(const memory_ledger& ledger, const std::vector<d
     if (l.form == line_cells::shape::device) {
       l.c[1] = to_mib(static_cast<int64_t>(r.total));
       l.c[2] = to_mib(static_cast<int64_t>(r.free));
-      l.c[7] = to_mib(r.unaccounted);  // signed: the seed's wraps around below zero
+      l.c[7] = to_mib(r.unaccounted);  // signed (llama.cpp prints it unsigned, so a negative value wraps around there)
     }
     l.c[3] = to_mib(static_cast<int64_t>(r.self.self()));
     l.c[4] = to_mib(static_cast<int64_t>(r.self.model));

@@ -10,7 +10,7 @@
 //   troupe_memory_breakdown_print: |   - CUDA0 (RTX 4090)   | 24080 = 18000 + (5980 =  5000 +     880 +     100) +         100 |
 //   troupe_memory_breakdown_print: |   - Host               |                   64 =      0 +       0 +      64                |
 //
-// The seed's layout (llama_memory_breakdown_print) line for line: a prefix naming the printer, "|" around
+// llama.cpp's layout (llama_memory_breakdown_print) line for line: a prefix naming the printer, "|" around
 // every line, MiB truncated, the Host row always.
 // A device row reads total = free + (self = model + context + compute) + unaccounted, where unaccounted =
 // total - free - self (other processes, driver overhead; negative when the device reports less in use
@@ -90,7 +90,7 @@ std::string format_memory_table(const memory_ledger& ledger, const std::vector<d
 std::string format_memory_json(const memory_ledger& ledger, const std::vector<device_memory_info>& devices);
 
 // "NVIDIA GeForce RTX 4090" -> "RTX 4090": drops the vendor and brand words NVIDIA, GeForce, Tesla, AMD,
-// Radeon, Instinct, each in turn where the description starts with it (as the seed).
+// Radeon, Instinct, each in turn where the description starts with it (as llama.cpp strips them).
 std::string strip_vendor(const std::string& description);
 
 }  // namespace troupe

@@ -226,7 +226,7 @@ void vec_dot_q5_1_q8_1(int64_t n, float* s, const void* x, const void* y);
 void vec_dot_q8_0_q8_0(int64_t n, float* s, const void* x, const void* y);
 void vec_dot_q8_1_q8_1(int64_t n, float* s, const void* x, const void* y);
 
-// ---- K-quants (quants_k.cpp) ----
+// ---- K-quants (quants_k.cpp; the quantizers in quants_k_quantize.cpp) ----
 void quantize_row_q2_K_ref(const float* x, void* y, int64_t n);
 void quantize_row_q3_K_ref(const float* x, void* y, int64_t n);
 void quantize_row_q4_K_ref(const float* x, void* y, int64_t n);

@@ -348,8 +348,6 @@ void scheduler::run_through_runner(int i) {
   runner_(i, sp, [this, &sp] { run_and_synchronize(sp); });
 }
 
-void scheduler::compute_split(int i) { run_and_synchronize(split_at(i, "compute_split")); }
-
 void scheduler::dispatch_split(int i, bool queue) {
   const split& sp = split_at(i, "dispatch_split");
   // The splits before it have completed: the backends its inputs come from have nothing left to finish.

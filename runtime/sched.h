@@ -70,11 +70,6 @@ class scheduler {
   // the exception leaves (the caller may destroy g while unwinding); computing g again allocates it again.
   // alloc_graph and reserve do the same when they throw.
   void graph_compute(graph& g);
-  // Runs split i of the last alloc_graph alone: copies its inputs in (synchronizing the backends they come
-  // from), then computes its nodes on its backend and synchronizes it. For callers that dispatch splits
-  // themselves (the actor layer runs each on its device's own thread); splits of one graph must run in
-  // order. Throws error for i out of range or when no graph is allocated.
-  void compute_split(int i);
   // Forgets pins and restores the sources of the last graph.
   void reset();
 

@@ -106,10 +106,6 @@ bool is_transposed(const tensor& t) { return t.nb[0] > t.nb[1]; }
 
 bool is_permuted(const tensor& t) { return t.nb[0] > t.nb[1] || t.nb[1] > t.nb[2] || t.nb[2] > t.nb[3]; }
 
-bool is_view(const tensor& t) { return t.view_src != nullptr; }
-
-bool is_scalar(const tensor& t) { return t.ne[0] == 1 && t.ne[1] == 1 && t.ne[2] == 1 && t.ne[3] == 1; }
-
 bool same_shape(const tensor& a, const tensor& b) { return a.ne == b.ne; }
 
 bool can_repeat(const tensor& b, const tensor& a) {

@@ -115,8 +115,6 @@ bool is_contiguous(const tensor& t);       // dense, in dimension order
 bool is_contiguous_rows(const tensor& t);  // each row (dim 0) dense; rows may be strided
 bool is_transposed(const tensor& t);       // nb[0] > nb[1]
 bool is_permuted(const tensor& t);         // strides not increasing
-bool is_view(const tensor& t);
-bool is_scalar(const tensor& t);
 bool same_shape(const tensor& a, const tensor& b);
 // b can be broadcast over a: each a.ne[i] is a multiple of b.ne[i].
 bool can_repeat(const tensor& b, const tensor& a);
@@ -126,11 +124,5 @@ std::string describe(const tensor& t);
 
 // Strides of a dense tensor of this type and shape.
 std::array<size_t, max_dims> dense_strides(type t, const std::array<int64_t, max_dims>& ne);
-
-// Address of element (i0 ... i3) of a host tensor (i0 must be at a block boundary for quantized types).
-inline void* element_ptr(const tensor& t, int64_t i0, int64_t i1, int64_t i2 = 0, int64_t i3 = 0) {
-  return static_cast<char*>(t.data) + (i0 / block_size(t.type)) * t.nb[0] + i1 * t.nb[1] + i2 * t.nb[2] +
-         i3 * t.nb[3];
-}
 
 }  // namespace troupe

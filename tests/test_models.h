@@ -15,6 +15,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "tests/support/skip.h"
+
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -29,19 +31,12 @@ namespace troupe::test {
 
 inline std::filesystem::path model_dir() { return TROUPE_TEST_MODEL_DIR; }
 
-inline bool in_ci() {
-  const char* ci = std::getenv("CI");
-  return ci != nullptr && std::string_view(ci) == "true";
-}
-
 // The path of a test model, or empty (after a WARN, or a FAIL under CI=true) when it is absent.
 inline std::optional<std::filesystem::path> model_path(std::string_view file) {
   std::filesystem::path p = model_dir() / file;
   std::error_code ec;
   if (std::filesystem::is_regular_file(p, ec)) return p;
-  const std::string msg = "test model " + p.string() + " is missing";
-  if (in_ci()) FAIL(msg + " (CI=true: a missing model is a failure)");
-  WARN("SKIPPED: " << msg << "; this test needs ../shared/models next to the project");
+  skip_unless_ci("test model " + p.string() + " is missing; this test needs ../shared/models next to the project");
   return std::nullopt;
 }
 
@@ -55,9 +50,7 @@ inline std::optional<std::filesystem::path> fetched_model_path(std::string_view 
   std::filesystem::path p = fetched_model_dir() / file;
   std::error_code ec;
   if (std::filesystem::is_regular_file(p, ec)) return p;
-  const std::string msg = "fetched model " + p.string() + " is missing";
-  if (in_ci()) FAIL(msg + " (CI=true: CI must run scripts/fetch-model first)");
-  WARN("SKIPPED: " << msg << "; run scripts/fetch-model to download it");
+  skip_unless_ci("fetched model " + p.string() + " is missing; run scripts/fetch-model to download it");
   return std::nullopt;
 }
 

@@ -127,7 +127,6 @@ class cpu_backend_impl final : public cpu_backend {
     pool_ = std::make_unique<thread_pool>(n_threads_);
   }
   int n_threads() const override { return n_threads_; }
-  bool reference() const override { return reference_; }
 
   void graph_compute(graph& g) override {
     const int nth = n_threads_;

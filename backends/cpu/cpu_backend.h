@@ -25,9 +25,7 @@ struct cpu_backend_params {
 
 class cpu_backend : public backend_i {
  public:
-  virtual void set_n_threads(int n) = 0;
   virtual int n_threads() const = 0;
-  virtual bool reference() const = 0;
 };
 
 // A buffer in memory the CPU addresses directly: tensors are read, written and cleared with memcpy and

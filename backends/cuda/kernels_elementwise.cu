@@ -1,9 +1,9 @@
 // The CUDA kernels of every op but the matrix products: a thread per unit (element-wise, rope, copies,
 // get_rows, set_rows, dequantization), striding over the units beyond the grid, or a block per row (norms,
-// soft_max, sums, argmax). What each thread computes is bodies.h's, which the host tests run too.
+// soft_max, sums, argmax). The kernels are kernels.cuh's, which the host tests run too.
 #include <type_traits>
 
-#include "backends/cuda/kernels/groups.cuh"
+#include "backends/cuda/kernels/kernels.cuh"
 #include "backends/cuda/launch.h"
 #include "runtime/error.h"
 
@@ -12,18 +12,6 @@ namespace troupe::cuda {
 namespace {
 
 using namespace kern;
-
-template <class Args, void (*Body)(const Args&, int64_t)>
-__global__ void each_unit(Args p, int64_t n) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) Body(p, i);
-}
-
-template <class Args, void (*Body)(const Args&, int64_t, block_group&)>
-__global__ void each_row(Args p, int64_t rows) {
-  block_group g;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) Body(p, r, g);
-}
 
 template <class Args, void (*Body)(const Args&, int64_t)>
 void run_units(const step& s, const Args& a, cudaStream_t stream) {
@@ -36,7 +24,6 @@ void run_rows(const step& s, const Args& a, cudaStream_t stream) {
   const launch_dims d = dims_of(s);
   each_row<Args, Body><<<dim3(d.grid_x, d.grid_y), d.block, 0, stream>>>(a, units_of(s));
 }
-
 
 }  // namespace
 

@@ -1,9 +1,10 @@
 // The matrix products: activations quantized to 8 bits (a warp per 32 values), the matrix-vector kernels
 // (a warp per output row, 4 rows per block; quantized weights by dp4a over act_blocks, float weights by
-// f32 fma) and cuBLAS (cublasGemmEx, f32 accumulation) for more than 8 activation columns.
+// f32 fma) and cuBLAS (cublasGemmEx, f32 accumulation) for more than 8 activation columns. The kernels are
+// kernels.cuh's, which the host tests run too.
 #include <type_traits>
 
-#include "backends/cuda/kernels/groups.cuh"
+#include "backends/cuda/kernels/kernels.cuh"
 #include "backends/cuda/launch.h"
 #include "runtime/error.h"
 
@@ -12,30 +13,6 @@ namespace troupe::cuda {
 namespace {
 
 using namespace kern;
-
-__global__ void quantize_kernel(quantize_args p, int64_t blocks) {
-  warp_group g;
-  const int64_t per_block = blockDim.x / 32;
-  for (int64_t b = blockIdx.x * per_block + threadIdx.x / 32; b < blocks; b += static_cast<int64_t>(gridDim.x) * per_block) {
-    quantize_block(p, b, g);
-  }
-}
-
-template <type T, int N, bool Quantized>
-__global__ void mat_vec_kernel(mat_vec_args p) {
-  warp_group g;
-  const int64_t planes = p.ne2 * p.ne3;
-  const int64_t warps = blockDim.x / 32;
-  for (int64_t plane = blockIdx.y; plane < planes; plane += gridDim.y) {
-    for (int64_t row = blockIdx.x * warps + threadIdx.x / 32; row < p.m; row += static_cast<int64_t>(gridDim.x) * warps) {
-      if constexpr (Quantized) {
-        mat_vec_q_row<T, N>(p, row, plane, g);
-      } else {
-        mat_vec_f_row<T, N>(p, row, plane, g);
-      }
-    }
-  }
-}
 
 template <type T, bool Quantized>
 void run_mat_vec(const step& s, const mat_vec_args& a, cudaStream_t stream) {
@@ -85,7 +62,7 @@ void gemm(const gemm_args& g, cudaStream_t stream, cublasHandle_t h) {
 void launch_matmul(const step& s, cudaStream_t stream, cublasHandle_t cublas) {
   if (const auto* st = std::get_if<quantize_step>(&s)) {
     const launch_dims d = dims_of(s);
-    quantize_kernel<<<dim3(d.grid_x, d.grid_y), d.block, 0, stream>>>(st->a, units_of(s));
+    each_warp<quantize_args, quantize_block<warp_group>><<<dim3(d.grid_x, d.grid_y), d.block, 0, stream>>>(st->a, units_of(s));
   } else if (const auto* st = std::get_if<mat_vec_step>(&s)) {
     mat_vec(s, st->a, stream);
   } else if (const auto* st = std::get_if<gemm_step>(&s)) {

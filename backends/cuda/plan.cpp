@@ -163,20 +163,6 @@ matmul_path choose_matmul(type weights, int64_t columns) {
   return small ? matmul_path::mat_vec_q : matmul_path::cublas_dequant;
 }
 
-std::string_view matmul_path_name(matmul_path p) {
-  switch (p) {
-    case matmul_path::mat_vec_float:
-      return "mat_vec_float";
-    case matmul_path::mat_vec_q:
-      return "mat_vec_q";
-    case matmul_path::cublas:
-      return "cublas";
-    case matmul_path::cublas_dequant:
-      return "cublas_dequant";
-  }
-  return "?";
-}
-
 bool supports(const tensor& t) {
   if (t.op == op::none || is_view_op(t.op)) return true;
   const tensor* a = t.src[0];

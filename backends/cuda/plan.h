@@ -32,7 +32,6 @@ enum class matmul_path : uint8_t {
 };
 constexpr int64_t mat_vec_max_cols = 8;
 matmul_path choose_matmul(type weights, int64_t columns);
-std::string_view matmul_path_name(matmul_path p);
 
 // Memory a node's steps need besides its tensors (activations quantized or converted, weights
 // dequantized): get(slot, bytes) returns at least `bytes` of device memory, the same for a slot until the

@@ -1,7 +1,7 @@
 #include <cstring>
 
 #include "backends/rpc/detail/client_impl.h"
-#include "net/rpc/auth.h"
+#include "backends/rpc/wire/auth.h"
 #include "runtime/log.h"
 
 namespace troupe::rpc {
@@ -201,13 +201,6 @@ void client::mark_down(const std::string& reason) {
   // Nothing in flight: close now.
   std::unique_lock lock(impl_->mu, std::try_to_lock);
   if (lock.owns_lock()) impl_->close_locked();
-}
-
-bool client::is_down() const { return impl_->down.load(); }
-
-std::string client::down_reason() const {
-  std::lock_guard l(impl_->down_mu);
-  return impl_->down_reason;
 }
 
 void client::set_on_lost(std::function<void(const std::string&)> f) {

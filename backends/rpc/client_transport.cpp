@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "net/rpc/busy_poll.h"
+#include "backends/rpc/wire/busy_poll.h"
 
 namespace troupe::rpc {
 

@@ -46,7 +46,6 @@ class client_transport {
   void connect(const client_options& o);
   // Idempotent. Never throws.
   void close();
-  bool is_open() const { return sock_ || tls_; }
 
   // Writes every buffer within timeout.
   void write_all(std::span<const asio::const_buffer> bufs, std::chrono::milliseconds timeout);

@@ -2,7 +2,7 @@
 // last ones on the same device. Per key (a device index), a moving average of the latency and of its
 // deviation, as TCP estimates round-trip times (RFC 6298: gains 1/8 and 1/4). The reply is polled for from
 // two deviations before the expected time to two after it, and slept on before: waking up costs tens of
-// microseconds on a virtual machine (net/rpc/busy_poll.h), a core spinning for milliseconds costs more.
+// microseconds on a virtual machine (backends/rpc/wire/busy_poll.h), a core spinning for milliseconds costs more.
 //
 //   latency_estimator est;
 //   const auto sent = clock::now();

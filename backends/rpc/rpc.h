@@ -9,8 +9,6 @@
 // reports device_type::accel, since to this process it behaves like an accelerator.
 #pragma once
 
-#include <chrono>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,20 +18,10 @@
 
 namespace troupe::rpc {
 
-struct peer_options {
-  std::string key;                                  // shared key (troupe peer --auth-key-file); empty: none
-  bool tls = false;
-  std::filesystem::path tls_ca_file;
-  bool tls_verify = true;
-  std::chrono::milliseconds connect_timeout{5000};
-  std::chrono::milliseconds io_timeout{300000};
-};
-
 // Connects to "host:port", says hello, and registers every device the peer serves in troupe::registry as
 // "RPC[host:port]#i" (a device already registered under that name is kept). Returns them in the peer's order.
 // Throws backend_error when the peer cannot be reached or refuses the connection.
 std::vector<device_i*> add_peer(const std::string& endpoint, const std::string& key = {});
-std::vector<device_i*> add_peer(const std::string& endpoint, const peer_options& opts);
 // The same over a client the caller made (and may mark down, reconnect...: the remote-peer actor); connects
 // it first when it is not connected. Devices already registered under a name keep their own client.
 std::vector<device_i*> add_peer(std::shared_ptr<client> c);
@@ -43,8 +31,5 @@ std::vector<device_i*> add_peer(std::shared_ptr<client> c);
 std::shared_ptr<client> client_of(const device_i& dev);
 // The peer's index of a remote device, or -1.
 int remote_index(const device_i& dev);
-
-// Splits "host:port" ("[::1]:50052" for IPv6). Throws error when it is not of that form.
-std::pair<std::string, uint16_t> parse_endpoint(const std::string& endpoint);
 
 }  // namespace troupe::rpc

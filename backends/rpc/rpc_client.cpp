@@ -4,15 +4,9 @@
 #include <cstring>
 
 #include "backends/rpc/detail/client_impl.h"
-#include "net/rpc/cache.h"
 #include "runtime/log.h"
 
 namespace troupe::rpc {
-namespace {
-
-constexpr uint64_t max_reply_bytes = uint64_t{1} << 40;  // raw requests (tests): anything sane
-
-}  // namespace
 
 std::vector<device_info> client::devices() {
   auto lock = impl_->enter();
@@ -365,25 +359,6 @@ uint64_t client::alloc_size(uint32_t device, const wire_tensor& t) {
   const auto rep = impl_->call(command::get_alloc_size, p, 8);
   if (rep.size() != 8) impl_->fail("bad get_alloc_size reply");
   return read_u64(rep);
-}
-
-std::pair<status, std::vector<uint8_t>> client::request(command c, std::span<const uint8_t> payload) {
-  auto lock = impl_->enter();
-  impl_->ensure_up(false);
-  impl_->send_frame(c, payload);
-  status s = status::ok;
-  const uint64_t n = impl_->read_ok(c, false, &s);
-  if (n > max_reply_bytes) impl_->fail("reply too large");
-  std::vector<uint8_t> out(n);
-  impl_->read_exact(out.data(), n);
-  if (s == status::protocol || s == status::version_mismatch || s == status::auth_failed) impl_->close_locked();
-  return {s, std::move(out)};
-}
-
-void client::send(command c, std::span<const uint8_t> payload) {
-  auto lock = impl_->enter();
-  impl_->ensure_up(false);
-  impl_->send_frame(c, payload);
 }
 
 }  // namespace troupe::rpc

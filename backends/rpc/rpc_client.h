@@ -27,29 +27,11 @@
 #include <utility>
 #include <vector>
 
-#include "net/rpc/protocol.h"
+#include "backends/rpc/client_options.h"
+#include "backends/rpc/wire/protocol.h"
 #include "runtime/backend.h"
 
 namespace troupe::rpc {
-
-struct client_options {
-  std::string name;                                   // in messages, before the address ("peer box-2 (host:port): ...")
-  std::string host = "127.0.0.1";
-  uint16_t port = 0;
-  std::string key;                                    // shared key; empty: none
-  bool tls = false;
-  std::filesystem::path tls_ca_file;                  // CA certificates to verify the peer; empty: system's
-  bool tls_verify = true;                             // false: accept any certificate (tests only)
-  bool debug = debug_from_env();                      // debug lines: connect, hello, alloc, close (TROUPE_RPC_DEBUG)
-  std::chrono::milliseconds connect_timeout{5000};
-  std::chrono::milliseconds io_timeout{300000};       // one request, bulk transfers included
-  // How long a read polls the socket before sleeping on it (plain TCP; see net/rpc/busy_poll.h): a reply
-  // that comes within it costs no wake-up. Covers a small model's decode step; 0: never poll.
-  std::chrono::microseconds busy_poll{250};
-  bool auto_reconnect = true;
-  uint64_t hash_threshold = rpc::hash_threshold;      // cacheable uploads from this size go by hash first
-  version client_version = protocol_version;          // tests: pretend another version
-};
 
 struct client_stats {
   uint64_t bytes_sent = 0;        // frames, headers included
@@ -109,8 +91,6 @@ class client {
   // for the connection or reconnecting by itself. connect()/reconnect() clear it when they succeed.
   // Thread-safe, never blocks.
   void mark_down(const std::string& reason);
-  bool is_down() const;
-  std::string down_reason() const;
   // Called (on the thread of the failed request) when an established connection is lost; the argument
   // says why. Must not block or call back into this client.
   void set_on_lost(std::function<void(const std::string&)> f);
@@ -164,12 +144,6 @@ class client {
   bool can_queue() const;
   void init_tensor(const wire_tensor& t);
   uint64_t alloc_size(uint32_t device, const wire_tensor& t);
-
-  // ---- raw frames (tests) ----
-  // Sends one frame and waits for the reply: (status, payload). Throws backend_error on a lost connection.
-  std::pair<status, std::vector<uint8_t>> request(command c, std::span<const uint8_t> payload);
-  // Sends one frame and does not wait.
-  void send(command c, std::span<const uint8_t> payload);
 
   client_stats stats() const;
   void reset_stats();

@@ -199,7 +199,7 @@ backend_ptr rpc_device::init_backend() { return std::make_unique<rpc_backend>(*t
 
 bool rpc_device::supports_op(const tensor& t) const {
   // flash_attn reads the CPU's own KV layout and is not in the wire protocol (a peer's layers keep the
-  // unfused graph); the protocol's ops are the ones the peer can rebuild (net/rpc/validate.cpp).
+  // unfused graph); the protocol's ops are the ones the peer can rebuild (backends/rpc/wire/validate.cpp).
   if (t.op == op::count || t.op == op::flash_attn) return false;
   // A remote CPU runs troupe's CPU kernels: ask them here rather than cross the network for every node.
   if (info_.type == device_type::cpu) return cpu::cpu_device().supports_op(t);
@@ -208,49 +208,9 @@ bool rpc_device::supports_op(const tensor& t) const {
 
 // ---- peers ----
 
-std::pair<std::string, uint16_t> parse_endpoint(const std::string& endpoint) {
-  std::string host;
-  std::string port;
-  if (!endpoint.empty() && endpoint.front() == '[') {
-    const auto close = endpoint.find(']');
-    if (close == std::string::npos || close + 1 >= endpoint.size() || endpoint[close + 1] != ':') {
-      throw error("rpc: endpoint '" + endpoint + "' is not of the form [host]:port");
-    }
-    host = endpoint.substr(1, close - 1);
-    port = endpoint.substr(close + 2);
-  } else {
-    const auto colon = endpoint.rfind(':');
-    if (colon == std::string::npos || colon == 0) throw error("rpc: endpoint '" + endpoint + "' is not of the form host:port");
-    host = endpoint.substr(0, colon);
-    port = endpoint.substr(colon + 1);
-  }
-  unsigned long p = 0;
-  try {
-    size_t used = 0;
-    p = std::stoul(port, &used);
-    if (used != port.size()) throw std::invalid_argument("port");
-  } catch (const std::exception&) {
-    throw error("rpc: endpoint '" + endpoint + "' has no valid port");
-  }
-  if (p == 0 || p > 65535) throw error("rpc: port " + port + " of '" + endpoint + "' is outside 1..65535");
-  return {host, static_cast<uint16_t>(p)};
-}
-
 std::vector<device_i*> add_peer(const std::string& endpoint, const std::string& key) {
-  return add_peer(endpoint, peer_options{.key = key});
-}
-
-std::vector<device_i*> add_peer(const std::string& endpoint, const peer_options& o) {
   const auto [host, port] = parse_endpoint(endpoint);
-  auto c = std::make_shared<client>(client_options{.host = host,
-                                                   .port = port,
-                                                   .key = o.key,
-                                                   .tls = o.tls,
-                                                   .tls_ca_file = o.tls_ca_file,
-                                                   .tls_verify = o.tls_verify,
-                                                   .connect_timeout = o.connect_timeout,
-                                                   .io_timeout = o.io_timeout});
-  return add_peer(std::move(c));
+  return add_peer(std::make_shared<client>(client_options{.host = host, .port = port, .key = key}));
 }
 
 std::vector<device_i*> add_peer(std::shared_ptr<client> c) {

@@ -1,4 +1,4 @@
-// Graphs to graph_compute messages (see net/rpc/validate.h for how the peer reads them back).
+// Graphs to graph_compute messages (see backends/rpc/wire/validate.h for how the peer reads them back).
 #include <algorithm>
 #include <bit>
 #include <string>

@@ -1,4 +1,4 @@
-// troupe-chat: chat with a GGUF model in the terminal, through troupe's actor runtime (actors/runtime.h).
+// troupe-chat: chat with a GGUF model in the terminal, through troupe's actor runtime (actors/engine.h).
 //
 //   troupe-chat -m models/SmolLM2-135M-Instruct.Q4_1.gguf [-c CTX] [-n N] [--temp T] [--seed S]
 //               [-sys PROMPT] [-t THREADS] [-ngl N] [--device A,B,...] [--list-devices]
@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/runtime.h"
+#include "actors/engine.h"
 #include "tools/common/offload_options.h"
 #include "tools/common/trace_option.h"
 

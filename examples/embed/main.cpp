@@ -17,7 +17,7 @@
 #include <string>
 
 #include "actors/fan_in.h"
-#include "actors/runtime.h"
+#include "actors/engine.h"
 
 using namespace troupe::actors;
 

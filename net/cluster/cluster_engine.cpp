@@ -11,7 +11,7 @@
 
 namespace troupe::cluster {
 
-cluster_engine::cluster_engine(const actors::runtime_config& rc, coordinator_settings cs) {
+cluster_engine::cluster_engine(const actors::engine_config& rc, coordinator_settings cs) {
   const bool tls = cs.tls.any();
   if (tls) check_tls_files(cs.tls, {"cluster.tls_cert", "cluster.tls_key", "cluster.tls_ca"});
   check_listen_host(cs.host, !cs.key.empty());

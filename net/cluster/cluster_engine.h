@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "actors/runtime.h"
+#include "actors/engine.h"
 #include "net/cluster/messages.h"
 #include "net/cluster/placer.h"
 #include "net/cluster/tls.h"
@@ -47,14 +47,12 @@ struct coordinator_settings {
 class cluster_engine {
  public:
   // Throws error for settings it cannot use (the TLS files, a host without a key, a port it cannot bind).
-  cluster_engine(const actors::runtime_config& rc, coordinator_settings cs);
+  cluster_engine(const actors::engine_config& rc, coordinator_settings cs);
   ~cluster_engine();
   cluster_engine(const cluster_engine&) = delete;
   cluster_engine& operator=(const cluster_engine&) = delete;
 
   troupe::engine& engine() { return *eng_; }
-  caf::actor_system& system() { return *sys_; }
-  const coordinator_actor& coordinator() const { return coord_; }
   placer& placement();  // throws error after stop_placing
   uint16_t port() const { return port_; }  // the cluster port nodes join
   cluster_view view();                      // the nodes now

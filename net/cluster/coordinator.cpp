@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/errors.h"
-#include "net/rpc/auth.h"
-#include "net/rpc/server.h"
+#include "backends/rpc/wire/auth.h"
+#include "net/rpc/peer_server.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
 

@@ -50,7 +50,7 @@ std::string status_json(caf::actor_system& sys, const coordinator_actor& c);
 // what is wrong with it ("inventory.devices[1].kind 'tpu' is not one of cpu, gpu, igpu, accel").
 std::string check_inventory(const node_inventory& inv);
 
-// The proofs of the join (net/rpc/auth.h's keyed_proof, labelled for the cluster).
+// The proofs of the join (backends/rpc/wire/auth.h's keyed_proof, labelled for the cluster).
 std::vector<uint8_t> node_proof(const std::string& key, const std::vector<uint8_t>& coordinator_nonce,
                                 const std::vector<uint8_t>& node_nonce, const std::string& name);
 std::vector<uint8_t> coordinator_proof(const std::string& key, const std::vector<uint8_t>& node_nonce,

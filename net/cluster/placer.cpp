@@ -2,12 +2,14 @@
 
 #include <caf/all.hpp>
 
+#include <tuple>
+
 #include "actors/errors.h"
 #include "backends/rpc/rpc.h"
 #include "net/cluster/coordinator.h"
 #include "runtime/error.h"
-#include "runtime/llm/fit.h"
-#include "runtime/llm/model.h"
+#include "llm/fit.h"
+#include "llm/model.h"
 #include "runtime/log.h"
 
 namespace troupe::cluster {
@@ -45,15 +47,12 @@ std::vector<actors::device_layers> placer::place(const actors::model_settings& s
   std::vector<llm::fit_device> devices;
   std::map<std::string, use> node_of;  // device -> node
   for (const node_entry& n : up) {
-    const auto colon = n.rpc_address.rfind(':');
     actors::peer_params pp;
     pp.name = n.name;
-    pp.host = n.rpc_address.substr(0, colon);
-    pp.port = static_cast<uint16_t>(std::stoul(n.rpc_address.substr(colon + 1)));
+    std::tie(pp.host, pp.port) = rpc::parse_endpoint(n.rpc_address);
     pp.key = p_.rpc_key;
     pp.tls = n.rpc_tls;
-    pp.tls_ca = p_.rpc_tls_ca;
-    pp.connect_timeout = std::chrono::milliseconds(3000);
+    pp.tls_ca_file = p_.rpc_tls_ca;
     pp.health_interval = std::chrono::milliseconds(250);
     pp.health_timeout = std::chrono::milliseconds(1000);
     // A new peer, or the one the engine has at that address asked to connect now (it was parked when the

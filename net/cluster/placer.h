@@ -1,5 +1,5 @@
 // Models with placement = "cluster", for the coordinating daemon: their layers placed over the cluster's
-// nodes by free memory (runtime/llm/fit.h), each node's RPC server made one of the engine's peers (named
+// nodes by free memory (llm/fit.h), each node's RPC server made one of the engine's peers (named
 // after the node, so a request that fails while it is down names it), and placed again on the devices left
 // when a node they use goes down.
 //
@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "actors/runtime.h"
+#include "actors/engine.h"
 #include "net/cluster/messages.h"
 
 namespace troupe::cluster {

@@ -14,7 +14,7 @@
 
 #include "actors/session_actor.h"
 #include "net/http/detail/daemon_internals.h"
-#include "net/http/server.h"
+#include "net/http/daemon.h"
 #include "net/http/session_pool.h"
 #include "runtime/log.h"
 

@@ -38,7 +38,7 @@ std::vector<std::string> read_key_file(const std::filesystem::path& p, const std
 daemon_config parse_daemon_config(std::string_view text, const std::string& source, const std::filesystem::path& base_dir) {
   daemon_config c;
   c.source = source;
-  c.runtime = actors::parse_runtime_config(text, source, {"server", "logging", "cluster"});
+  c.engine = actors::parse_engine_config(text, source, {"server", "logging", "cluster"});
   toml::table root;
   try {
     root = toml::parse(text, source);
@@ -49,7 +49,7 @@ daemon_config parse_daemon_config(std::string_view text, const std::string& sour
     const std::filesystem::path fp(p);
     return (fp.is_relative() && !base_dir.empty()) ? (base_dir / fp).lexically_normal().string() : p;
   };
-  for (actors::model_settings& m : c.runtime.models) m.path = resolve(m.path);
+  for (actors::model_settings& m : c.engine.models) m.path = resolve(m.path);
 
   const toml::table& s = section(root, "server", source);
   check_keys(s,
@@ -148,11 +148,11 @@ daemon_config load_daemon_config(const std::filesystem::path& path) {
 
 void validate_daemon_config(const daemon_config& c) {
   const std::string where = c.source.empty() ? "command line" : c.source;
-  if (c.runtime.models.empty()) {
+  if (c.engine.models.empty()) {
     throw error(where + ": no model to serve (add a [[model]] table with a name and a path, or pass --model)");
   }
   std::set<std::string> names;
-  for (const actors::model_settings& m : c.runtime.models) {
+  for (const actors::model_settings& m : c.engine.models) {
     if (!names.insert(m.name).second) throw error(where + ": two models are named '" + m.name + "'");
     if (m.placement == "cluster" && !c.cluster.enabled) {
       throw error(where + ": model '" + m.name + "': placement = \"cluster\" needs a [cluster] table (this daemon as the coordinator)");

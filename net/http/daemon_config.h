@@ -1,5 +1,5 @@
-// The daemon's configuration (`troupe serve --config FILE`): the runtime and its models (actors/
-// runtime_config.h: [runtime], [[model]], [[peer]]) plus the HTTP server and logging:
+// The daemon's configuration (`troupe serve --config FILE`): the engine and its models (actors/
+// engine_config.h: [runtime], [[model]], [[peer]]) plus the HTTP server and logging:
 //
 //   [server]
 //   host = "127.0.0.1"            # address to listen on
@@ -46,27 +46,20 @@
 #include <string_view>
 #include <vector>
 
-#include "actors/runtime_config.h"
+#include "actors/engine_config.h"
+#include "net/http/front.h"
 
 namespace troupe::http {
 
-struct server_config {
-  std::string host = "127.0.0.1";
-  uint16_t port = 8080;
+// [server]: the listener's keys are front::listen_options (net/http/front.h); the rest are the daemon's.
+struct server_config : front::listen_options {
+  server_config() { port = 8080; }  // the daemon's port; a bare front::listen_options takes any free one
   std::vector<std::string> api_keys;
   std::string api_key_file;
   uint32_t http_threads = 0;
-  uint32_t io_threads = 2;
-  uint32_t max_connections = 4096;
-  uint32_t header_timeout_s = 10;
-  uint32_t keep_alive_timeout_s = 5;
-  uint32_t keep_alive_max = 1000;
   uint32_t queue_limit = 64;
   uint32_t queue_timeout_s = 60;
   uint32_t request_timeout_s = 600;
-  uint32_t read_timeout_s = 30;
-  uint32_t write_timeout_s = 30;
-  uint64_t max_body_bytes = 8u << 20;
   uint32_t shutdown_grace_s = 10;
 };
 
@@ -89,7 +82,7 @@ struct cluster_config {
 };
 
 struct daemon_config {
-  actors::runtime_config runtime;
+  actors::engine_config engine;
   server_config server;
   logging_config logging;
   cluster_config cluster;

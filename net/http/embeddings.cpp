@@ -1,6 +1,6 @@
 // POST /v1/embeddings: OpenAI's request (input: a string, strings, token ids or lists of them;
 // encoding_format float or base64) answered with each input's normalized pooled embedding
-// (runtime/llm/embedding.h), computed on the model's own embeddings context.
+// (llm/embedding.h), computed on the model's own embeddings context.
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -9,9 +9,9 @@
 
 #include "net/http/detail/daemon_internals.h"
 #include "net/http/openai.h"
-#include "net/http/server.h"
+#include "net/http/daemon.h"
 #include "net/http/session_pool.h"
-#include "runtime/llm/embedding.h"
+#include "llm/embedding.h"
 #include "runtime/log.h"
 
 namespace troupe::http {

@@ -1,3 +1,6 @@
+// The front's server (net/http/front.h): the listener, each connection's reads under deadlines, the hand-over
+// of a request that has arrived to a worker pool, and the writing of its response (whole or in chunks). A
+// request's bytes become a front::request in front_request.cpp.
 #include "net/http/front.h"
 
 #include <sys/resource.h>
@@ -17,6 +20,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "net/http/detail/front_request.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
 
@@ -28,17 +32,14 @@ using tcp = asio::ip::tcp;
 using error_code = boost::system::error_code;
 using clock_type = std::chrono::steady_clock;
 
+using detail::body_too_large;
+using detail::iequals;
+using detail::message;
+using detail::read_refusal;
+using detail::str;
+using detail::to_request;
+
 namespace {
-
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
-  }
-  return true;
-}
-
-std::string str(boost::string_view s) { return {s.data(), s.size()}; }
 
 // A header value as written: no CR or LF (a handler's value cannot start a header of its own).
 std::string field_value(std::string_view v) {
@@ -54,91 +55,11 @@ std::string reason(int status) {
   return r == "<unknown-status>" ? std::string("Status") : str(r);
 }
 
-// Whether a read failed on the request's bytes (answered 400), rather than on the connection.
-bool is_parse_error(const error_code& ec) {
-  static const error_code beast_ec = bh::error::bad_method;
-  return ec.category() == beast_ec.category() && ec != bh::error::end_of_stream && ec != bh::error::partial_message;
-}
-
-using message = bh::request<bh::string_body>;
-
-// A request as handlers see it, from Beast's message.
-request to_request(message&& msg, const std::string& remote) {
-  request r;
-  r.method = str(msg.method_string());
-  const std::string target = str(msg.target());
-  const size_t q = target.find('?');
-  r.path = target.substr(0, q);
-  if (q != std::string::npos) r.query = target.substr(q + 1);
-  for (const auto& f : msg) r.headers.emplace_back(str(f.name_string()), str(f.value()));
-  r.body = std::move(msg.body());
-  r.remote_addr = remote;
-  return r;
-}
-
-std::string body_too_large(uint64_t length, const options& o) {
-  return "the request body is too large (" + std::to_string(length) + " bytes; at most " + std::to_string(o.max_body_bytes) + ")";
-}
-
-// The status and message a failed read of a request's bytes is answered with; status 0: the connection
-// ended (closed, reset, cancelled), nothing to answer.
-std::pair<int, std::string> read_refusal(const error_code& ec, const options& o) {
-  if (ec == bh::error::header_limit) return {431, "the request header is larger than " + std::to_string(o.max_header_bytes) + " bytes"};
-  if (ec == bh::error::body_limit) return {413, "the request body is larger than " + std::to_string(o.max_body_bytes) + " bytes"};
-  if (is_parse_error(ec)) return {400, "malformed HTTP request: " + ec.message()};
-  return {0, {}};
-}
-
 }  // namespace
-
-parse_outcome parse(std::string_view bytes, const options& opts) {
-  parse_outcome out;
-  while (!bytes.empty()) {
-    bh::request_parser<bh::string_body> p;
-    p.header_limit(opts.max_header_bytes);
-    p.body_limit(opts.max_body_bytes);
-    error_code ec;
-    bool header_checked = false;
-    while (!p.is_done()) {
-      const size_t used = bytes.empty() ? 0 : p.put(asio::buffer(bytes.data(), bytes.size()), ec);
-      bytes.remove_prefix(used);
-      if (ec && ec != bh::error::need_more) {
-        std::tie(out.status, out.message) = read_refusal(ec, opts);
-        return out;
-      }
-      ec = {};
-      if (p.is_header_done() && !header_checked) {
-        header_checked = true;
-        const auto length = p.content_length();
-        if (length && *length > opts.max_body_bytes) {
-          out.status = 413;
-          out.message = body_too_large(*length, opts);
-          return out;
-        }
-        p.eager(true);
-      } else if (used == 0 && !p.is_done()) {
-        out.complete = false;  // what is left is not yet a whole header, or the body goes on
-        return out;
-      }
-    }
-    message msg = p.release();
-    const bool keep_alive = msg.keep_alive() && out.requests.size() + 1 < opts.keep_alive_max;
-    out.requests.push_back(to_request(std::move(msg), ""));
-    if (!keep_alive) break;  // the connection would close after answering it
-  }
-  return out;
-}
-
-std::string request::header(std::string_view name) const {
-  for (const auto& [k, v] : headers) {
-    if (iequals(k, name)) return v;
-  }
-  return {};
-}
 
 class connection;
 
-struct server::impl {
+struct listener::impl {
   impl(options o, handlers hs) : opts(std::move(o)), h(std::move(hs)), counters(o_counters()) {}
   connection_counters& o_counters() { return opts.counters ? *opts.counters : own_counters; }
 
@@ -167,7 +88,7 @@ struct server::impl {
 // writes a response posts each write to the strand and waits for it (write_wait).
 class connection : public std::enable_shared_from_this<connection> {
  public:
-  connection(server::impl& srv, tcp::socket s, bool rejected)
+  connection(listener::impl& srv, tcp::socket s, bool rejected)
       : srv_(srv), opts_(srv.opts), sock_(std::move(s)), timer_(sock_.get_executor()), rejected_(rejected) {
     error_code ec;
     const tcp::endpoint ep = sock_.remote_endpoint(ec);
@@ -365,7 +286,7 @@ class connection : public std::enable_shared_from_this<connection> {
   }
 
  private:
-  server::impl& srv_;
+  listener::impl& srv_;
   const options& opts_;
   tcp::socket sock_;
   asio::steady_timer timer_;
@@ -520,7 +441,7 @@ void connection::exchange(const request& req, bool keep_alive, bool http10) {
   });
 }
 
-void server::impl::accept() {
+void listener::impl::accept() {
   acceptor.async_accept(asio::make_strand(ioc), [this](const error_code& ec, tcp::socket s) {
     if (stopping.load()) return;
     if (ec) {
@@ -544,7 +465,7 @@ void server::impl::accept() {
   });
 }
 
-void server::impl::close_idle() {
+void listener::impl::close_idle() {
   error_code ignore;
   acceptor.close(ignore);
   accept_retry.cancel();
@@ -559,26 +480,26 @@ void server::impl::close_idle() {
   for (auto& c : open) asio::post(c->executor(), [c] { c->close_if_idle(); });
 }
 
-void server::impl::release_if_done() {
+void listener::impl::release_if_done() {
   if (stopping.load() && conns.empty() && !released) {
     released = true;
     guard.reset();
   }
 }
 
-server::server(options opts, handlers h) : impl_(std::make_shared<impl>(std::move(opts), std::move(h))) {
+listener::listener(options opts, handlers h) : impl_(std::make_shared<impl>(std::move(opts), std::move(h))) {
   impl_->heavy_pool = std::make_unique<asio::thread_pool>(std::max<uint32_t>(1, impl_->opts.worker_threads));
   impl_->light_pool = std::make_unique<asio::thread_pool>(std::max<uint32_t>(1, impl_->opts.light_threads));
 }
 
-server::~server() {
+listener::~listener() {
   stop();
   if (!impl_->ran.exchange(true)) impl_->ioc.run();  // the stop's own work (no connection was accepted)
   impl_->heavy_pool->join();
   impl_->light_pool->join();
 }
 
-int server::bind() {
+int listener::bind() {
   impl& i = *impl_;
   // Every connection is a descriptor: raise the soft limit toward the hard one if the connection limit
   // needs it, and keep the limit within what it allows (with room for the model files, peers, logs).
@@ -611,7 +532,7 @@ int server::bind() {
   }
 }
 
-void server::run() {
+void listener::run() {
   impl* i = impl_.get();
   if (i->ran.exchange(true)) return;
   asio::post(i->ioc, [i] {
@@ -635,7 +556,7 @@ void server::run() {
   i->light_pool->join();
 }
 
-void server::stop() {
+void listener::stop() {
   impl* i = impl_.get();
   if (i->stopping.exchange(true)) return;
   asio::post(i->ioc, [i] { i->close_idle(); });

@@ -3,18 +3,19 @@
 // never a thread: the loop reads every request's header and body under deadlines, and only a request that
 // has fully arrived is handed to a worker.
 //
-//   front::server s(opts, {.handle = ..., .error = ..., .heavy = ..., .log = ...});
+//   front::listener s(opts, {.handle = ..., .error = ..., .heavy = ..., .log = ...});
 //   const int port = s.bind();
 //   std::thread t([&] { s.run(); });   // returns once stop() was called and every exchange has ended
 //   ...  s.stop();                     // from any thread, any number of times
 //
-// Limits (front::options): at most max_connections open at once (one more is answered 503 and closed); a
-// request's header must arrive within header_timeout_s (a keep-alive connection waits keep_alive_timeout_s
-// for its next request first) and its body within read_timeout_s; a response chunk that cannot be written
-// within write_timeout_s ends the connection; keep_alive_max requests per connection. A request whose
-// header or body misses its deadline is answered 408 and closed (a connection that sent nothing of its next
-// request is closed quietly). Headers over max_header_bytes: 431; bodies over max_body_bytes: 413; malformed
-// requests: 400; each a JSON body made by handlers::error, then the connection is closed.
+// Limits (front::options and its listen_options): at most max_connections open at once (one more is
+// answered 503 and closed); a request's header must arrive within header_timeout_s (a keep-alive connection
+// waits keep_alive_timeout_s for its next request first) and its body within read_timeout_s; a response
+// chunk that cannot be written within write_timeout_s ends the connection; keep_alive_max requests per
+// connection. A request whose header or body misses its deadline is answered 408 and closed (a connection
+// that sent nothing of its next request is closed quietly). Headers over max_header_bytes: 431; bodies over
+// max_body_bytes: 413; malformed requests: 400; each a JSON body made by handlers::error, then the
+// connection is closed.
 //
 // Workers: handlers::heavy says which requests go to the `worker_threads` pool (the completions: a handler
 // there may wait for a session and write its answer for minutes); the rest (health, metrics, the listing
@@ -96,19 +97,24 @@ struct connection_counters {
   std::atomic<uint64_t> timed_out{0};  // a header, body or write deadline passed
 };
 
-struct options {
+// Where the front listens and the limits of its connections; also the daemon's [server] keys of the same
+// names (http::server_config in net/http/daemon_config.h extends this struct).
+struct listen_options {
   std::string host = "127.0.0.1";
-  int port = 0;  // 0: any free port
-  uint32_t io_threads = 2;
+  uint16_t port = 0;                    // 0: any free port (the daemon's default is 8080: server_config)
+  uint32_t io_threads = 2;              // event-loop threads: every connection's reads and writes
+  uint32_t max_connections = 4096;      // open at once; one more is answered 503 and closed
+  uint32_t header_timeout_s = 10;       // a request's header must arrive within this
+  uint32_t keep_alive_timeout_s = 5;    // an idle keep-alive connection is closed after this
+  uint32_t keep_alive_max = 1000;       // requests per connection
+  uint32_t read_timeout_s = 30;         // a request's body must arrive within this
+  uint32_t write_timeout_s = 30;        // each write of a response must be taken within this
+  uint64_t max_body_bytes = 8u << 20;   // largest request body
+};
+
+struct options : listen_options {
   uint32_t worker_threads = 8;  // the heavy requests' pool
   uint32_t light_threads = 2;   // everything else
-  uint32_t max_connections = 4096;
-  uint32_t header_timeout_s = 10;
-  uint32_t keep_alive_timeout_s = 5;
-  uint32_t read_timeout_s = 30;
-  uint32_t write_timeout_s = 30;
-  uint32_t keep_alive_max = 1000;
-  uint64_t max_body_bytes = 8u << 20;
   uint32_t max_header_bytes = 64u << 10;
   connection_counters* counters = nullptr;  // optional
 };
@@ -136,12 +142,12 @@ struct parse_outcome {
 };
 parse_outcome parse(std::string_view bytes, const options& opts);
 
-class server {
+class listener {
  public:
-  server(options opts, handlers h);
-  ~server();
-  server(const server&) = delete;
-  server& operator=(const server&) = delete;
+  listener(options opts, handlers h);
+  ~listener();
+  listener(const listener&) = delete;
+  listener& operator=(const listener&) = delete;
 
   // Listens on host:port; returns the port. Throws troupe::error when it cannot.
   int bind();

@@ -59,7 +59,7 @@ uint64_t daemon_metrics::n_requests(const std::string& endpoint, int status) con
 }
 
 std::string daemon_metrics::render(const std::vector<model_gauges>& models, const actors::memory_breakdown& memory,
-                                   const std::vector<actors::sched_stats>& schedulers) const {
+                                   const std::vector<actors::decoder_stats>& decoders) const {
   std::ostringstream os;
   std::lock_guard l(mutex_);
   os << "# HELP troupe_requests_total HTTP requests answered, by endpoint and status.\n"
@@ -146,13 +146,13 @@ std::string daemon_metrics::render(const std::vector<model_gauges>& models, cons
   }
   os << "# HELP troupe_decode_steps_total Session decode steps (prompt chunks and tokens) a model's scheduler ran.\n"
      << "# TYPE troupe_decode_steps_total counter\n";
-  for (const actors::sched_stats& s : schedulers) os << "troupe_decode_steps_total{model=\"" << label(s.model) << "\"} " << s.n_steps << "\n";
+  for (const actors::decoder_stats& s : decoders) os << "troupe_decode_steps_total{model=\"" << label(s.model) << "\"} " << s.n_steps << "\n";
   os << "# HELP troupe_decode_batches_total Decodes a model's scheduler ran (steps of sessions decoding together share one).\n"
      << "# TYPE troupe_decode_batches_total counter\n";
-  for (const actors::sched_stats& s : schedulers) os << "troupe_decode_batches_total{model=\"" << label(s.model) << "\"} " << s.n_batches << "\n";
+  for (const actors::decoder_stats& s : decoders) os << "troupe_decode_batches_total{model=\"" << label(s.model) << "\"} " << s.n_batches << "\n";
   os << "# HELP troupe_decode_batch_max Most session steps decoded in one batch so far.\n"
      << "# TYPE troupe_decode_batch_max gauge\n";
-  for (const actors::sched_stats& s : schedulers) os << "troupe_decode_batch_max{model=\"" << label(s.model) << "\"} " << s.max_steps << "\n";
+  for (const actors::decoder_stats& s : decoders) os << "troupe_decode_batch_max{model=\"" << label(s.model) << "\"} " << s.max_steps << "\n";
   return os.str();
 }
 

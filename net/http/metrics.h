@@ -12,7 +12,7 @@
 //   troupe_sessions{model,state="busy"|"idle"}, troupe_model_ready{model}
 //   troupe_memory_bytes{buft,device,kind}                   the memory breakdown
 //   troupe_decode_batches_total{model}, troupe_decode_steps_total{model}, troupe_decode_batch_max{model}
-//                                                           the schedulers' batching: session steps decoded,
+//                                                           the decoders' batching: session steps decoded,
 //                                                           in how many batches, most steps in one
 //
 // All methods are thread-safe.
@@ -59,11 +59,10 @@ class daemon_metrics {
   std::atomic<int64_t> queue_depth{0};
   front::connection_counters connections;
 
-  uint64_t n_cancelled() const { return cancelled_.load(); }
   uint64_t n_requests(const std::string& endpoint, int status) const;
 
   std::string render(const std::vector<model_gauges>& models, const actors::memory_breakdown& memory,
-                     const std::vector<actors::sched_stats>& schedulers = {}) const;
+                     const std::vector<actors::decoder_stats>& decoders = {}) const;
 
  private:
   mutable std::mutex mutex_;

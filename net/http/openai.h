@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "actors/messages.h"
-#include "runtime/llm/tool_calls.h"
+#include "llm/tool_calls.h"
 
 namespace troupe::http {
 
@@ -33,7 +33,6 @@ class api_error : public std::runtime_error {
   int status() const { return status_; }
   const std::string& type() const { return type_; }
   const std::string& param() const { return param_; }
-  const std::string& code() const { return code_; }
   json body() const;
 
  private:

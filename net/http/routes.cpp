@@ -2,7 +2,7 @@
 #include <string>
 
 #include "net/http/detail/daemon_internals.h"
-#include "net/http/server.h"
+#include "net/http/daemon.h"
 #include "net/http/session_pool.h"
 #include "runtime/log.h"
 
@@ -86,10 +86,10 @@ void daemon::route(const front::request& req, front::response& res) {
     list_models(res);
   } else if (get && p == "/metrics") {
     actors::memory_breakdown mem;
-    std::vector<actors::sched_stats> sched;
+    std::vector<actors::decoder_stats> sched;
     try {
       mem = eng_.memory();
-      sched = eng_.scheduler_stats();
+      sched = eng_.decoding_stats();
     } catch (const std::exception& e) {
       TROUPE_LOG(warn, "metrics: " << e.what());
     }

@@ -15,10 +15,10 @@
 #include <mutex>
 #include <vector>
 
-#include "actors/runtime.h"
+#include "actors/engine.h"
 #include "net/http/daemon_config.h"
 #include "net/http/metrics.h"
-#include "runtime/llm/llm_context.h"
+#include "llm/llm_context.h"
 
 namespace troupe::http {
 

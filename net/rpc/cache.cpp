@@ -1,6 +1,5 @@
 #include "net/rpc/cache.h"
 
-#include <xxhash.h>
 
 #include <atomic>
 #include <cstdio>
@@ -13,7 +12,6 @@
 
 namespace troupe::rpc {
 
-uint64_t content_hash(const void* data, size_t n) { return XXH3_64bits(data, n); }
 
 tensor_cache::tensor_cache(std::filesystem::path dir) : dir_(std::move(dir)) {
   std::error_code ec;

@@ -12,9 +12,9 @@
 #include <cstdint>
 #include <filesystem>
 
-namespace troupe::rpc {
+#include "backends/rpc/wire/protocol.h"
 
-uint64_t content_hash(const void* data, size_t n);
+namespace troupe::rpc {
 
 class tensor_cache {
  public:
@@ -28,7 +28,6 @@ class tensor_cache {
   // otherwise ignored: the cache is an optimisation.
   void store(const void* data, size_t n) const;
   std::filesystem::path path_of(uint64_t hash) const;
-  const std::filesystem::path& dir() const { return dir_; }
 
  private:
   std::filesystem::path dir_;

@@ -1,12 +1,12 @@
 // actors_peer: the other process of tests/actors/test_remote.cpp. It embeds troupe's actors in its own CAF
 // actor system (devices CPU and CPU1), publishes the supervisor on 127.0.0.1 (an ephemeral port), prepares
-// in-process objects that messages refer to by id (a pipeline job, a graph, a staged load), prints
+// in-process objects that messages refer to by id (a decode split task, a graph, a staged load), prints
 //
 //   port <n>
-//   pipeline <id>
+//   split <id>
 //   graph <id>
 //   load <id>
-//   peer_port <n>     (a remote-peer actor, published on its own port, connected to an rpc::server here)
+//   peer_port <n>     (a remote-peer actor, published on its own port, connected to an rpc::peer_server here)
 //   ready
 //
 // and serves until its standard input closes (the test holds the other end) or 120 s pass.
@@ -15,16 +15,17 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <thread>
+#include <functional>
+#include <memory>
 
 #include "actors/peer_actor.h"
-#include "actors/runtime.h"
+#include "actors/engine.h"
 #include "backends/cpu/cpu_backend.h"
-#include "net/rpc/server.h"
+#include "net/rpc/peer_server.h"
 #include "runtime/ops.h"
-#include "tests/actors/pipeline_fixture.h"
 
 using namespace troupe;
 
@@ -37,26 +38,20 @@ int main() {
   int rc = 0;
   {
     engine eng(sys, {.devices = {"CPU", "CPU1"}, .cpu_instances = 1, .n_threads = 1});
-    // The device actors register their backends as they start.
-    backend_i* cpu1 = nullptr;
-    backend_i* cpu = nullptr;
-    for (int i = 0; i < 500 && (cpu1 == nullptr || cpu == nullptr); ++i) {
-      cpu1 = eng.env()->backend("CPU1");
-      cpu = eng.env()->backend("CPU");
-      if (cpu1 == nullptr || cpu == nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    if (cpu1 == nullptr || cpu == nullptr) {
-      std::fprintf(stderr, "actors_peer: device actors did not start\n");
-      return 1;
-    }
     const auto port = sys.middleman().publish(eng.supervisor(), 0, "127.0.0.1", true);
     if (!port) {
       std::fprintf(stderr, "actors_peer: publish failed: %s\n", sys.render(port.error()).c_str());
       return 1;
     }
 
-    test::pipeline_fixture pipe(*cpu1, *cpu, 2, 64, 4);
-    const uint64_t pipeline_id = eng.env()->objects.put(pipe.job);
+    // A split task of this process, as a model context's pipeline registers one: the device actor CPU1 of
+    // this process runs it when asked by id (decode_split), whichever process asks.
+    std::atomic<int> split_runs{0};
+    const std::function<void()> split_work = [&] { ++split_runs; };
+    auto split = std::make_shared<actors::split_task>();
+    split->work = &split_work;
+    split->device = "CPU1";
+    const uint64_t split_id = eng.env()->objects.put(split);
 
     context gctx({.max_tensors = 8, .no_alloc = true});
     tensor* x = gctx.new_tensor_2d(type::f32, 256, 4);
@@ -73,18 +68,22 @@ int main() {
     const uint64_t load_id = eng.env()->objects.put(load);
 
     // A tensor RPC server in this process and a remote-peer actor connected to it.
-    rpc::server rpc_srv({.host = "127.0.0.1", .port = 0, .devices = {&cpu::cpu_device()}});
+    rpc::peer_server rpc_srv({.host = "127.0.0.1", .port = 0, .devices = {&cpu::cpu_device()}});
     rpc_srv.start();
-    const actors::peer_actor peer = actors::spawn_peer_actor(
-        sys, {.name = "loopback", .host = "127.0.0.1", .port = rpc_srv.port(), .health_interval = std::chrono::milliseconds(200)});
+    actors::peer_params loopback;
+    loopback.name = "loopback";
+    loopback.host = "127.0.0.1";
+    loopback.port = rpc_srv.port();
+    loopback.health_interval = std::chrono::milliseconds(200);
+    const actors::peer_actor peer = actors::spawn_peer_actor(sys, loopback);
     const auto peer_port = sys.middleman().publish(peer, 0, "127.0.0.1", true);
     if (!peer_port) {
       std::fprintf(stderr, "actors_peer: publishing the peer actor failed: %s\n", sys.render(peer_port.error()).c_str());
       return 1;
     }
 
-    std::printf("port %u\npipeline %llu\ngraph %llu\nload %llu\npeer_port %u\nready\n", static_cast<unsigned>(*port),
-                static_cast<unsigned long long>(pipeline_id), static_cast<unsigned long long>(graph_id),
+    std::printf("port %u\nsplit %llu\ngraph %llu\nload %llu\npeer_port %u\nready\n", static_cast<unsigned>(*port),
+                static_cast<unsigned long long>(split_id), static_cast<unsigned long long>(graph_id),
                 static_cast<unsigned long long>(load_id), static_cast<unsigned>(*peer_port));
     std::fflush(stdout);
 
@@ -102,7 +101,7 @@ int main() {
       }
     }
     caf::anon_send_exit(peer, caf::exit_reason::user_shutdown);
-    eng.env()->objects.erase(pipeline_id);
+    eng.env()->objects.erase(split_id);
     eng.env()->objects.erase(graph_id);
     eng.env()->objects.erase(load_id);
   }

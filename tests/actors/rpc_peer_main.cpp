@@ -1,4 +1,4 @@
-// rpc_peer: a peer server process for tests/actors/test_peer.cpp: the same rpc::server `troupe peer` runs
+// rpc_peer: a peer server process for tests/actors/test_peer.cpp: the same rpc::peer_server `troupe peer` runs
 // (tools/troupe/peer.cpp is a command-line front end over it), serving the CPU with one thread on
 // 127.0.0.1, without depending on the troupe command's build. Usage: rpc_peer PORT (0: ephemeral). Prints
 //
@@ -13,7 +13,7 @@
 #include <exception>
 
 #include "backends/cpu/cpu_backend.h"
-#include "net/rpc/server.h"
+#include "net/rpc/peer_server.h"
 
 using namespace troupe;
 
@@ -28,12 +28,12 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   try {
-    rpc::server_options so;
+    rpc::peer_server_options so;
     so.host = "127.0.0.1";
     so.port = static_cast<uint16_t>(std::atoi(argv[1]));
     so.devices = {&cpu::cpu_device()};
     so.make_backend = [](device_i&) -> backend_ptr { return cpu::make_cpu_backend({.n_threads = 1}); };
-    rpc::server srv(so);
+    rpc::peer_server srv(so);
     srv.start();
     std::printf("listening on %s\n", srv.address().c_str());
     std::fflush(stdout);

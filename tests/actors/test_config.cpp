@@ -5,15 +5,15 @@
 #include <filesystem>
 #include <fstream>
 
-#include "actors/runtime.h"
-#include "actors/runtime_config.h"
+#include "actors/engine.h"
+#include "actors/engine_config.h"
 #include "tests/test_models.h"
 
 using namespace troupe;
 using namespace troupe::actors;
 
 TEST_CASE("runtime config: every key, defaults, and errors naming the key", "[actors][config]") {
-  const runtime_config c = parse_runtime_config(R"(
+  const engine_config c = parse_engine_config(R"(
 [runtime]
 devices = ["CPU", "CPU1"]
 cpu_instances = 1
@@ -60,14 +60,14 @@ devices = [{ device = "CPU1", layers = 2 }]
   const model_settings r = m.resolved();
   CHECK(r.n_seq_max == 3);
 
-  const runtime_config d = parse_runtime_config("");
+  const engine_config d = parse_engine_config("");
   CHECK(d.devices.empty());
   CHECK(d.caf_policy == "sharing");
   CHECK(d.max_restarts == 3);
 
   auto error_of = [](const std::string& text) {
     try {
-      parse_runtime_config(text, "t.toml");
+      parse_engine_config(text, "t.toml");
     } catch (const troupe::error& e) {
       return std::string(e.what());
     }
@@ -83,7 +83,7 @@ devices = [{ device = "CPU1", layers = 2 }]
   CHECK(error_of("[[model]]\nname = \"a\"\npath = \"b\"\ndevices = [{ device = \"CPU1\", layer = 2 }]\n")
             .find("unknown key 'layer' in model.devices") != std::string::npos);
   CHECK(error_of("[runtime\n").rfind("t.toml:1: ", 0) == 0);
-  CHECK_THROWS_AS(load_runtime_config("/nonexistent/troupe.toml"), troupe::error);
+  CHECK_THROWS_AS(load_engine_config("/nonexistent/troupe.toml"), troupe::error);
 }
 
 TEST_CASE("an engine from a TOML file loads its configured models", "[actors][config]") {
@@ -95,7 +95,7 @@ TEST_CASE("an engine from a TOML file loads its configured models", "[actors][co
     out << "[runtime]\nthreads = 1\n\n[[model]]\nname = \"stories\"\npath = \"" << path->string()
         << "\"\nn_ctx = 256\nn_seq_max = 2\nthreads = 1\n";
   }
-  engine eng(load_runtime_config(file));
+  engine eng(load_engine_config(file));
   std::filesystem::remove(file);
   eng.load_configured_models();
   CHECK(eng.status().models == std::vector<std::string>{"stories"});
@@ -149,13 +149,13 @@ TEST_CASE("model settings: one validation, one resolution of defaults, reached f
   CHECK(field_of(bad) == ": a model needs a name and a path");
 
   // TOML: every field by its key (parallel included), the error placed at the key at fault.
-  const runtime_config c = parse_runtime_config("[[model]]\nname = \"m\"\npath = \"m.gguf\"\nparallel = false\n"
+  const engine_config c = parse_engine_config("[[model]]\nname = \"m\"\npath = \"m.gguf\"\nparallel = false\n"
                                                 "n_ctx = 64\nn_ctx_seq = 32\n");
   REQUIRE(c.models.size() == 1);
   CHECK_FALSE(c.models[0].parallel);
   CHECK(c.models[0].resolved().n_ctx_seq == 32);
   try {
-    parse_runtime_config("[[model]]\nname = \"m\"\npath = \"m.gguf\"\nn_ctx = 64\nn_ctx_seq = 65\n", "t.toml");
+    parse_engine_config("[[model]]\nname = \"m\"\npath = \"m.gguf\"\nn_ctx = 64\nn_ctx_seq = 65\n", "t.toml");
     FAIL("n_ctx_seq above n_ctx was accepted");
   } catch (const troupe::error& e) {
     CHECK(std::string(e.what()) == "t.toml:5: model.n_ctx_seq (65) is larger than n_ctx (64)");

@@ -7,8 +7,8 @@
 #include <malloc.h>
 
 #include "actors/device_actor.h"
-#include "actors/runtime.h"
-#include "runtime/llm/generator.h"
+#include "actors/engine.h"
+#include "llm/generator.h"
 #include "tests/test_models.h"
 
 using namespace troupe;
@@ -122,9 +122,16 @@ TEST_CASE("engine: a long-lived session's answers give back all the memory they 
   session s = eng.open_session("m");
   const auto answer = [&](int i) {
     // Plain, streamed and cancelled answers, as a daemon's session serves them.
+    // A stop at the second piece ends the answer there, however far the session got meanwhile.
     int pieces = 0;
-    const auto r = s.generate("Once upon a time", generation_params::greedy(6), [&](std::string_view) { return i % 3 != 2 || ++pieces < 2; });
+    std::string given;
+    const auto r = s.generate("Once upon a time", generation_params::greedy(6), [&](std::string_view piece) {
+      given += piece;
+      return i % 3 != 2 || ++pieces < 2;
+    });
     CHECK(r.finish == (i % 3 == 2 ? "cancelled" : "length"));
+    CHECK(r.text == given);
+    CHECK(r.tokens.size() == (i % 3 == 2 ? size_t{2} : size_t{6}));
     s.reset();
   };
   for (int i = 0; i < 30; ++i) answer(i);  // warm-up: graphs, caches, the allocator's pools

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "actors/device_actor.h"
-#include "actors/runtime.h"
+#include "actors/engine.h"
 #include "backends/cpu_instance.h"
 #include "backends/registry.h"
 #include "tests/actors/ask.h"

@@ -1,16 +1,16 @@
-// The figures the actor runtime promises (actors/measure.h), asserted with the ratios where the
-// machine can show them. Each figure is the best of several runs.
+// The figures the actor runtime promises (tools/bench/measure.h), asserted with their target ratios
+// (tools/bench/measure.h) where the machine can show them. Each figure is the best of several runs.
 //
 // Overlap and batching gains need parallel hardware and kernels that gain from a batch: on a shared
 // machine that leaves this process one core (parallel_capacity() near 1), two uploads at once cannot
 // finish sooner than one after the other, whatever the runtime does. So the hardware-independent part is
 // always asserted (the uploads really ran at the same time; the two sessions really shared each decode;
-// the actors keep the synchronous layer's batching gain), and the ratios when the machine has
+// the actors keep the synchronous layer's batching gain), and the target ratios when the machine has
 // the room for them (capacity >= 1.8; the synchronous layer's own batching gain >= 1.65). Figures are
 // printed either way; tools/bench/bench_actors prints the same.
 #include <catch2/catch.hpp>
 
-#include "actors/measure.h"
+#include "tools/bench/measure.h"
 #include "tests/test_models.h"
 
 using namespace troupe;

@@ -1,4 +1,4 @@
-// The remote-peer actor against a real peer server process (rpc_peer: the rpc::server `troupe peer` runs) on
+// The remote-peer actor against a real peer server process (rpc_peer: the rpc::peer_server `troupe peer` runs) on
 // 127.0.0.1: it connects and reports up; the
 // peer hangs (SIGSTOP) with a request in flight, which then fails promptly (not after the 300 s I/O
 // timeout); the peer is killed, its devices fail fast naming it, the status names the model that needs it,
@@ -24,15 +24,15 @@
 
 #include "actors/errors.h"
 #include "actors/peer_actor.h"
-#include "actors/runtime.h"
-#include "actors/runtime_config.h"
+#include "actors/engine.h"
+#include "actors/engine_config.h"
 #include "actors/supervisor_actor.h"
 #include "backends/registry.h"
 #include "backends/rpc/rpc.h"
-#include "runtime/llm/generator.h"
-#include "runtime/llm/llm_context.h"
-#include "runtime/llm/model.h"
-#include "runtime/llm/vocab.h"
+#include "llm/generator.h"
+#include "llm/llm_context.h"
+#include "llm/model.h"
+#include "llm/vocab.h"
 #include "runtime/ops.h"
 #include "tests/actors/ask.h"
 #include "tests/test_models.h"
@@ -153,6 +153,15 @@ peer_params fast_params(uint16_t port) {
   return p;
 }
 
+// A [[peer]] on this machine, with the configuration's defaults.
+peer_params configured_peer(const std::string& name, uint16_t port) {
+  peer_params p;
+  p.name = name;
+  p.host = "127.0.0.1";
+  p.port = port;
+  return p;
+}
+
 // Writes 256 floats to a new buffer of dev, reads them back: whether they round-trip.
 bool device_works(device_i& dev) {
   buffer_ptr b = dev.buffer_type().alloc_buffer(1024);
@@ -184,7 +193,7 @@ load_request load_on(const std::string& name, const std::string& path, const std
 
 // The status of the actor named `name` ("model:m", "device:CPU"), if it is listed (a copy: the status is
 // often a temporary).
-std::optional<actor_status> find_actor(const runtime_status& s, const std::string& name) {
+std::optional<actor_status> find_actor(const engine_status& s, const std::string& name) {
   for (const actor_status& a : s.actors) {
     if (a.name == name) return a;
   }
@@ -222,7 +231,7 @@ TEST_CASE("peer backoff: exponential from the initial delay, jittered, never abo
 }
 
 TEST_CASE("[[peer]] tables in the runtime configuration", "[actors][peer][config]") {
-  const runtime_config c = parse_runtime_config(R"(
+  const engine_config c = parse_engine_config(R"(
 [[peer]]
 name = "box"
 address = "10.0.0.2:50052"
@@ -239,21 +248,26 @@ address = "[::1]:7000"
   CHECK(c.peers[0].host == "10.0.0.2");
   CHECK(c.peers[0].port == 50052);
   CHECK(c.peers[0].tls);
-  CHECK(c.peers[0].tls_ca == "ca.pem");
-  CHECK(c.peers[0].busy_poll_us == 0);
-  CHECK(to_peer_params(c.peers[0]).busy_poll == 0us);
-  CHECK(c.peers[1].busy_poll_us == 250);
+  CHECK(c.peers[0].tls_ca_file == "ca.pem");
+  CHECK(c.peers[0].busy_poll == 0us);
+  CHECK(load_peer_key(c.peers[0]).busy_poll == 0us);
+  CHECK(c.peers[1].busy_poll == 250us);
+  CHECK(c.peers[1].connect_timeout == 3000ms);
   CHECK(c.peers[1].host == "::1");
   CHECK(c.peers[1].port == 7000);
-  CHECK_THROWS_WITH(parse_runtime_config("[[peer]]\nname = \"x\"\naddress = \"nohost\"\n"), Catch::Contains("host:port"));
-  CHECK_THROWS_WITH(parse_runtime_config("[[peer]]\naddress = \"h:1\"\n"), Catch::Contains("name"));
-  CHECK_THROWS_WITH(parse_runtime_config("[[peer]]\nname = \"x\"\naddress = \"h:1\"\nkey = \"k\"\n"), Catch::Contains("'key'"));
-  CHECK_THROWS_WITH(parse_runtime_config("[[peer]]\nname = \"x\"\naddress = \"h:1\"\n[[peer]]\nname = \"x\"\naddress = \"h:2\"\n"),
+  CHECK_THROWS_WITH(parse_engine_config("[[peer]]\nname = \"x\"\naddress = \"nohost\"\n"), Catch::Contains("host:port"));
+  CHECK_THROWS_WITH(parse_engine_config("[[peer]]\naddress = \"h:1\"\n"), Catch::Contains("name"));
+  CHECK_THROWS_WITH(parse_engine_config("[[peer]]\nname = \"x\"\naddress = \"h:1\"\nkey = \"k\"\n"), Catch::Contains("'key'"));
+  CHECK_THROWS_WITH(parse_engine_config("[[peer]]\nname = \"x\"\naddress = \"h:1\"\n[[peer]]\nname = \"x\"\naddress = \"h:2\"\n"),
                     Catch::Contains("twice"));
-  CHECK_THROWS_WITH(parse_runtime_config("[[peer]]\nname = \"x\"\naddress = \"h:1\"\nbusy_poll_us = -5\n"),
+  CHECK_THROWS_WITH(parse_engine_config("[[peer]]\nname = \"x\"\naddress = \"h:1\"\nbusy_poll_us = -5\n"),
                     Catch::Contains("busy_poll_us"));
-  peer_config missing{.name = "x", .host = "h", .port = 1, .key_file = "/nonexistent/peer.key"};
-  CHECK_THROWS_WITH(to_peer_params(missing), Catch::Contains("peer x") && Catch::Contains("/nonexistent/peer.key"));
+  peer_params missing;
+  missing.name = "x";
+  missing.host = "h";
+  missing.port = 1;
+  missing.key_file = "/nonexistent/peer.key";
+  CHECK_THROWS_WITH(load_peer_key(missing), Catch::Contains("peer x") && Catch::Contains("/nonexistent/peer.key"));
 }
 
 TEST_CASE("a peer that cannot be reached is down, with its error, and retried within the backoff bound", "[actors][peer]") {
@@ -309,7 +323,7 @@ TEST_CASE("the peer actor: up, hung with a request in flight, killed, restarted"
   CHECK(mem->devices[0].total > 0);
 
   // A supervisor with the peer's device; a model with layers on it when the test model is there.
-  auto env = std::make_shared<runtime_env>();
+  auto env = std::make_shared<engine_env>();
   const auto model = test::model_path("stories260K.gguf");
   const supervisor_actor sup = spawn_supervisor(
       sys, env, {.devices = {"CPU", s.devices[0]}, .n_threads = 1, .peers = {p}, .reload_on_reconnect = reload});
@@ -373,7 +387,7 @@ TEST_CASE("the peer actor: up, hung with a request in flight, killed, restarted"
     const auto r = ask<generate_reply>(sys, *sess, generate_atom_v, greedy("Once upon a time", 8));
     REQUIRE_FALSE(r);
     CHECK_THAT(describe(r.error()), Catch::Contains(addr));
-    const auto rs = ask<runtime_status>(sys, sup, get_atom_v, status_atom_v);
+    const auto rs = ask<engine_status>(sys, sup, get_atom_v, status_atom_v);
     REQUIRE(rs);
     REQUIRE(rs->peers.size() == 1);
     CHECK(rs->peers[0].name == "box");
@@ -410,7 +424,7 @@ TEST_CASE("the peer actor: up, hung with a request in flight, killed, restarted"
   if (model && reload) {
     // The model's weights went with the old connection: the supervisor loads it again by itself.
     auto model_up = [&] {
-      const auto rs = ask<runtime_status>(sys, sup, get_atom_v, status_atom_v);
+      const auto rs = ask<engine_status>(sys, sup, get_atom_v, status_atom_v);
       REQUIRE(rs);
       const auto a = find_actor(*rs, "model:m");
       return a && a->up;
@@ -423,7 +437,7 @@ TEST_CASE("the peer actor: up, hung with a request in flight, killed, restarted"
   }
   if (model && !reload) {
     // The model's weights went with the old connection: it stays down and says so until loaded again.
-    const auto rs = ask<runtime_status>(sys, sup, get_atom_v, status_atom_v);
+    const auto rs = ask<engine_status>(sys, sup, get_atom_v, status_atom_v);
     REQUIRE(rs);
     for (const actor_status& a : rs->actors) {
       if (a.name == "model:m") {
@@ -457,9 +471,9 @@ TEST_CASE("a peer that comes up after the engine started: its devices join, a mo
     port = tmp.port();
   }
   const std::string device = "RPC[127.0.0.1:" + std::to_string(port) + "]#0";
-  runtime_config cfg;
+  engine_config cfg;
   cfg.n_threads = 1;
-  cfg.peers = {{.name = "late", .host = "127.0.0.1", .port = port}};
+  cfg.peers = {configured_peer("late", port)};
   engine eng(cfg);
   auto has_device_actor = [&] {
     const auto a = find_actor(eng.status(), "device:" + device);
@@ -508,9 +522,9 @@ TEST_CASE("a shutdown while a model is being loaded again waits for it, and ever
   auto peer = std::make_unique<peer_process>();
   const uint16_t port = peer->port();
   const std::string device = "RPC[127.0.0.1:" + std::to_string(port) + "]#0";
-  runtime_config cfg;
+  engine_config cfg;
   cfg.n_threads = 1;
-  cfg.peers = {{.name = "box", .host = "127.0.0.1", .port = port}};
+  cfg.peers = {configured_peer("box", port)};
   engine eng(cfg);
   eng.load_model(settings_on("m", path->string(), device));
   auto model_error = [&]() -> std::optional<std::string> {

@@ -9,7 +9,7 @@
 #include <set>
 #include <thread>
 
-#include "actors/runtime.h"
+#include "actors/engine.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu_instance.h"
 #include "backends/registry.h"
@@ -88,8 +88,8 @@ const char* const prompts[4] = {
     "One day, a big bear came to the forest and",
 };
 
-actors::sched_stats stats_of(engine& eng, const std::string& model) {
-  for (const actors::sched_stats& s : eng.scheduler_stats()) {
+actors::decoder_stats stats_of(engine& eng, const std::string& model) {
+  for (const actors::decoder_stats& s : eng.decoding_stats()) {
     if (s.model == model) return s;
   }
   FAIL("no scheduler stats for " << model);
@@ -134,7 +134,7 @@ void check_groups(const std::string& path, int32_t layers, int n, bool expect_tw
     CHECK(grouped[i] == ref[i]);
   }
   CHECK(stats_of(eng, "alone").max_in_flight == 1);  // one device: one batch at a time, as ever
-  const actors::sched_stats s = stats_of(eng, "split");
+  const actors::decoder_stats s = stats_of(eng, "split");
   CHECK(s.n_in_flight == 0);
   CHECK(s.max_in_flight <= 2);
   if (expect_two_groups) {
@@ -161,7 +161,7 @@ TEST_CASE("SmolLM2 over CPU and CPU1: four sessions at once run as two sequence 
   check_groups(path->string(), 15, 8, true);
 }
 
-TEST_CASE("the scheduler actor answers while a decode is in the pipeline", "[actors][pipeline]") {
+TEST_CASE("the decoder actor answers while a decode is in the pipeline", "[actors][pipeline]") {
   const auto path = test::smollm2_path();
   if (!path) return;
   engine eng({.cpu_instances = 1, .n_threads = 1});
@@ -189,13 +189,16 @@ TEST_CASE("a device failing mid-pipeline fails the decode through its device act
   if (!path) return;
   register_builtin_backends();
   std::atomic<int> graphs{0}, fail_at{-1};
-  rpc::server_options so;
+  rpc::peer_server_options so;
   so.make_backend = [&](device_i&) -> backend_ptr { return std::make_unique<test::failing_backend>(graphs, fail_at); };
   auto srv = rpc::testing::start_server(std::move(so));
   const std::string device = "RPC[127.0.0.1:" + std::to_string(srv->port()) + "]#0";
-  actors::runtime_config cfg;
+  actors::engine_config cfg;
   cfg.n_threads = 1;
-  cfg.peers = {{.name = "box", .host = "127.0.0.1", .port = srv->port()}};
+  cfg.peers.resize(1);
+  cfg.peers[0].name = "box";
+  cfg.peers[0].host = "127.0.0.1";
+  cfg.peers[0].port = srv->port();
   engine eng(cfg);
   actors::model_settings ms{.name = "m", .path = path->string(), .n_ctx = 256, .n_ubatch = 8, .n_seq_max = 1, .n_threads = 1};
   ms.devices = {{device, 3}};  // the last 3 layers and the output on the peer

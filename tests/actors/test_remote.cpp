@@ -27,7 +27,7 @@
 #include "actors/loader_actor.h"
 #include "actors/memory_accountant_actor.h"
 #include "actors/peer_actor.h"
-#include "actors/scheduler_actor.h"
+#include "actors/decoder_actor.h"
 #include "actors/session_actor.h"
 #include "actors/supervisor_actor.h"
 #include "tests/test_models.h"
@@ -194,11 +194,11 @@ TEST_CASE("every message type crosses a middleman connection between two process
   const collector_actor events = sys.spawn(collector, box);
 
   // ---- supervisor: status, directory ----
-  const auto status = ask<runtime_status>(self, sup, get_atom_v, status_atom_v);
+  const auto status = ask<engine_status>(self, sup, get_atom_v, status_atom_v);
   REQUIRE(status);
   REQUIRE(status->actors.size() == 3);  // device:CPU, device:CPU1, loader
   CHECK(status->actors[1].name == "device:CPU1");
-  mark({"runtime_status", "actor_status"});
+  mark({"engine_status", "actor_status"});
   const auto dir = ask<actor_directory>(self, sup, get_atom_v, directory_atom_v);
   REQUIRE(dir);
   REQUIRE(dir->device_names == std::vector<std::string>{"CPU", "CPU1"});
@@ -207,7 +207,6 @@ TEST_CASE("every message type crosses a middleman connection between two process
   const device_actor cpu1 = dir->devices[1];
   const allocator_actor alloc1 = dir->allocators[1];
   const loader_actor loader = dir->loader;
-  const scheduler_actor graphs = dir->graphs;
 
   // ---- memory accountant: record, device report, subscription ----
   const auto sub = ask<bool>(self, acct, subscribe_atom_v, breakdown_subscriber{events});
@@ -224,8 +223,9 @@ TEST_CASE("every message type crosses a middleman connection between two process
 
   // ---- loader (through the supervisor): a load with progress to this process ----
   load_request lr;
-  lr.model = {.name = "m", .path = model->string(), .devices = {{"CPU1", 2}}, .n_ctx = 256, .n_seq_max = 2, .n_threads = 1,
-              .overrides = {{"^output_norm", "CPU1"}}};
+  // Micro-batches of 2 tokens: the scheduler's step below runs through the peer's pipeline as several.
+  lr.model = {.name = "m", .path = model->string(), .devices = {{"CPU1", 2}}, .n_ctx = 256, .n_ubatch = 2, .n_seq_max = 2,
+              .n_threads = 1, .overrides = {{"^output_norm", "CPU1"}}};
   lr.progress = events;
   const auto info = ask<model_info>(self, sup, load_atom_v, lr);
   REQUIRE(info);
@@ -271,27 +271,40 @@ TEST_CASE("every message type crosses a middleman connection between two process
   self->send(*sess, cancel_atom_v);
   CHECK(value_or<bool>(ask<bool>(self, *sess, reset_atom_v), false));
 
-  // ---- scheduler of the model: attach, a step, stats, detach ----
+  // ---- scheduler of the model: attach, a step through the peer's pipeline, stats, detach ----
   REQUIRE(dir->model_names.empty());
   const auto dir2 = ask<actor_directory>(self, sup, get_atom_v, directory_atom_v);
   REQUIRE(dir2);
   REQUIRE(dir2->model_names == std::vector<std::string>{"m"});
-  const scheduler_actor sched = dir2->schedulers[0];
+  const decoder_actor sched = dir2->decoders[0];
   // This scoped actor stands in for a session (it only steps; the scheduler checks the sender).
   const auto seq = ask<int32_t>(self, sched, attach_atom_v, caf::actor_cast<session_actor>(self));
   REQUIRE(seq);
   const auto foreign = ask<step_logits>(self, sched, step_atom_v, decode_step{0, 0, {1}});  // the session's sequence
   REQUIRE_FALSE(foreign);
   CHECK(is(foreign.error(), errc::bad_request));
+  // Splits the peer's device actors have computed (nothing else decodes in the peer meanwhile).
+  auto splits_on = [&](const device_actor& d) {
+    const auto s = ask<device_status>(self, d, memory_atom_v);
+    REQUIRE(s);
+    return s->n_splits;
+  };
+  const device_actor cpu = dir->devices[0];
+  const uint64_t cpu_before = splits_on(cpu);
+  const uint64_t cpu1_before = splits_on(cpu1);
   const auto logits = ask<step_logits>(self, sched, step_atom_v, decode_step{*seq, 0, {1, 403, 407}});
   REQUIRE(logits);
   CHECK(logits->logits.size() == info->n_vocab);
+  // 3 tokens: 2 micro-batches, each a split on CPU, one on CPU1 (layers 3..4 and the output norm) and one
+  // more on CPU (the output), every one on the peer's device actor of its device.
+  CHECK(splits_on(cpu1) - cpu1_before == 2);
+  CHECK(splits_on(cpu) - cpu_before == 4);
   self->send(sched, end_atom_v, *seq);
-  const auto stats = ask<sched_stats>(self, sched, get_atom_v, stats_atom_v);
+  const auto stats = ask<decoder_stats>(self, sched, get_atom_v, stats_atom_v);
   REQUIRE(stats);
   CHECK(stats->n_sessions == 2);
   CHECK(value_or<bool>(ask<bool>(self, sched, detach_atom_v, *seq), false));
-  mark({"decode_step", "step_logits", "sched_stats"});
+  mark({"decode_step", "step_logits", "decoder_stats"});
 
   // ---- device actor CPU1: buffers, range uploads, reads, a staged upload, a split ----
   const auto buf = ask<buffer_info>(self, cpu1, alloc_atom_v, alloc_request{4096, 2, "remote"});
@@ -316,24 +329,19 @@ TEST_CASE("every message type crosses a middleman connection between two process
   const auto unknown = ask<upload_result>(self, cpu1, upload_atom_v, upload_job{999999, "CPU1"});
   REQUIRE_FALSE(unknown);
   CHECK(is(unknown.error(), errc::not_found));
-  const auto split = ask<split_result>(self, cpu1, compute_atom_v, split_ref{ids.at("pipeline"), 0, 0});
+  // A decode split task of the peer's process, run by its CPU1 device actor for this one.
+  const auto split = ask<split_result>(self, cpu1, compute_atom_v, decode_split{ids.at("split"), 0});
   REQUIRE(split);
-  // A decode split names a task of the device's own process: in this one it finds nothing.
-  const auto foreign_split = ask<split_result>(self, cpu1, compute_atom_v, decode_split{ids.at("pipeline"), 0});
+  CHECK(split->split == 0);
+  CHECK(splits_on(cpu1) == mem->n_splits + 1);
+  // An id that names no split task in the device's process (a graph's, there) finds nothing.
+  const auto foreign_split = ask<split_result>(self, cpu1, compute_atom_v, decode_split{ids.at("graph"), 0});
   REQUIRE_FALSE(foreign_split);
   CHECK(is(foreign_split.error(), errc::not_found));
   const auto buf2 = ask<buffer_info>(self, cpu1, alloc_atom_v, alloc_request{1024, 2, "remote"});
   REQUIRE(buf2);
   CHECK(value_or<uint64_t>(ask<uint64_t>(self, cpu1, free_atom_v, all_atom_v), 0) == 1024);
-  mark({"alloc_request", "buffer_info", "range_upload", "tensor_range", "upload_job", "split_ref", "decode_split",
-        "split_result"});
-
-  // ---- the pipeline scheduler ----
-  const auto run = ask<pipeline_result>(self, graphs, pipeline_atom_v, pipeline_ref{ids.at("pipeline")});
-  REQUIRE(run);
-  CHECK(run->microbatches == 2);
-  CHECK(run->splits == 4);
-  mark({"pipeline_ref", "pipeline_result"});
+  mark({"alloc_request", "buffer_info", "range_upload", "tensor_range", "upload_job", "decode_split", "split_result"});
 
   // ---- allocator actor CPU1: a reservation, a planned graph, usage, release ----
   CHECK(value_or<int64_t>(ask<int64_t>(self, alloc1, reserve_atom_v, compute_reservation{"remote", 8192}), 0) == 8192);

@@ -1,7 +1,7 @@
 """The daemon driven by the official `openai` Python client (PyPI), as a user of OpenAI's API would drive it.
 
 Starts a real `troupe serve --config configs/daemon.toml` (its [server] port set to 0 in a temporary copy)
-with the fetched SmolLM2 model, and checks the rows of issue 20 that troupe answers today: chat and
+with the fetched SmolLM2 model, and checks the parts of OpenAI's API that troupe implements: chat and
 completions, streaming with usage, logprobs (chat and legacy completions), logit_bias, seed, a prompt of
 token ids. Run by CTest (`api: openai client`) with the project's virtual environment (.venv, made by
 scripts/install-deps). Exit 77 (skipped) without the model or the client, except under CI=true, where

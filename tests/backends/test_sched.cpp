@@ -1,12 +1,20 @@
 // The scheduler over two CPU devices: the host CPU and a second CPU device whose buffer type is separate
 // and small (so its compute memory is chunked) and which cannot compute soft_max. Results must be
-// bit-exact against one backend, with the expected splits and copies.
+// bit-exact against one backend, with the expected splits and copies. And over the host and a CPU
+// instance (CPU1), a layer stack whose weights are split between the two: each device computes the layers
+// of its weights, one split each, run in order through a split runner.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu_instance.h"
 #include "runtime/error.h"
 #include "runtime/ops.h"
 #include "runtime/sched.h"
@@ -274,4 +282,91 @@ TEST_CASE("a backend that throws mid-graph: sources restored at once, the graph 
   tensor_get(*y2, again.data(), 0, again.size() * 4);
   CHECK(again == first);
   sched.reset();  // g2 goes before the scheduler
+}
+
+namespace {
+
+// x -> (mul_mat(w1) -> rms_norm) x depth -> (mul_mat(w2) -> rms_norm) x depth -> scale
+tensor* layer_stack(context& ctx, tensor* w1, tensor* w2, tensor* x, int depth) {
+  tensor* h = x;
+  for (int i = 0; i < depth; ++i) h = rms_norm(ctx, mul_mat(ctx, w1, h), 1e-5f);
+  for (int i = 0; i < depth; ++i) h = rms_norm(ctx, mul_mat(ctx, w2, h), 1e-5f);
+  return scale(ctx, h, 2.0f);
+}
+
+}  // namespace
+
+TEST_CASE("a CPU instance and the host: each weight pulls its layers into one split on its device, run in order through a split runner", "[sched]") {
+  constexpr int64_t n = 256;
+  constexpr int64_t tokens = 8;
+  constexpr int depth = 6;
+  device_i& cpu1 = add_cpu_instance({.index = 1, .n_threads = 1});
+  backend_ptr inst = cpu1.init_backend();
+  auto host = cpu::make_cpu_backend({.n_threads = 1});
+
+  // w1 in CPU1's memory, w2 in the host's.
+  context weights(context_params{.max_tensors = 4, .no_alloc = true});
+  tensor* w1 = weights.new_tensor_2d(type::f32, n, n);
+  tensor* w2 = weights.new_tensor_2d(type::f32, n, n);
+  w1->flags |= flag_weight;
+  w2->flags |= flag_weight;
+  buffer_ptr buf1 = cpu1.buffer_type().alloc_buffer(nbytes(*w1));
+  tensor_alloc(*buf1, *w1, buf1->base());
+  buf1->set_usage(buffer_usage::weights);
+  buffer_ptr buf2 = cpu::cpu_device().buffer_type().alloc_buffer(nbytes(*w2));
+  tensor_alloc(*buf2, *w2, buf2->base());
+  buf2->set_usage(buffer_usage::weights);
+  fill(w1, 1);
+  fill(w2, 2);
+
+  context ctx({.max_tensors = 64, .no_alloc = true});
+  tensor* x = ctx.new_tensor_2d(type::f32, n, tokens);
+  x->flags |= flag_input;
+  tensor* y = layer_stack(ctx, w1, w2, x, depth);
+  y->flags |= flag_output;
+  graph g;
+  g.build_forward_expand(y);
+  scheduler sched({{inst.get(), nullptr}, {host.get(), nullptr}});
+  sched.alloc_graph(g);
+  REQUIRE(sched.n_splits() == 2);
+  CHECK(sched.splits()[0].nodes.size() == 2 * depth);      // depth x (mul_mat w1, rms_norm) on CPU1, where w1 lives
+  CHECK(sched.splits()[1].nodes.size() == 2 * depth + 1);  // depth x (mul_mat w2, rms_norm) and scale on the CPU
+  CHECK(&sched.backend(sched.splits()[0].backend).device() == &cpu1);
+  CHECK(&sched.backend(sched.splits()[1].backend).device() == &cpu::cpu_device());
+
+  // The split runner (the hook the actor layer hands each split to its device's actor through) gets every
+  // split, in order, each with its own device.
+  std::vector<std::string> ran;
+  sched.set_split_runner([&](int index, const scheduler::split& sp, const std::function<void()>& work) {
+    ran.push_back(std::string(sched.backend(sp.backend).device().name()) + "#" + std::to_string(index));
+    work();
+  });
+  fill(x, 3);
+  sched.graph_compute(g);
+  CHECK(ran == std::vector<std::string>{"CPU1#0", "CPU#1"});
+  std::vector<float> got(static_cast<size_t>(n * tokens));
+  tensor_get(*y, got.data(), 0, got.size() * 4);
+  sched.reset();
+
+  // The same stack on one CPU backend, over copies of the weights in host memory.
+  context one({.max_tensors = 64, .no_alloc = true});
+  tensor* x1 = one.new_tensor_2d(type::f32, n, tokens);
+  tensor* v1 = one.new_tensor_2d(type::f32, n, n);
+  tensor* v2 = one.new_tensor_2d(type::f32, n, n);
+  tensor* y1 = layer_stack(one, v1, v2, x1, depth);
+  buffer_ptr all = alloc_ctx_tensors(one, cpu::cpu_device().buffer_type());
+  std::vector<float> bytes(static_cast<size_t>(n * n));
+  tensor_get(*w1, bytes.data(), 0, bytes.size() * 4);
+  tensor_set(*v1, bytes.data(), 0, bytes.size() * 4);
+  tensor_get(*w2, bytes.data(), 0, bytes.size() * 4);
+  tensor_set(*v2, bytes.data(), 0, bytes.size() * 4);
+  fill(x1, 3);
+  graph g1;
+  g1.build_forward_expand(y1);
+  cpu::make_cpu_backend({.n_threads = 1})->graph_compute(g1);
+  std::vector<float> want(got.size());
+  tensor_get(*y1, want.data(), 0, want.size() * 4);
+  double err = 0;
+  for (size_t i = 0; i < got.size(); ++i) err = std::max(err, static_cast<double>(std::abs(got[i] - want[i])));
+  CHECK(err < 1e-4);
 }

@@ -65,9 +65,9 @@ overrides = [{ pattern = "output", device = "CPU" }]
   CHECK(c.server.queue_timeout_s == 60);
   CHECK(c.logging.level == "debug");
   CHECK_FALSE(c.logging.access_log);
-  CHECK(c.runtime.n_threads == 2);
-  REQUIRE(c.runtime.models.size() == 1);
-  const actors::model_settings& m = c.runtime.models[0];
+  CHECK(c.engine.n_threads == 2);
+  REQUIRE(c.engine.models.size() == 1);
+  const actors::model_settings& m = c.engine.models[0];
   CHECK(m.path == "/etc/troupe/m.gguf");  // relative to the configuration's folder
   CHECK(m.kv_type == "q8_0");
   CHECK(m.chat_template == "raw");
@@ -89,14 +89,14 @@ path = "b.gguf"
 n_cpu_moe = 2
 )",
                                                 "d.toml");
-  REQUIRE(moe.runtime.models.size() == 2);
-  const auto& ao = moe.runtime.models[0].overrides;
+  REQUIRE(moe.engine.models.size() == 2);
+  const auto& ao = moe.engine.models[0].overrides;
   REQUIRE(ao.size() == 2);
   CHECK(ao[0].pattern == "output");
   CHECK(ao[1].device == "CPU");
   CHECK(std::regex_search("blk.7.ffn_up_exps.weight", std::regex(ao[1].pattern)));
   CHECK_FALSE(std::regex_search("blk.7.ffn_up.weight", std::regex(ao[1].pattern)));
-  const auto& bo = moe.runtime.models[1].overrides;
+  const auto& bo = moe.engine.models[1].overrides;
   REQUIRE(bo.size() == 2);
   CHECK(std::regex_search("blk.1.ffn_down_exps.weight", std::regex(bo[1].pattern)));
   CHECK_FALSE(std::regex_search("blk.2.ffn_down_exps.weight", std::regex(bo[0].pattern)));
@@ -105,8 +105,8 @@ n_cpu_moe = 2
 
   // The shipped example parses (its model may not be downloaded: validation is separate).
   const daemon_config ex = load_daemon_config(std::filesystem::path(TROUPE_SOURCE_DIR) / "configs/daemon.toml");
-  REQUIRE(ex.runtime.models.size() == 1);
-  CHECK(ex.runtime.models[0].name == "smollm2");
+  REQUIRE(ex.engine.models.size() == 1);
+  CHECK(ex.engine.models[0].name == "smollm2");
   CHECK(ex.server.port == 8080);
 }
 
@@ -314,7 +314,7 @@ TEST_CASE("metrics: Prometheus text with requests, tokens, queue and memory", "[
   m.queue_depth = 3;
   actors::memory_breakdown mem;
   mem.entries.push_back({"CPU", "CPU", true, 1000, 200, 30});
-  actors::sched_stats st;
+  actors::decoder_stats st;
   st.model = "stories";
   st.n_steps = 40;
   st.n_batches = 25;

@@ -4,8 +4,9 @@
 // what is sent and when.
 //
 // Timings are printed as figures (docs/reliability.md), not asserted: a busy machine makes any bound a
-// flaky test. What is asserted is that the answers come (the old thread-per-connection front gave /health
-// no answer at all while 200 connections were held) and that descriptors and threads come back.
+// flaky test. What is asserted is that the answers come (a thread-per-connection server would leave /health
+// unanswered while 200 connections are held; the event-loop front must not) and that descriptors and threads
+// come back.
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>
@@ -344,7 +345,7 @@ TEST_CASE("front: a writer's head leaves with its first chunk, so a failure befo
   h.error = [](const http::front::request&, int status, const std::string& message) {
     return json{{"error", {{"message", message}, {"status", status}}}}.dump();
   };
-  http::front::server srv(http::front::options{}, h);
+  http::front::listener srv(http::front::options{}, h);
   const int port = srv.bind();
   std::thread loop([&] { srv.run(); });
 

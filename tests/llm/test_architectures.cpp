@@ -14,7 +14,7 @@
 #include <cmath>
 #include <filesystem>
 
-#include "runtime/llm/llm_context.h"
+#include "llm/llm_context.h"
 #include "tests/llm/synthetic_model.h"
 
 using namespace troupe;

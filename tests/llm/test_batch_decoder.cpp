@@ -3,7 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "runtime/error.h"
-#include "runtime/llm/batch_decoder.h"
+#include "llm/batch_decoder.h"
 #include "tests/test_models.h"
 
 using namespace troupe;

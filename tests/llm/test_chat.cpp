@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "runtime/llm/chat_template.h"
-#include "runtime/llm/generator.h"
+#include "llm/chat_template.h"
+#include "llm/generator.h"
 #include "tests/test_models.h"
 
 using namespace troupe;

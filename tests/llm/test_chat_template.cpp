@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "loader/gguf.h"
-#include "runtime/llm/chat_template.h"
-#include "runtime/llm/vocab.h"
+#include "llm/chat_template.h"
+#include "llm/vocab.h"
 #include "runtime/log.h"
 #include "tests/test_models.h"
 

@@ -7,7 +7,7 @@
 
 #include "runtime/backend.h"
 #include "runtime/error.h"
-#include "runtime/llm/embedding.h"
+#include "llm/embedding.h"
 #include "runtime/types.h"
 #include "tests/test_models.h"
 
@@ -50,13 +50,18 @@ TEST_CASE("embeddings: the hidden state times the output matrix gives the logits
     for (uint32_t d = 0; d < n_embd; ++d) s += static_cast<double>(wf[static_cast<size_t>(r) * n_embd + d]) * e[d];
     we[r] = s;
   }
-  // |h| = logits[r] / (W e)[r]: one constant over the vocabulary.
-  double scale = 0;
-  for (uint32_t r = 0; r < n_vocab; ++r) scale = std::max(scale, std::abs(static_cast<double>(logits[r])) / std::max(1e-9, std::abs(we[r])));
+  // |h| = logits[r] / (W e)[r]: one positive constant over the vocabulary (the embedding is the hidden state
+  // divided by its norm: not negated, not scaled entry by entry), taken at the largest (W e)[r].
+  uint32_t pivot = 0;
+  for (uint32_t r = 1; r < n_vocab; ++r) {
+    if (std::abs(we[r]) > std::abs(we[pivot])) pivot = r;
+  }
+  const double h_norm = logits[pivot] / we[pivot];
+  CHECK(h_norm > 0);
   size_t bad = 0;
   double max_err = 0;
   for (uint32_t r = 0; r < n_vocab; ++r) {
-    const double err = std::abs(we[r] * (logits[0] / we[0]) - logits[r]);
+    const double err = std::abs(we[r] * h_norm - logits[r]);
     max_err = std::max(max_err, err);
     if (err > 1e-3 * (1.0 + std::abs(logits[r]))) ++bad;
   }

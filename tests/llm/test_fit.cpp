@@ -1,11 +1,11 @@
-// Placing a model by memory (runtime/llm/fit.h): contiguous layer ranges in proportion to free memory,
+// Placing a model by memory (llm/fit.h): contiguous layer ranges in proportion to free memory,
 // never past a device's room, a clear shortfall when it cannot fit, and the costs read from real GGUF files.
 #include <catch2/catch.hpp>
 
 #include <numeric>
 
-#include "runtime/llm/fit.h"
-#include "runtime/llm/model.h"
+#include "llm/fit.h"
+#include "llm/model.h"
 #include "tests/test_models.h"
 
 using namespace troupe;

@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "runtime/error.h"
-#include "runtime/llm/llm_context.h"
+#include "llm/llm_context.h"
 #include "tests/support/greedy.h"
 #include "tests/test_models.h"
 

@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "loader/gguf.h"
-#include "runtime/llm/generator.h"
-#include "runtime/llm/grammar.h"
-#include "runtime/llm/llm_context.h"
-#include "runtime/llm/model.h"
-#include "runtime/llm/tool_calls.h"
+#include "llm/generator.h"
+#include "llm/grammar.h"
+#include "llm/llm_context.h"
+#include "llm/model.h"
+#include "llm/tool_calls.h"
 #include "tests/test_models.h"
 
 using namespace troupe;

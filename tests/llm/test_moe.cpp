@@ -9,8 +9,8 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "runtime/graph.h"
-#include "runtime/llm/graph.h"
-#include "runtime/llm/llm_context.h"
+#include "llm/graph.h"
+#include "llm/llm_context.h"
 #include "runtime/ops.h"
 #include "tests/llm/synthetic_model.h"
 

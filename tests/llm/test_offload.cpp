@@ -1,11 +1,11 @@
-// llama.cpp's offload flags as layers per device (runtime/llm/offload.h): -ngl, --device lists shared
+// llama.cpp's offload flags as layers per device (llm/offload.h): -ngl, --device lists shared
 // evenly, and --tensor-split proportions.
 #include <catch2/catch.hpp>
 
 #include "backends/cpu_instance.h"
 #include "backends/registry.h"
 #include "runtime/error.h"
-#include "runtime/llm/offload.h"
+#include "llm/offload.h"
 #include "tests/test_models.h"
 
 #include <cstdlib>

@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "loader/quantize.h"
-#include "runtime/llm/perplexity.h"
+#include "llm/perplexity.h"
 #include "tests/test_models.h"
 
 using namespace troupe;

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "backends/cpu_instance.h"
-#include "runtime/llm/llm_context.h"
+#include "llm/llm_context.h"
 #include "runtime/memory.h"
 #include "runtime/trace.h"
 #include "tests/support/greedy.h"
@@ -238,7 +238,7 @@ namespace {
 
 // Batch invariance: four sequences' logits (a row per prompt and per step, teacher-forced tokens) decoded
 // each alone, and arriving one after another so that every batch mixes one sequence's prompt with the
-// others' steps (the scheduler actor's batches when sessions start at different times). The cells a
+// others' steps (the decoder actor's batches when sessions start at different times). The cells a
 // sequence gets are scattered among the others' and n_kv differs, yet each row must be the same bits.
 using rows_by_seq = std::map<std::pair<int32_t, int>, std::vector<float>>;  // (sequence, row) -> logits
 

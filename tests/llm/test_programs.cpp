@@ -14,7 +14,7 @@
 
 #include "backends/registry.h"
 #include "loader/gguf_writer.h"
-#include "runtime/llm/generator.h"
+#include "llm/generator.h"
 #include "tests/llm/synthetic_model.h"
 #include "tests/test_models.h"
 
@@ -151,8 +151,7 @@ TEST_CASE("troupe-chat after /quit and at the end of its input, and troupe perpl
   if (!path) return;
   // Vulkan0 (lavapipe under CI) holds half the layers when this build has one; else the CPU alone.
   const bool vulkan = run(troupe_bin + " devices").output.find("Vulkan0") != std::string::npos;
-  const char* ci = std::getenv("CI");
-  if (!vulkan && ci != nullptr && std::string(ci) == "true") FAIL("no Vulkan0 under CI");
+  if (!vulkan && test::in_ci()) FAIL("no Vulkan0 under CI");
   if (!vulkan) WARN("no Vulkan device: the CPU alone holds the layers (Host row only)");
   const std::string devices = vulkan ? " --device CPU,Vulkan0" : "";
   const std::string header = "troupe_memory_breakdown_print: | memory breakdown [MiB] ";
@@ -192,10 +191,7 @@ TEST_CASE("troupe-chat after /quit and at the end of its input, and troupe perpl
 
 TEST_CASE("troupe inspect --cpu-moe / --n-cpu-moe --ranges: the CPU's file ranges are the experts', the device's never", "[programs][moe]") {
   register_builtin_backends();
-  if (registry::instance().find("Vulkan0") == nullptr) {
-    WARN("skipped: no Vulkan0 (CI has lavapipe's)");
-    return;
-  }
+  if (registry::instance().find("Vulkan0") == nullptr) return test::skip_unless_ci("no Vulkan0 (CI has lavapipe's)");
   const auto path = std::filesystem::temp_directory_path() / "troupe_inspect_moe.gguf";
   testing::write_synthetic_model("qwen3moe", path);
   const std::regex row(R"(^\s+(CPU|Vulkan0)\s+\d+\s+\d+\s+\d+\s+(\S+) \.\. (\S+)$)");

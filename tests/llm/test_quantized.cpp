@@ -10,7 +10,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "loader/quantize.h"
 #include "runtime/error.h"
-#include "runtime/llm/llm_context.h"
+#include "llm/llm_context.h"
 #include "tests/test_models.h"
 
 using namespace troupe;

@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "runtime/llm/sampler.h"
+#include "llm/sampler.h"
 
 using namespace troupe::llm;
 

@@ -8,8 +8,8 @@
 
 #include "loader/gguf.h"
 #include "loader/gguf_writer.h"
-#include "runtime/llm/detokenizer.h"
-#include "runtime/llm/vocab.h"
+#include "llm/detokenizer.h"
+#include "llm/vocab.h"
 #include "tests/test_models.h"
 
 using namespace troupe;

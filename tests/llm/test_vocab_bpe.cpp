@@ -9,9 +9,9 @@
 
 #include "loader/gguf.h"
 #include "loader/gguf_writer.h"
-#include "runtime/llm/detokenizer.h"
-#include "runtime/llm/unicode.h"
-#include "runtime/llm/vocab.h"
+#include "llm/detokenizer.h"
+#include "llm/unicode.h"
+#include "llm/vocab.h"
 #include "tests/test_models.h"
 
 using namespace troupe;
@@ -30,7 +30,7 @@ struct tokenization_case {
 // and merges: models.BPE(vocab, merges) with the pre-tokenizer Sequence([Digits(individual_digits=True),
 // ByteLevel(add_prefix_space=False, use_regex=True)]) (SmolLM2's tokenizer.json), the 17 control tokens
 // added as special tokens, encode(text, add_special_tokens=False). Vocabulary and merges were read with the
-// PyPI `gguf` package; the script was throwaway and nothing here needs the network.
+// PyPI `gguf` package; the ids were computed offline, so nothing here needs the network.
 const std::vector<tokenization_case> smollm2_reference = {
     {"Hello world", {19556, 905}},
     {" Hello world", {38699, 905}},

@@ -18,6 +18,7 @@ namespace {
 struct fuzz_stats {
   int parsed = 0;
   int rejected = 0;
+  int round_trips = 0;  // parsed inputs written again and compared
 };
 
 // Values that tend to reach edge cases when written over a length, count, type or offset field.
@@ -59,6 +60,7 @@ void try_parse(std::span<const std::byte> bytes, fuzz_stats& stats) {
     REQUIRE(g.metadata() == f.metadata());
     REQUIRE(g.tensors().size() == f.tensors().size());
     REQUIRE(gguf_writer::from(g, written).write() == written);
+    ++stats.round_trips;
   } catch (const gguf_error&) {
     ++stats.rejected;
   }
@@ -78,9 +80,12 @@ void fuzz(std::vector<std::byte> original, size_t region, int iterations, uint64
     try_parse(bytes, stats);
     std::copy(original.begin(), original.begin() + static_cast<std::ptrdiff_t>(region), bytes.begin());
   }
-  INFO("parsed " << stats.parsed << ", rejected " << stats.rejected);
-  CHECK(stats.parsed + stats.rejected == iterations);
+  // Both outcomes were reached: the mutations hit fields the parser checks, and some inputs still parsed and
+  // went through the writer (a parser that rejected everything, or a round trip never tried, fails here).
+  INFO("parsed " << stats.parsed << ", rejected " << stats.rejected << ", round trips " << stats.round_trips);
   CHECK(stats.rejected > 0);
+  CHECK(stats.parsed > 0);
+  CHECK(stats.round_trips > 0);
 }
 
 

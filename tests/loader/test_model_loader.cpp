@@ -154,7 +154,7 @@ TEST_CASE("range mapping and loading of three interleaved contexts with a shared
     } else {
       CHECK(w.mapped_bytes() == 0);
     }
-    // Model memory is what the weight buffers hold (as the seed counts it): their sizes, each tensor's
+    // Model memory is what the weight buffers hold (as llama.cpp counts it): their sizes, each tensor's
     // alignment padding included, at least the tensors' bytes.
     const auto bytes = w.bytes_by_buft();
     const auto held = [&](const buffer_type_i& bt) {

@@ -1,4 +1,4 @@
-// Request frames for tests and the fuzzer: payloads written as the protocol says (net/rpc/protocol.h), and
+// Request frames for tests and the fuzzer: payloads written as the protocol says (backends/rpc/wire/protocol.h), and
 // a small valid graph message, so tests can send good, bad and hostile frames without the client library.
 #pragma once
 
@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "net/rpc/auth.h"
-#include "net/rpc/protocol.h"
+#include "backends/rpc/wire/auth.h"
+#include "backends/rpc/wire/protocol.h"
 #include "runtime/types.h"
 
 namespace troupe::rpc::testing {

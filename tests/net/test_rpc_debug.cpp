@@ -1,4 +1,4 @@
-// The RPC debug switch (TROUPE_RPC_DEBUG, the seed's GGML_RPC_DEBUG; server_options::debug): one debug line
+// The RPC debug switch (TROUPE_RPC_DEBUG, or llama.cpp's GGML_RPC_DEBUG; peer_server_options::debug): one debug line
 // per command the server received, with its arguments and result, streamed uploads included, and the
 // client's connect / hello / alloc / close; nothing formatted when the switch is off.
 #include <catch2/catch.hpp>
@@ -82,7 +82,7 @@ uint64_t exercise(uint16_t port, bool debug) {
 
 TEST_CASE("with the RPC debug switch the server logs every command it received, streamed uploads included, with arguments and results", "[rpc][debug]") {
   captured_log log;
-  server_options o;
+  peer_server_options o;
   o.debug = true;
   auto srv = testing::start_server(std::move(o));
   const uint64_t requests = exercise(srv->port(), true);
@@ -97,7 +97,7 @@ TEST_CASE("with the RPC debug switch the server logs every command it received, 
   CHECK(lines.size() == requests);
   CHECK(srv->stats().debug_lines == requests);
   const std::string server = "^rpc 127\\.0\\.0\\.1:[0-9]+: ";
-  // The arguments and results the seed's lines carry.
+  // The arguments and results llama.cpp's rpc-server lines carry.
   CHECK(log.matching(server + "hello client [0-9]+\\.[0-9]+\\.[0-9]+ -> ok, server").size() == 1);
   CHECK(log.matching(server + "device_count -> 1 devices").size() == 1);
   CHECK(log.matching(server + "alloc_buffer device 0, size 3145728 -> handle [0-9]+, remote_ptr 0x[0-9a-f]+").size() == 1);
@@ -121,7 +121,7 @@ TEST_CASE("with the RPC debug switch the server logs every command it received, 
 
 TEST_CASE("without the RPC debug switch the server formats no command line, and a malformed request stays a warning", "[rpc][debug]") {
   captured_log log;  // everything at debug level reaches the sink: a formatted line would show
-  server_options o;
+  peer_server_options o;
   o.debug = false;
   auto srv = testing::start_server(std::move(o));
   const uint64_t requests = exercise(srv->port(), false);

@@ -7,7 +7,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/rpc/rpc_client.h"
-#include "net/rpc/session.h"
+#include "net/rpc/frame_handler.h"
 #include "tests/net/raw_socket.h"
 #include "tests/net/test_server.h"
 
@@ -239,7 +239,7 @@ TEST_CASE("hostile frames are answered or dropped, and other clients are still s
 }
 
 TEST_CASE("random frames against the frame handler: errors, never crashes", "[rpc][hostile][fuzz]") {
-  session_config cfg;
+  frame_handler_config cfg;
   cfg.devices = {&cpu::cpu_device()};
   cfg.make_backend = [](device_i&) -> backend_ptr { return cpu::make_cpu_backend({.n_threads = 1}); };
   cfg.max_buffer_size = 1u << 20;
@@ -276,7 +276,7 @@ TEST_CASE("random frames against the frame handler: errors, never crashes", "[rp
         }
       }
     }
-    session s(cfg, "random");
+    frame_handler s(cfg, "random");
     const frame h = hello();
     REQUIRE(s.handle(h.code, h.payload).st == status::ok);
     for (const frame& f : fs) {

@@ -4,10 +4,10 @@
 #include <cstring>
 #include <fstream>
 
-#include "net/rpc/auth.h"
+#include "backends/rpc/wire/auth.h"
 #include "net/rpc/cache.h"
-#include "net/rpc/protocol.h"
-#include "net/rpc/validate.h"
+#include "backends/rpc/wire/protocol.h"
+#include "backends/rpc/wire/validate.h"
 #include "tests/net/test_server.h"
 
 using namespace troupe;

@@ -10,15 +10,15 @@
 #include <thread>
 
 #include "backends/cpu/cpu_backend.h"
-#include "net/rpc/server.h"
+#include "net/rpc/peer_server.h"
 
 namespace troupe::rpc::testing {
 
-inline std::unique_ptr<server> start_server(server_options o = {}) {
+inline std::unique_ptr<peer_server> start_server(peer_server_options o = {}) {
   o.host = "127.0.0.1";
   if (o.devices.empty()) o.devices = {&cpu::cpu_device()};
   if (!o.make_backend) o.make_backend = [](device_i&) -> backend_ptr { return cpu::make_cpu_backend({.n_threads = 2}); };
-  auto s = std::make_unique<server>(std::move(o));
+  auto s = std::make_unique<peer_server>(std::move(o));
   s->start();
   return s;
 }

@@ -8,8 +8,8 @@
 #include "runtime/error.h"
 #include "runtime/graph_allocator.h"
 #include "runtime/ops.h"
-#include "tests/support/counting_buffer_type.h"
-#include "tests/support/random_graph.h"
+#include "tools/bench/counting_buffer_type.h"
+#include "tools/bench/random_graph.h"
 
 using namespace troupe;
 using namespace troupe::testing;

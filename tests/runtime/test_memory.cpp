@@ -38,7 +38,7 @@ TEST_CASE("the ledger adds and releases per buffer type and kind", "[memory]") {
   CHECK(l.total().model == 600);
 }
 
-TEST_CASE("vendor prefixes are stripped from device descriptions, as the seed strips them", "[memory]") {
+TEST_CASE("vendor prefixes are stripped from device descriptions, as llama.cpp strips them", "[memory]") {
   CHECK(strip_vendor("NVIDIA GeForce RTX 4090") == "RTX 4090");
   CHECK(strip_vendor("NVIDIA H200") == "H200");
   CHECK(strip_vendor("Tesla V100-SXM2-16GB") == "V100-SXM2-16GB");
@@ -51,7 +51,7 @@ TEST_CASE("vendor prefixes are stripped from device descriptions, as the seed st
   CHECK(strip_vendor("NVIDIAGeForce") == "NVIDIAGeForce");
 }
 
-TEST_CASE("the breakdown table: device, host and other rows in the seed's layout", "[memory]") {
+TEST_CASE("the breakdown table: device, host and other rows in llama.cpp's layout", "[memory]") {
   const std::string expected =
       "troupe_memory_breakdown_print: | memory breakdown [MiB] | total   free     self   model   context   compute    unaccounted |\n"
       "troupe_memory_breakdown_print: |   - CUDA0 (RTX 5090)   | 32606 = 1057 + (29364 = 28609 +     397 +     358) +        2185 |\n"

@@ -9,7 +9,7 @@
 #include <span>
 #include <vector>
 
-#include "runtime/llm/llm_context.h"
+#include "llm/llm_context.h"
 
 namespace troupe::test {
 

@@ -15,8 +15,8 @@
 #include <span>
 #include <vector>
 
-#include "runtime/llm/llm_context.h"
-#include "runtime/llm/model.h"
+#include "llm/llm_context.h"
+#include "llm/model.h"
 #include "tests/support/greedy.h"
 
 namespace troupe::test {

@@ -10,9 +10,9 @@
 #include <sstream>
 #include <string>
 
-#include "runtime/llm/llm_context.h"
-#include "runtime/llm/perplexity.h"
-#include "runtime/llm/vocab.h"
+#include "llm/llm_context.h"
+#include "llm/perplexity.h"
+#include "llm/vocab.h"
 
 namespace troupe::test {
 

@@ -20,7 +20,7 @@
 #include <filesystem>
 #include <string>
 
-#include "actors/measure.h"
+#include "tools/bench/measure.h"
 #include "actors/type_ids.h"
 
 using namespace troupe::actors;

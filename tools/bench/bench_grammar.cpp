@@ -19,8 +19,8 @@
 
 #include "loader/gguf.h"
 #include "loader/gguf_writer.h"
-#include "runtime/llm/grammar.h"
-#include "runtime/llm/vocab.h"
+#include "llm/grammar.h"
+#include "llm/vocab.h"
 
 using namespace troupe;
 using namespace troupe::llm;

@@ -9,7 +9,7 @@
 //   (so the bytes have arrived), and client::get_tensor, against a peer server in this process.
 // - ping/raw, ping/raw_poll and ping/rpc: one small request and its reply. raw sleeps on the socket for the
 //   reply (and the server for the request); raw_poll busy-polls both ends (the floor for rpc, whose client
-//   and server poll for a short window before sleeping: net/rpc/busy_poll.h).
+//   and server poll for a short window before sleeping: backends/rpc/wire/busy_poll.h).
 // - generate/model:M/rpc:R/host1:H: 32 tokens decoded one at a time after a 5-token prompt (M: 0 stories260K
 //   from ../shared/models, 1 SmolLM2-135M from models/, scripts/fetch-model), every layer on the CPU (R = 0)
 //   or on a loopback peer's CPU (R = 1), with the same thread count (2) for the layers; H = 1 gives this
@@ -27,9 +27,9 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/rpc/rpc.h"
-#include "net/rpc/busy_poll.h"
-#include "net/rpc/server.h"
-#include "runtime/llm/llm_context.h"
+#include "backends/rpc/wire/busy_poll.h"
+#include "net/rpc/peer_server.h"
+#include "llm/llm_context.h"
 
 using namespace troupe;
 using asio::ip::tcp;
@@ -41,7 +41,7 @@ constexpr int bench_threads = 2;
 // ---- the raw baseline ----
 
 // Reads exactly n bytes; with poll, by polling the non-blocking socket (yielding between attempts) for up
-// to 2 ms before sleeping on it: the floor for a request/reply protocol that busy-polls (net/rpc/busy_poll.h).
+// to 2 ms before sleeping on it: the floor for a request/reply protocol that busy-polls (backends/rpc/wire/busy_poll.h).
 void raw_read(tcp::socket& s, void* p, size_t n, bool poll) {
   auto* dst = static_cast<uint8_t*>(p);
   size_t done = 0;
@@ -159,13 +159,13 @@ raw_client& raw_polled() {
 
 // ---- the peer ----
 
-rpc::server& peer() {
+rpc::peer_server& peer() {
   static auto* srv = [] {
-    rpc::server_options o;
+    rpc::peer_server_options o;
     o.host = "127.0.0.1";
     o.devices = {&cpu::cpu_device()};
     o.make_backend = [](device_i&) -> backend_ptr { return cpu::make_cpu_backend({.n_threads = bench_threads}); };
-    auto* s = new rpc::server(o);
+    auto* s = new rpc::peer_server(o);
     s->start();
     return s;
   }();

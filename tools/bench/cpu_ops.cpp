@@ -252,15 +252,6 @@ std::unique_ptr<workload> make_matvec(type t, int64_t m, int64_t k, int nth, int
   return std::make_unique<matvec_workload>(t, m, k, nth, n);
 }
 
-std::string_view path_name(mm_path p) {
-  switch (p) {
-    case mm_path::automatic: return "auto";
-    case mm_path::quant: return "quant";
-    case mm_path::blas: return "blas";
-  }
-  return "auto";
-}
-
 std::unique_ptr<workload> make_matmul(type t, mm_path path, int64_t m, int64_t k, int64_t n, int nth) {
   return std::make_unique<matmul_workload>(t, path, m, k, n, nth);
 }

@@ -37,7 +37,6 @@ std::unique_ptr<workload> make_matvec(type t, int64_t m, int64_t k, int nth, int
 // How a matrix-matrix product is computed: the backend's choice, the SIMD dot products (BLAS off), or
 // dequantize + sgemm (BLAS forced, where built).
 enum class mm_path { automatic, quant, blas };
-std::string_view path_name(mm_path p);
 
 // mul_mat of m x k weights of type t by n f32 vectors on the CPU backend with nth threads.
 std::unique_ptr<workload> make_matmul(type t, mm_path path, int64_t m, int64_t k, int64_t n, int nth);

@@ -7,7 +7,7 @@
 // --cpu-moe / --n-cpu-moe N keep a mixture of experts' expert weights (all, or the first N layers') on the CPU.
 // CLI11 takes one-letter short options only, so llama.cpp's multi-letter ones (-ngl, -dev, -sys, -ub, -np, -ts,
 // -cmoe, -ncmoe) are rewritten to their long forms before parsing.
-// --list-devices prints the devices (backends/registry.h's format_devices) and exits. runtime/llm/offload.h
+// --list-devices prints the devices (backends/registry.h's format_devices) and exits. llm/offload.h
 // turns the request into layers per device.
 #pragma once
 
@@ -21,7 +21,7 @@
 
 #include "backends/cpu_instance.h"
 #include "backends/registry.h"
-#include "runtime/llm/offload.h"
+#include "llm/offload.h"
 
 namespace troupe::cli {
 

@@ -10,7 +10,7 @@
 // --rpc: every layer on remote peers (`troupe peer`), split evenly over the first device of each; this
 // process keeps the token embeddings. The table's last columns then give the round trips and the graphs
 // sent per generated token.
-// -ngl / --device: layers on local devices, as llama.cpp (runtime/llm/offload.h); the backend column names
+// -ngl / --device: layers on local devices, as llama.cpp (llm/offload.h); the backend column names
 // the devices holding layers. --device may name CPU instances (CPU1, ...: created, -t threads each) and,
 // with --rpc, the peers' devices (RPC[host:port]#0). --pipeline on (the default) runs a prompt's
 // micro-batches over several devices at once; --trace FILE writes a Chrome trace of the runs.
@@ -21,9 +21,10 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/rpc/rpc.h"
-#include "net/rpc/auth.h"
-#include "runtime/llm/llm_context.h"
+#include "backends/rpc/wire/auth.h"
+#include "llm/llm_context.h"
 #include "runtime/trace.h"
 #include "tools/common/offload_options.h"
 #include "tools/common/trace_option.h"

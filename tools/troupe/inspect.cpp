@@ -10,9 +10,9 @@
 #include "loader/model_loader.h"
 #include "loader/ranges.h"
 #include "runtime/backend.h"
-#include "runtime/llm/fit.h"
-#include "runtime/llm/model.h"
-#include "runtime/llm/offload.h"
+#include "llm/fit.h"
+#include "llm/model.h"
+#include "llm/offload.h"
 #include "runtime/memory.h"
 #include "tools/troupe/commands.h"
 
@@ -98,7 +98,7 @@ std::vector<std::pair<llm::fit_device, std::string>> cluster_devices(const inspe
   return out;
 }
 
-// The plan by free memory (runtime/llm/fit.h): per device, its layers and bytes.
+// The plan by free memory (llm/fit.h): per device, its layers and bytes.
 void print_fit(const inspect_options& o) {
   std::vector<std::pair<llm::fit_device, std::string>> devs;
   if (!o.cluster.empty()) {

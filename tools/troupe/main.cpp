@@ -15,7 +15,7 @@
 #include <map>
 
 #include "backends/registry.h"
-#include "net/rpc/protocol.h"
+#include "backends/rpc/wire/protocol.h"
 #include "runtime/log.h"
 #include "tools/common/offload_options.h"
 #include "tools/troupe/commands.h"

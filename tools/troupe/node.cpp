@@ -25,10 +25,11 @@
 #include "net/cluster/node.h"
 #include "net/cluster/tls.h"
 #include "net/cluster/type_ids.h"
-#include "net/rpc/auth.h"
+#include "backends/rpc/client_options.h"
+#include "backends/rpc/wire/auth.h"
 #include "runtime/error.h"
 #include "tools/troupe/commands.h"
-#include "tools/troupe/peer_server.h"
+#include "tools/troupe/peer_options.h"
 
 namespace troupe::cli {
 namespace {
@@ -42,15 +43,12 @@ struct node_options {
   std::string tls_ca;            // the cluster's CA: the join over mutual TLS with --tls-cert / --tls-key
 };
 
+// HOST:PORT ("[v6 address]:PORT" too) as rpc::split_endpoint reads it, with this command's messages.
 std::pair<std::string, uint16_t> split_address(const std::string& a) {
-  const auto colon = a.rfind(':');
-  if (colon == std::string::npos || colon == 0) throw error("'" + a + "' is not HOST:PORT");
-  const std::string port = a.substr(colon + 1);
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) == 0 ||
-      std::stoul(port) > 65535) {
-    throw error("'" + port + "' is not a port (1-65535)");
-  }
-  return {a.substr(0, colon), static_cast<uint16_t>(std::stoul(port))};
+  rpc::endpoint e = rpc::split_endpoint(a);
+  if (e.error == rpc::endpoint::fault::form) throw error("'" + a + "' is not HOST:PORT");
+  if (e.error != rpc::endpoint::fault::none) throw error("'" + e.port_text + "' is not a port (1-65535)");
+  return {std::move(e.host), e.port};
 }
 
 std::vector<cluster::node_device> inventory_of(const std::vector<device_i*>& devices) {
@@ -106,8 +104,8 @@ int run_node(const node_options& o) {
   const bool tls = !o.tls_ca.empty();
   const cluster::tls_files tls_files{o.peer.tls_cert, o.peer.tls_key, o.tls_ca};
   if (tls) cluster::check_tls_files(tls_files, {"--tls-cert", "--tls-key", "--tls-ca"});
-  const rpc::server_options so = server_options_for(o.peer, "node");
-  rpc::server srv(so);
+  const rpc::peer_server_options so = server_options_for(o.peer, "node");
+  rpc::peer_server srv(so);
   srv.start();
   cluster::node_inventory inv;
   inv.name = o.name.empty() ? host_name() : o.name;

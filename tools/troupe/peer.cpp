@@ -16,16 +16,16 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
-#include "net/rpc/auth.h"
-#include "net/rpc/server.h"
+#include "backends/rpc/wire/auth.h"
+#include "net/rpc/peer_server.h"
 #include "runtime/error.h"
 #include "tools/troupe/commands.h"
-#include "tools/troupe/peer_server.h"
+#include "tools/troupe/peer_options.h"
 
 namespace troupe::cli {
 
-rpc::server_options server_options_for(const peer_options& o, const char* who) {
-  rpc::server_options so;
+rpc::peer_server_options server_options_for(const peer_options& o, const char* who) {
+  rpc::peer_server_options so;
   so.host = o.host;
   so.port = o.port;
   so.devices = pick_devices(o.devices);
@@ -63,8 +63,8 @@ int run_peer(const peer_options& o) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
-  const rpc::server_options so = server_options_for(o, "peer");
-  rpc::server srv(so);
+  const rpc::peer_server_options so = server_options_for(o, "peer");
+  rpc::peer_server srv(so);
   srv.start();
   std::string names;
   for (device_i* d : so.devices) names += (names.empty() ? "" : ", ") + std::string(d->name());

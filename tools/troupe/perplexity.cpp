@@ -6,7 +6,7 @@
 #include <sstream>
 #include <string>
 
-#include "runtime/llm/perplexity.h"
+#include "llm/perplexity.h"
 #include "tools/common/offload_options.h"
 #include "tools/troupe/commands.h"
 

@@ -1,5 +1,5 @@
 // troupe serve: the daemon. A TOML configuration (net/http/daemon_config.h), command-line flags over it,
-// an engine with the configured devices and models, and the OpenAI-compatible HTTP API (net/http/server.h).
+// an engine with the configured devices and models, and the OpenAI-compatible HTTP API (net/http/daemon.h).
 //
 //   troupe serve --config configs/daemon.toml
 //   troupe serve -m models/SmolLM2-135M-Instruct.Q4_1.gguf --port 8080     (no file: one model from flags)
@@ -18,11 +18,11 @@
 #include <mutex>
 #include <thread>
 
-#include "actors/runtime.h"
+#include "actors/engine.h"
 #include "net/cluster/cluster_engine.h"
-#include "net/rpc/auth.h"
+#include "backends/rpc/wire/auth.h"
 #include "net/http/daemon_config.h"
-#include "net/http/server.h"
+#include "net/http/daemon.h"
 #include "runtime/log.h"
 #include "tools/common/offload_options.h"
 #include "tools/common/trace_option.h"
@@ -85,14 +85,14 @@ int run_serve(const serve_options& o) {
   // Flags over the file.
   if (!o.model.empty()) {
     actors::model_settings m;
-    if (!cfg.runtime.models.empty()) m = cfg.runtime.models.front();
+    if (!cfg.engine.models.empty()) m = cfg.engine.models.front();
     m.path = o.model;
     m.name = !o.name.empty() ? o.name : std::filesystem::path(o.model).stem().string();
-    cfg.runtime.models.clear();
-    cfg.runtime.models.push_back(m);
+    cfg.engine.models.clear();
+    cfg.engine.models.push_back(m);
   } else if (!o.name.empty()) {
-    if (cfg.runtime.models.size() != 1) throw error("--name needs --model or a configuration with one model");
-    cfg.runtime.models.front().name = o.name;
+    if (cfg.engine.models.size() != 1) throw error("--name needs --model or a configuration with one model");
+    cfg.engine.models.front().name = o.name;
   }
   if (!o.host.empty()) cfg.server.host = o.host;
   if (o.port >= 0) {
@@ -101,23 +101,23 @@ int run_serve(const serve_options& o) {
   }
   for (const std::string& k : o.api_keys) cfg.server.api_keys.push_back(k);
   if (o.threads >= 0) {
-    cfg.runtime.n_threads = o.threads;
-    for (actors::model_settings& m : cfg.runtime.models) m.n_threads = o.threads;
+    cfg.engine.n_threads = o.threads;
+    for (actors::model_settings& m : cfg.engine.models) m.n_threads = o.threads;
   }
   if (o.parallel > 0) {
-    for (actors::model_settings& m : cfg.runtime.models) m.n_seq_max = static_cast<uint32_t>(o.parallel);
+    for (actors::model_settings& m : cfg.engine.models) m.n_seq_max = static_cast<uint32_t>(o.parallel);
   }
   if (o.ctx > 0) {
-    for (actors::model_settings& m : cfg.runtime.models) m.n_ctx = static_cast<uint32_t>(o.ctx);
+    for (actors::model_settings& m : cfg.engine.models) m.n_ctx = static_cast<uint32_t>(o.ctx);
   }
   if (o.offload.given()) {  // -ngl / --device replace every model's devices table
-    for (actors::model_settings& m : cfg.runtime.models) {
+    for (actors::model_settings& m : cfg.engine.models) {
       m.devices.clear();
       for (const auto& [name, layers] : llm::offload_layers(o.offload, m.path)) m.devices.push_back({name, layers});
     }
   }
   if (o.offload.cpu_moe || o.offload.n_cpu_moe > 0) {  // --cpu-moe / --n-cpu-moe: as each model's cpu_moe
-    for (actors::model_settings& m : cfg.runtime.models) {
+    for (actors::model_settings& m : cfg.engine.models) {
       for (const std::string& p : llm::cpu_moe_patterns(o.offload.cpu_moe, o.offload.n_cpu_moe)) m.overrides.push_back({p, "CPU"});
     }
   }
@@ -149,7 +149,7 @@ int run_serve(const serve_options& o) {
   if (cfg.cluster.enabled) {
     const http::cluster_config& cc = cfg.cluster;
     coordinating = std::make_unique<cluster::cluster_engine>(
-        cfg.runtime, cluster::coordinator_settings{.host = cc.host,
+        cfg.engine, cluster::coordinator_settings{.host = cc.host,
                                                    .port = cc.port,
                                                    .key = cc.key_file.empty() ? std::string() : rpc::load_key_file(cc.key_file),
                                                    .tls = {cc.tls_cert, cc.tls_key, cc.tls_ca},
@@ -159,7 +159,7 @@ int run_serve(const serve_options& o) {
                                                    .margin = uint64_t{cc.margin_mib} << 20,
                                                    .rebalance_on_join = cc.rebalance == "on_join"});
   } else {
-    own_eng = std::make_unique<engine>(cfg.runtime);
+    own_eng = std::make_unique<engine>(cfg.engine);
   }
   engine& eng = coordinating ? coordinating->engine() : *own_eng;
   http::daemon d(eng, cfg);

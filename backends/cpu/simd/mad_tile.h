@@ -9,7 +9,7 @@
 // cells lie in the cache or with the masked cells of other sequences around them.
 //
 // mad_tile_generic is the portable version (the scalar table); the AVX2 and AVX-512 ones (register tiles,
-// FMA chains) are in dot_avx2.cpp and dot_avx512.cpp.
+// FMA chains) are in dot_avx2.cpp and dot_avx512_float.cpp.
 #pragma once
 
 #include <algorithm>

@@ -135,7 +135,7 @@ inline void stream_ahead(const void* p) {
   for (int l = 0; l < lines; ++l) _mm_prefetch(c + 64 * l, _MM_HINT_T0);
 }
 
-// Register-tile GEMMs of float weights (float_gemm in dot_avx2.cpp and dot_avx512.cpp): K::run<rm, rn>(n, x,
+// Register-tile GEMMs of float weights (float_gemm in dot_avx2.cpp and dot_avx512_float.cpp): K::run<rm, rn>(n, x,
 // x_stride, y, y_stride, s, s_stride) computes rm weight rows x rn activation rows.
 // gemm_table<K, RM, RN>[rm - 1][rn - 1] is K::run<rm, rn> for rm <= RM, rn <= RN.
 using gemm_fn = void (*)(int64_t, const char*, size_t, const char*, size_t, float*, size_t);

@@ -7,8 +7,8 @@
 //   exp_row, silu_row, swiglu_row: as the kernel_table members of the same names (simd.h)
 //
 // Call one only after cpu_features says the CPU has its level (simd_table.cpp does this). Defined in
-// dot_avx2.cpp (+ dot_blocks_x86.inc), dot_avx2_k.cpp, quantize_avx2.cpp, math_avx2.cpp (avx2: AVX2 + FMA + F16C), dot_avx512.cpp (avx512: F/BW/
-// VL/DQ + VNNI) and dot_avx512_bf16.cpp (avx512 + AVX512_BF16). x86-64 builds only.
+// dot_avx2.cpp (+ dot_blocks_x86.inc), dot_avx2_k.cpp, quantize_avx2.cpp, math_avx2.cpp (avx2: AVX2 + FMA + F16C), dot_avx512.cpp, dot_avx512_k.cpp,
+// dot_avx512_float.cpp (avx512: F/BW/VL/DQ + VNNI) and dot_avx512_bf16.cpp (avx512 + AVX512_BF16). x86-64 builds only.
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,8 @@
 // The CUDA kernels' bodies: what one thread (element-wise kernels) or one group of threads (row and
-// matrix-vector kernels) computes, written once for the device and the host. A kernel (kernels_*.cu) maps its
-// threads onto a body; the host tests map a loop onto it (a group of one thread), so every index computation
-// and every formula here runs in CI without a GPU. Formulas are the CPU reference's (backends/cpu).
+// matrix-vector kernels) computes, written once for the device and the host. A kernel (kernels.cuh) maps its
+// threads onto a body; the host tests run those kernels with every thread of every block (CUDA's thread model
+// emulated on the CPU), so every index computation, every split of the work between a group's threads and
+// every formula here runs in CI without a GPU. Formulas are the CPU reference's (backends/cpu).
 //
 // A group G provides lane() and size() (the thread's rank, the group's threads) and sum(x) / max(x) over the
 // group (every thread gets the result); bodies call them from every thread of the group.

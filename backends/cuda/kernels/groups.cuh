@@ -1,5 +1,10 @@
-// The thread groups the CUDA kernels run bodies.h's row and matrix-vector bodies with (device only).
+// The thread groups the CUDA kernels run bodies.h's row and matrix-vector bodies with. Device code: the host
+// compiles it only under the emulation of CUDA's thread model that the host tests provide.
 #pragma once
+
+#if !defined(__CUDACC__) && !defined(TROUPE_HOST_LANES)
+#error "groups.cuh on the host needs CUDA's names (threadIdx, __syncthreads, __shfl_xor_sync) from the host tests' lane emulation"
+#endif
 
 #include "backends/cuda/kernels/bodies.h"
 

@@ -7,7 +7,7 @@
 
 #include "net/http/front.h"
 #include "net/http/openai.h"
-#include "net/http/server.h"
+#include "net/http/daemon.h"
 
 namespace troupe::http::detail {
 

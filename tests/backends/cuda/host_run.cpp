@@ -2,8 +2,11 @@
 
 #include <type_traits>
 
+// CUDA's names on the host (threadIdx, __syncthreads, __shfl_xor_sync), before the kernels that use them.
+#include "tests/backends/cuda/host_lanes.h"
+
 #include "backends/cpu/cpu_backend.h"
-#include "backends/cuda/kernels/bodies.h"
+#include "backends/cuda/kernels/kernels.cuh"
 #include "runtime/error.h"
 
 namespace troupe::test {
@@ -12,17 +15,12 @@ namespace {
 
 using namespace cuda::kern;
 
-struct host_group {
-  int lane() const { return 0; }
-  int size() const { return 1; }
-  float sum(float v) const { return v; }
-  float max(float v) const { return v; }
-};
-
-
-template <class Body>
-void each(int64_t n, Body&& body) {
-  for (int64_t i = 0; i < n; ++i) body(i);
+// Runs kernel with the grid and block plan.h gives step s. Element-wise kernels' threads never
+// synchronize (independent lanes); the row and matrix kernels' groups shuffle and wait (cooperative).
+template <class Kernel>
+void launch_as_planned(const cuda::step& s, lanes::mode m, Kernel&& kernel) {
+  const cuda::launch_dims d = cuda::dims_of(s);
+  lanes::launch(dim3(d.grid_x, d.grid_y), dim3(d.block), m, kernel);
 }
 
 // cuBLAS's cublasGemmEx(OP_T, OP_N) by its definition: D[i + j ldc] = sum_l A[l + i lda] B[l + j ldb].
@@ -52,7 +50,7 @@ class emulated_backend;
 class emulated_device final : public device_i {
  public:
   std::string_view name() const override { return "CUDA-on-host"; }
-  std::string description() const override { return "the CUDA backend's plan and kernel bodies, run on the host"; }
+  std::string description() const override { return "the CUDA backend's plan and kernels, every thread of them, run on the host"; }
   device_type type() const override { return device_type::gpu; }
   device_memory memory() const override { return cpu::cpu_device().memory(); }
   device_caps caps() const override { return {}; }
@@ -97,56 +95,53 @@ std::map<std::string, int, std::less<>>& host_steps_run() {
 void run_on_host(const cuda::step& s) {
   ++host_steps_run()[std::string(cuda::step_name(s))];
   const int64_t n = cuda::units_of(s);
-  host_group g;
+  constexpr auto independent = lanes::mode::independent;
+  constexpr auto cooperative = lanes::mode::cooperative;
   std::visit(
       [&](const auto& st) {
         using S = std::decay_t<decltype(st)>;
         const auto& a = st.a;
+        using A = std::decay_t<decltype(a)>;
         if constexpr (std::is_same_v<S, cuda::binary_step>) {
-          each(n, [&](int64_t i) { binary_at(a, i); });
+          launch_as_planned(s, independent, [&] { each_unit<A, binary_at>(a, n); });
         } else if constexpr (std::is_same_v<S, cuda::unary_step>) {
-          each(n, [&](int64_t i) { unary_at(a, i); });
+          launch_as_planned(s, independent, [&] { each_unit<A, unary_at>(a, n); });
         } else if constexpr (std::is_same_v<S, cuda::glu_step>) {
-          each(n, [&](int64_t i) { glu_at(a, i); });
+          launch_as_planned(s, independent, [&] { each_unit<A, glu_at>(a, n); });
         } else if constexpr (std::is_same_v<S, cuda::concat_pad_step>) {
-          each(n, [&](int64_t i) { concat_pad_at(a, i); });
+          launch_as_planned(s, independent, [&] { each_unit<A, concat_pad_at>(a, n); });
         } else if constexpr (std::is_same_v<S, cuda::rope_step>) {
-          each(n, [&](int64_t i) { rope_at(a, i); });
+          launch_as_planned(s, independent, [&] { each_unit<A, rope_at>(a, n); });
         } else if constexpr (std::is_same_v<S, cuda::cpy_step>) {
-          each(n, [&](int64_t i) { cpy_at(a, i); });
+          launch_as_planned(s, independent, [&] { each_unit<A, cpy_at>(a, n); });
         } else if constexpr (std::is_same_v<S, cuda::set_rows_step>) {
-          each(n, [&](int64_t i) { set_rows_at(a, i); });
+          launch_as_planned(s, independent, [&] { each_unit<A, set_rows_at>(a, n); });
         } else if constexpr (std::is_same_v<S, cuda::get_rows_step>) {
-          with_weight_type(a.t, [&](auto t) { each(n, [&](int64_t i) { get_rows_at<decltype(t)::value>(a, i); }); });
+          with_weight_type(a.t, [&](auto t) {
+            launch_as_planned(s, independent, [&] { each_unit<A, get_rows_at<decltype(t)::value>>(a, n); });
+          });
         } else if constexpr (std::is_same_v<S, cuda::dequant_step>) {
-          with_weight_type(a.t, [&](auto t) { each(n, [&](int64_t i) { dequant_at<decltype(t)::value>(a, i); }); });
+          with_weight_type(a.t, [&](auto t) {
+            launch_as_planned(s, independent, [&] { each_unit<A, dequant_at<decltype(t)::value>>(a, n); });
+          });
         } else if constexpr (std::is_same_v<S, cuda::rows_step>) {
-          each(n, [&](int64_t r) { rows_row(a, r, g); });
+          launch_as_planned(s, cooperative, [&] { each_row<A, rows_row<block_group>>(a, n); });
         } else if constexpr (std::is_same_v<S, cuda::soft_max_step>) {
-          each(n, [&](int64_t r) { soft_max_row(a, r, g); });
+          launch_as_planned(s, cooperative, [&] { each_row<A, soft_max_row<block_group>>(a, n); });
         } else if constexpr (std::is_same_v<S, cuda::quantize_step>) {
-          each(n, [&](int64_t b) { quantize_block(a, b, g); });
+          launch_as_planned(s, cooperative, [&] { each_warp<A, quantize_block<warp_group>>(a, n); });
         } else if constexpr (std::is_same_v<S, cuda::mat_vec_step>) {
           with_weight_type(a.t, [&](auto t) {
             constexpr type T = decltype(t)::value;
-            for (int64_t plane = 0; plane < a.ne2 * a.ne3; ++plane) {
-              for (int64_t row = 0; row < a.m; ++row) {
-                const auto one = [&](auto cols) {
-                  constexpr int N = decltype(cols)::value;
-                  if constexpr (is_float_type(T)) {
-                    mat_vec_f_row<T, N>(a, row, plane, g);
-                  } else {
-                    mat_vec_q_row<T, N>(a, row, plane, g);
-                  }
-                };
-                switch (a.n) {
-                  case 1: one(std::integral_constant<int, 1>{}); break;
-                  case 2: one(std::integral_constant<int, 2>{}); break;
-                  case 4: one(std::integral_constant<int, 4>{}); break;
-                  case 8: one(std::integral_constant<int, 8>{}); break;
-                  default: throw backend_error("a matrix-vector step of " + std::to_string(a.n) + " columns");
-                }
-              }
+            const auto columns = [&](auto cols) {
+              launch_as_planned(s, cooperative, [&] { mat_vec_kernel<T, decltype(cols)::value, !is_float_type(T)>(a); });
+            };
+            switch (a.n) {  // the columns kernels_matmul.cu instantiates
+              case 1: columns(std::integral_constant<int, 1>{}); break;
+              case 2: columns(std::integral_constant<int, 2>{}); break;
+              case 4: columns(std::integral_constant<int, 4>{}); break;
+              case 8: columns(std::integral_constant<int, 8>{}); break;
+              default: throw backend_error("a matrix-vector step of " + std::to_string(a.n) + " columns");
             }
           });
         } else {

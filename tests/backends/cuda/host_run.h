@@ -1,9 +1,10 @@
-// The CUDA backend's kernels run on the host: every step plan() makes (backends/cuda/plan.h) executed by a
-// loop over the same bodies the kernels run (backends/cuda/kernels/bodies.h) with a group of one thread, and
+// The CUDA backend's kernels run on the host: every step plan() makes (backends/cuda/plan.h) executed by the
+// kernels themselves (backends/cuda/kernels/kernels.cuh) at the launch geometry plan.h gives (dims_of), with
+// every thread of every block, their warp shuffles, barriers and shared memory emulated (host_lanes.h); and
 // cuBLAS's products by their definition (column-major, A transposed). An emulated device wraps them so the
-// conformance runner takes the CUDA backend's decisions (supports, plan, its arguments) and arithmetic
-// through the whole op table on a machine without a GPU. It checks the host-side logic and the bodies, not
-// the launches, warp reductions or cuBLAS (test_cuda_device.cpp does, on a GPU).
+// conformance runner takes the CUDA backend's decisions (supports, plan, its arguments), its kernels' split of
+// the work between threads and their arithmetic through the whole op table on a machine without a GPU. It
+// does not check the launches themselves, the hardware or cuBLAS (test_cuda_device.cpp does, on a GPU).
 #pragma once
 
 #include <map>

@@ -1,7 +1,7 @@
 // The CUDA backend on a GPU: devices, buffers, every op of the conformance table against the CPU reference,
 // and real models (stories260K's reference tokens, SmolLM2's perplexity against the CPU's). Without a GPU
-// (CI) every case skips with cudart's reason; TROUPE_REQUIRE_CUDA=1 (the GPU machine's script) makes that a
-// failure.
+// (CI) every case skips with cudart's reason (ctest: Skipped); TROUPE_REQUIRE_GPU=1 (the GPU machine's script)
+// makes that a failure.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -11,12 +11,13 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_device.h"
 #include "backends/registry.h"
-#include "runtime/llm/llm_context.h"
+#include "llm/llm_context.h"
 #include "runtime/ops.h"
 #include "tests/backends/conformance_cases.h"
 #include "tests/backends/conformance_runner.h"
 #include "tests/support/buffer_bytes.h"
 #include "tests/support/greedy.h"
+#include "tests/support/skip.h"
 #include "tests/support/story.h"
 #include "tests/test_models.h"
 
@@ -27,9 +28,7 @@ namespace {
 cuda::device* first_device() {
   const auto devs = cuda::devices();
   if (!devs.empty()) return devs[0];
-  const char* req = std::getenv("TROUPE_REQUIRE_CUDA");
-  if (req != nullptr && std::string_view(req) == "1") FAIL("TROUPE_REQUIRE_CUDA=1 but no CUDA device: " << cuda::status());
-  WARN("skipped: no CUDA device (" << cuda::status() << ")");
+  test::skip_gpu("no CUDA device (" + cuda::status() + ")");
   return nullptr;
 }
 

@@ -1,11 +1,15 @@
 // What of the CUDA backend can be checked without a GPU (CI has none): the weights its kernels read are the
 // CPU's blocks, value for value; the 8-bit dot products against the exact sums; launch geometry for every
-// shape class; the dispatch between cuBLAS and its own kernels; and the whole op table through the backend's
-// own plan and kernel bodies, run on the host (host_run.h), against the CPU reference.
+// shape class; the dispatch between cuBLAS and its own kernels; cuBLAS's products over plan()'s arguments
+// against the CPU backend's; and the whole op table through the backend's own plan and kernels, every thread
+// of them run on the host (host_run.h), against the CPU reference.
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/kernels/bodies.h"
@@ -39,13 +43,6 @@ std::vector<uint8_t> quantized_row(type t, const std::vector<float>& x) {
   traits(t).from_float_ref(x.data(), row.data(), static_cast<int64_t>(x.size()));
   return row;
 }
-
-struct host_group {
-  int lane() const { return 0; }
-  int size() const { return 1; }
-  float sum(float v) const { return v; }
-  float max(float v) const { return v; }
-};
 
 }  // namespace
 
@@ -101,8 +98,7 @@ TEST_CASE("activations quantized to 8 bits and each quantized type's dot32 give 
   qa.k = k;
   qa.n = qa.ne2 = qa.ne3 = 1;
   qa.q = blocks.data();
-  host_group g;
-  for (int64_t b = 0; b < k / 32; ++b) quantize_block(qa, b, g);
+  test::run_on_host(cuda::quantize_step{qa});  // the kernel, a warp per 32 values, every thread of it
   std::vector<float> act_q(static_cast<size_t>(k));  // the activations as the blocks hold them
   for (int64_t i = 0; i < k; ++i) {
     const act_block& b = blocks[static_cast<size_t>(i / 32)];
@@ -241,6 +237,60 @@ TEST_CASE("CUDA matrix products: own kernels up to 8 columns, cuBLAS beyond, qua
   std::tie(names, cols) = steps_of(type::q8_0, 64, s);
   CHECK(names == std::vector<std::string>{"cpy", "dequant", "gemm"});
   CHECK(s.requested(1) == 256 * 64 * 2);  // the weights as f16
+}
+
+TEST_CASE("CUDA's cuBLAS products, over plan()'s arguments, give the CPU backend's products", "[cuda]") {
+  // Beyond 8 activation columns: broadcast weights over both batch dimensions, a permuted b, weights read
+  // through a view whose rows are longer than k; each compared with what backends/cpu computes for the node.
+  struct product {
+    const char* name;
+    double max_nmse;  // against the CPU backend: f16 / bf16 activations round the same way; quantized
+                      // weights meet 8-bit activations on the CPU, f16 ones here
+    std::function<tensor*(testing::case_builder&)> build;
+  };
+  const auto broadcast = [](type wt, int64_t k) {
+    return [wt, k](testing::case_builder& b) {
+      return mul_mat(b.ctx(), b.input(wt, {k, 20, 2, 1}), b.input(type::f32, {k, 12, 4, 3}));  // r2 = 2, r3 = 3
+    };
+  };
+  const std::vector<product> products = {
+      {"f32 broadcast", 1e-9, broadcast(type::f32, 96)},
+      {"f16 broadcast", 1e-5, broadcast(type::f16, 96)},
+      {"bf16 broadcast", 1e-5, broadcast(type::bf16, 96)},
+      {"q8_0 broadcast", 5e-4, broadcast(type::q8_0, 96)},
+      {"q4_K broadcast", 5e-4, broadcast(type::q4_K, 256)},
+      {"f16 permuted b", 1e-5,
+       [](testing::case_builder& b) {
+         tensor* bt = b.input(type::f32, {64, 4, 16, 1});  // [k, heads, tokens] read as [k, tokens, heads]
+         return mul_mat(b.ctx(), b.input(type::f16, {64, 20, 2, 1}), permute(b.ctx(), bt, 0, 2, 1, 3));
+       }},
+      {"f32 weights view", 1e-9,
+       [](testing::case_builder& b) {
+         tensor* w = b.input(type::f32, {96, 30, 1, 1});
+         return mul_mat(b.ctx(), view_2d(b.ctx(), w, 64, 30, w->nb[1], 16 * sizeof(float)), b.input(type::f32, {64, 10, 1, 1}));
+       }},
+  };
+  auto dev = test::make_emulated_cuda_device();
+  backend_ptr cuda_be = dev->init_backend();
+  auto cpu_be = cpu::make_cpu_backend();
+  for (size_t i = 0; i < products.size(); ++i) {
+    const product& p = products[i];
+    INFO("product " << p.name);
+    const testing::op_case c{p.name, p.max_nmse, p.build};
+    const int gemms = test::host_steps_run()["gemm"];
+    std::string unsupported;
+    const auto got = testing::run_case(c, 1000 + i, *cuda_be, &unsupported);
+    INFO("unsupported: " << unsupported);
+    REQUIRE(got.has_value());
+    CHECK(test::host_steps_run()["gemm"] > gemms);  // cuBLAS's path, not the matrix-vector kernels
+    const auto ref = testing::run_case(c, 1000 + i, *cpu_be, nullptr);
+    REQUIRE(ref.has_value());
+    REQUIRE(got->size() == ref->size());
+    REQUIRE(testing::all_finite(*got));
+    const double e = testing::nmse(*got, *ref);
+    INFO("nmse " << e << " (bound " << p.max_nmse << ")");
+    CHECK(e <= p.max_nmse);
+  }
 }
 
 TEST_CASE("the CUDA device says which ops it does not compute, and plan refuses them", "[cuda]") {

@@ -1,5 +1,5 @@
 // Real models on the Vulkan device (lavapipe in CI), through every layer above the backend: the placement
-// flags (-ngl, --device as runtime/llm/offload.h turns them into layers per device), the scheduler's splits,
+// flags (-ngl, --device as llm/offload.h turns them into layers per device), the scheduler's splits,
 // the LLM layer and the actor runtime. Results are compared with the reference implementation's token ids
 // and with the CPU's perplexity; the memory figures with what was loaded.
 #include <catch2/catch.hpp>
@@ -10,12 +10,12 @@
 #include <mutex>
 #include <sstream>
 
-#include "actors/runtime.h"
+#include "actors/engine.h"
 #include "backends/registry.h"
-#include "runtime/llm/llm_context.h"
-#include "runtime/llm/offload.h"
-#include "runtime/llm/perplexity.h"
-#include "runtime/llm/vocab.h"
+#include "llm/llm_context.h"
+#include "llm/offload.h"
+#include "llm/perplexity.h"
+#include "llm/vocab.h"
 #include "runtime/trace.h"
 #include "tests/backends/vulkan/vulkan_test_device.h"
 #include "tests/support/greedy.h"

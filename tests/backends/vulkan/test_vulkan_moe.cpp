@@ -1,8 +1,8 @@
-// A mixture of experts split as llama.cpp's --cpu-moe splits it (the second seed): the experts' weights in
-// host memory, mapped in place from the file, everything else on Vulkan0. Checked against the model on the
-// CPU alone (greedy tokens, logits), and on the buffers' address ranges: the host buffers hold exactly the
-// experts' ranges (and the token embeddings', which stay in host memory in every placement, as in
-// llama.cpp), the device's buffers never an expert.
+// A mixture of experts split as llama.cpp's --cpu-moe splits it: the experts' weights in host memory,
+// mapped in place from the file, everything else on Vulkan0. Checked against the model on the CPU alone
+// (greedy tokens, logits), and on the buffers' address ranges: the host buffers hold exactly the experts'
+// ranges (and the token embeddings', which stay in host memory in every placement, as in llama.cpp), the
+// device's buffers never an expert.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -10,8 +10,8 @@
 #include <regex>
 
 #include "backends/registry.h"
-#include "runtime/llm/llm_context.h"
-#include "runtime/llm/offload.h"
+#include "llm/llm_context.h"
+#include "llm/offload.h"
 #include "tests/backends/vulkan/vulkan_test_device.h"
 #include "tests/llm/synthetic_model.h"
 #include "tests/support/greedy.h"

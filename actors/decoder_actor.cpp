@@ -1,0 +1,279 @@
+#include "actors/decoder_actor.h"
+
+#include <caf/all.hpp>
+
+#include <algorithm>
+#include <exception>
+#include <iterator>
+
+#include "actors/detail/decoder_state.h"
+
+namespace troupe::actors {
+namespace detail {
+
+namespace {
+
+caf::error error_of(const std::exception_ptr& p) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const std::exception& e) {
+    return error_from(e);
+  } catch (...) {
+    return make_error(errc::failed, "decode failed with an exception of unknown type");
+  }
+}
+
+// Decodes in the context's pipeline at most this many at once: on a model over several devices, two
+// sequence groups (each device works on one group's step while another device works on the other's); on
+// one device, one (a step waits and joins the next batch rather than splitting it).
+size_t max_jobs(const decoder_state& st) { return st.ctx && st.ctx->pipelines() ? 2 : 1; }
+
+// Submits steps as one decode to the context's pipeline; its completion comes back as (decoded_atom, id).
+void submit_job(decoder_ptr self, std::vector<waiting_step> steps) {
+  auto& st = self->state;
+  const uint64_t id = st.next_job++;
+  decode_job& job = st.jobs[id];
+  job.steps = std::move(steps);
+  job.outcome = std::make_shared<decode_outcome>();
+  for (int64_t g = 0;; ++g) {  // the lowest group id no other job in flight has (a trace's ring rows)
+    bool taken = false;
+    for (const auto& [other, j] : st.jobs) taken = taken || (other != id && j.group == g);
+    if (!taken) {
+      job.group = g;
+      break;
+    }
+  }
+  st.max_in_flight = std::max(st.max_in_flight, static_cast<uint32_t>(st.jobs.size()));
+  std::vector<llm::seq_step> seq_steps;
+  seq_steps.reserve(job.steps.size());
+  for (const waiting_step& w : job.steps) {
+    seq_steps.push_back({w.step.seq, w.step.keep, w.step.tokens});
+  }
+  st.dec->submit(
+      std::move(seq_steps),
+      [me = self->address(), id, outcome = job.outcome](std::vector<std::vector<float>> logits, std::exception_ptr e) {
+        outcome->logits = std::move(logits);
+        outcome->error = e;
+        if (auto h = caf::actor_cast<decoder_actor>(me)) caf::anon_send(h, decoded_atom_v, id);
+      },
+      job.group);
+}
+
+void run_batch(decoder_ptr self) {
+  auto& st = self->state;
+  if (st.waiting.empty()) return;
+  if (!st.dec) {
+    for (waiting_step& w : st.waiting) w.promise.deliver(make_error(errc::down, "the model has no context"));
+    st.waiting.clear();
+    return;
+  }
+  const size_t most = max_jobs(st);
+  if (st.jobs.size() >= most) return;  // the next completion tries again
+  std::vector<waiting_step> batch = std::move(st.waiting);
+  st.waiting.clear();
+  // Nothing in flight on a model over several devices: two groups, so that both devices work at once.
+  const size_t n_groups = st.jobs.empty() && most >= 2 && batch.size() >= 2 ? 2 : 1;
+  const size_t per = (batch.size() + n_groups - 1) / n_groups;
+  for (size_t begin = 0; begin < batch.size(); begin += per) {
+    const size_t end = std::min(batch.size(), begin + per);
+    submit_job(self, {std::make_move_iterator(batch.begin() + static_cast<std::ptrdiff_t>(begin)),
+                      std::make_move_iterator(batch.begin() + static_cast<std::ptrdiff_t>(end))});
+  }
+}
+
+// Decodes now when every generating sequence without a step in flight has its step waiting; otherwise
+// waits at most flush_delay.
+void try_batch(decoder_ptr self) {
+  auto& st = self->state;
+  if (st.waiting.empty()) return;
+  std::set<int32_t> have;
+  for (const waiting_step& w : st.waiting) have.insert(w.step.seq);
+  bool all = true;
+  for (int32_t s : st.generating) all = all && (have.count(s) > 0 || st.in_flight(s));
+  if (all) {
+    run_batch(self);
+  } else if (!st.flush_scheduled) {
+    st.flush_scheduled = true;
+    self->delayed_send(self, st.params.flush_delay, flush_atom_v);
+  }
+}
+
+// A decode in the pipeline completed: its steps get their logits (or its error), and the next batch may go.
+void job_done(decoder_ptr self, uint64_t id) {
+  auto& st = self->state;
+  const auto it = st.jobs.find(id);
+  if (it == st.jobs.end()) return;
+  decode_job job = std::move(it->second);
+  st.jobs.erase(it);
+  if (job.outcome->error) {
+    const caf::error err = error_of(job.outcome->error);
+    for (waiting_step& w : job.steps) w.promise.deliver(err);
+  } else {
+    const auto n = static_cast<uint32_t>(job.steps.size());
+    for (size_t i = 0; i < job.steps.size(); ++i) {
+      job.steps[i].promise.deliver(step_logits{job.steps[i].step.seq, std::move(job.outcome->logits[i]), n});
+    }
+  }
+  report_compute(self);  // the compute buffers grow when a graph needs more than reserved
+  if (st.jobs.empty() && !st.release_waiters.empty()) {
+    std::vector<caf::typed_response_promise<bool>> waiters = std::move(st.release_waiters);
+    st.release_waiters.clear();
+    release_context(self, waiters.front());
+    for (size_t i = 1; i < waiters.size(); ++i) waiters[i].deliver(true);
+    return;
+  }
+  try_batch(self);
+}
+
+void drop_sequence(decoder_ptr self, int32_t seq) {
+  auto& st = self->state;
+  st.generating.erase(seq);
+  std::vector<waiting_step> keep;
+  for (waiting_step& w : st.waiting) {
+    if (w.step.seq == seq) {
+      w.promise.deliver(make_error(errc::cancelled, "sequence " + std::to_string(seq) + " detached"));
+    } else {
+      keep.push_back(std::move(w));
+    }
+  }
+  st.waiting = std::move(keep);
+  if (st.dec) st.dec->submit_forget(seq);  // after the decodes before it (a step of seq in flight completes)
+  if (seq >= 0 && static_cast<size_t>(seq) < st.seqs.size()) st.seqs[static_cast<size_t>(seq)] = caf::actor_addr{};
+  try_batch(self);
+}
+
+decoder_actor::behavior_type decoder_fn(decoder_ptr self, engine_env_ptr env, memory_accountant_actor acct,
+                                            decoder_params p) {
+  auto& init = self->state;
+  init.env = env;
+  init.accountant = acct;
+  init.params = std::move(p);
+  if (!init.params.model.empty()) init.model = env->model(init.params.model);
+  self->set_down_handler([self](const caf::down_msg& dm) {
+    auto& st = self->state;
+    for (size_t i = 0; i < st.seqs.size(); ++i) {
+      if (st.seqs[i] && st.seqs[i] == dm.source) drop_sequence(self, static_cast<int32_t>(i));
+    }
+  });
+  return {
+      [self](attach_atom, const session_actor& session) -> caf::result<int32_t> {
+        auto& st = self->state;
+        if (!st.model) return make_error(errc::bad_request, "this scheduler serves no model");
+        bool created = false;
+        if (!st.ctx) {
+          try {
+            create_context(self);
+          } catch (const std::exception& e) {
+            st.ctx.reset();
+            st.dec.reset();
+            return error_from(e);
+          }
+          created = true;
+        }
+        int32_t seq = -1;  // a free one whose last session's step is not in flight any more
+        for (size_t i = 0; i < st.seqs.size() && seq < 0; ++i) {
+          if (!st.seqs[i] && !st.in_flight(static_cast<int32_t>(i))) seq = static_cast<int32_t>(i);
+        }
+        if (seq < 0) {
+          return make_error(errc::busy, "model " + st.params.model + ": all " + std::to_string(st.seqs.size()) +
+                                            " sequences are in use (raise n_seq_max)");
+        }
+        st.dec->submit_forget(seq);
+        st.seqs[static_cast<size_t>(seq)] = session.address();
+        if (session) self->monitor(session);
+        if (!created) return seq;
+        // Reply once the compute memory is on record, so the breakdown the caller asks for next has it.
+        auto rp = self->make_response_promise<int32_t>();
+        report_compute(self, [rp, seq]() mutable { rp.deliver(seq); });
+        return rp;
+      },
+      [self](detach_atom, int32_t seq) -> bool {
+        auto& st = self->state;
+        if (seq < 0 || static_cast<size_t>(seq) >= st.seqs.size() || !st.seqs[static_cast<size_t>(seq)]) return false;
+        drop_sequence(self, seq);
+        return true;
+      },
+      [self](share_atom, int32_t src, int32_t dst, int32_t n) -> caf::result<bool> {
+        auto& st = self->state;
+        if (!st.dec) return make_error(errc::down, "model " + st.params.model + " has no context");
+        const auto held = [&](int32_t s) { return s >= 0 && static_cast<size_t>(s) < st.seqs.size() && st.seqs[static_cast<size_t>(s)]; };
+        if (!held(src) || !held(dst) || src == dst || n < 0) {
+          return make_error(errc::bad_request, "share: sequences " + std::to_string(src) + " -> " + std::to_string(dst) + " are not both held");
+        }
+        if (caf::actor_cast<caf::actor_addr>(self->current_sender()) != st.seqs[static_cast<size_t>(dst)]) {
+          return make_error(errc::bad_request, "share into sequence " + std::to_string(dst) + " from an actor that does not hold it");
+        }
+        if (st.in_flight(dst) || st.generating.count(dst) != 0) {
+          return make_error(errc::busy, "sequence " + std::to_string(dst) + " is decoding");
+        }
+        st.dec->submit_share(src, dst, n);
+        return true;
+      },
+      [self](step_atom, decode_step& s) -> caf::result<step_logits> {
+        auto& st = self->state;
+        if (!st.dec) return make_error(errc::down, "model " + st.params.model + " has no context");
+        if (s.seq < 0 || static_cast<size_t>(s.seq) >= st.seqs.size() || !st.seqs[static_cast<size_t>(s.seq)]) {
+          return make_error(errc::bad_request, "step on sequence " + std::to_string(s.seq) + ", which no session holds");
+        }
+        if (caf::actor_cast<caf::actor_addr>(self->current_sender()) != st.seqs[static_cast<size_t>(s.seq)]) {
+          return make_error(errc::bad_request, "step on sequence " + std::to_string(s.seq) + " from an actor that does not hold it");
+        }
+        for (const waiting_step& w : st.waiting) {
+          if (w.step.seq == s.seq) return make_error(errc::busy, "sequence " + std::to_string(s.seq) + " has a step waiting");
+        }
+        if (st.in_flight(s.seq)) {
+          return make_error(errc::busy, "sequence " + std::to_string(s.seq) + " has a step being decoded");
+        }
+        if (!st.release_waiters.empty()) return make_error(errc::down, "model " + st.params.model + ": the context is being released");
+        auto rp = self->make_response_promise<step_logits>();
+        st.generating.insert(s.seq);
+        st.waiting.push_back({std::move(s), rp});
+        try_batch(self);
+        return rp;
+      },
+      [self](end_atom, int32_t seq) {
+        self->state.generating.erase(seq);
+        try_batch(self);
+      },
+      [self](flush_atom) {
+        self->state.flush_scheduled = false;
+        run_batch(self);
+      },
+      [self](get_atom, stats_atom) {
+        auto& st = self->state;
+        decoder_stats s;
+        s.model = st.params.model;
+        if (st.dec) {
+          const llm::batch_decoder_stats& d = st.dec->stats();
+          s.n_batches = d.n_decodes;
+          s.n_steps = d.n_steps;
+          s.n_tokens = d.n_tokens;
+          s.max_steps = d.max_steps;
+          s.kv_bytes = st.ctx->kv().bytes();
+          s.compute_bytes = st.ctx->compute_bytes();
+        }
+        for (const caf::actor_addr& a : st.seqs) s.n_sessions += a ? 1 : 0;
+        s.n_in_flight = static_cast<uint32_t>(st.jobs.size());
+        s.max_in_flight = st.max_in_flight;
+        return s;
+      },
+      [self](release_atom) -> caf::result<bool> {
+        auto rp = self->make_response_promise<bool>();
+        release_context(self, rp);
+        return rp;
+      },
+      [self](device_atom, const std::string& name, const device_actor& dev) { self->state.devices[name] = dev; },
+      [self](compute_atom, const decode_split& d) { relay_split(self, d); },
+      [self](decoded_atom, uint64_t id) { job_done(self, id); },
+  };
+}
+
+}  // namespace
+}  // namespace detail
+
+decoder_actor spawn_decoder_actor(caf::actor_system& sys, engine_env_ptr env, memory_accountant_actor accountant,
+                                      const decoder_params& p) {
+  return sys.spawn<caf::detached>(detail::decoder_fn, std::move(env), std::move(accountant), p);
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,83 @@
+// Several sequences' next tokens in one decode: each step names its sequence (its own seq id in the KV
+// cache), how much of the sequence's cache to keep, and the tokens to decode after it.
+//
+//   llm_context ctx(m, {.n_ctx = 4096, .n_seq_max = 4});
+//   batch_decoder dec(ctx);
+//   std::vector<seq_step> steps = {{0, s0.pending().keep, s0.pending().tokens},
+//                                  {1, s1.pending().keep, s1.pending().tokens}};
+//   std::vector<std::vector<float>> logits = dec.decode(steps);   // [n_vocab] per step, in step order
+//
+// Tokens of all steps go into batches of at most n_batch tokens (a long prompt spans several decode()
+// calls; short steps share a batch), so two sequences generating at the same time cost about one
+// matrix-vector pass each step instead of two. generate_together() runs whole answers this way.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "llm/generator.h"
+#include "llm/llm_context.h"
+#include "llm/sequence.h"
+
+namespace troupe::llm {
+
+struct seq_step {
+  int32_t seq = 0;                // sequence id, below the context's n_seq_max
+  int32_t keep = 0;               // cache positions of seq to keep; later ones are removed first
+  std::vector<token_id> tokens;   // decoded at positions keep, keep + 1, ...; not empty
+};
+
+struct batch_decoder_stats {
+  uint64_t n_decodes = 0;   // decode() calls on the context
+  uint64_t n_steps = 0;     // steps decoded
+  uint64_t n_tokens = 0;    // tokens decoded
+  uint32_t max_steps = 0;   // most steps in one call of decode()
+};
+
+class batch_decoder {
+ public:
+  explicit batch_decoder(llm_context& ctx);
+
+  // Decodes every step and returns the logits of each step's last token, in step order. At most one step
+  // per sequence. Throws error for a bad step (an unknown sequence, empty tokens, keep beyond what the
+  // sequence holds, two steps of one sequence) before decoding anything, and capacity_error when the
+  // cache is full (steps decoded before that stay in the cache; their sequences' keep values say so).
+  std::vector<std::vector<float>> decode(std::span<const seq_step> steps);
+  // Removes a sequence's every cache cell.
+  void forget(int32_t seq);
+
+  // The same through the context's pipeline (llm_context::submit), returning at once: the steps are checked
+  // and their cache edits made once the decodes submitted before are placed, all of them go into one job,
+  // and done gets the logits per step (in step order), or the error, on the pipeline's thread. Decodes
+  // submitted one after another overlap in the pipeline when the model spans several backends: the actor
+  // layer's sequence groups. submit_forget: forget(seq) in the same order. Do not mix with decode().
+  using decode_done = std::function<void(std::vector<std::vector<float>> logits, std::exception_ptr error)>;
+  void submit(std::vector<seq_step> steps, decode_done done, int64_t group = -1);
+  void submit_forget(int32_t seq);
+  // forget(dst), then dst shares positions [0, n) of src (kv_cache::seq_cp), in the same order.
+  void submit_share(int32_t src, int32_t dst, int32_t n);
+
+  batch_decoder_stats stats() const;
+
+ private:
+  void check(std::span<const seq_step> steps) const;  // throws for a bad step
+  void begin(std::span<const seq_step> steps);        // check, then drop what each step does not keep
+  void count(std::span<const seq_step> steps, uint64_t n_decodes);
+
+  llm_context& ctx_;
+  mutable std::mutex mu_;  // stats_ (submit's are counted on the pipeline's thread)
+  batch_decoder_stats stats_;
+};
+
+// Generates one answer per prompt, every sequence i on seq id i of ctx (ctx.params().n_seq_max >= the
+// number of prompts), decoding their steps together until all are done. on_piece(i, piece, token) streams
+// (may be empty). The synchronous counterpart of several sessions decoding at once.
+std::vector<generate_result> generate_together(
+    llm_context& ctx, const vocab& v, const std::vector<std::vector<token_id>>& prompts, const generate_params& p,
+    const std::function<void(size_t, std::string_view, token_id)>& on_piece = {});
+
+}  // namespace troupe::llm

@@ -1,0 +1,74 @@
+// What one answer is asked for and what it gives: the parameters of generation (sampling, length, stop
+// strings) and the result. One definition, shared by the synchronous generator, the batch decoder, the
+// session actor and the HTTP API (actors/messages.h makes them inspectable for CAF as they are).
+//
+//   llm::generate_params p = llm::generate_params::greedy(64);   // temperature 0: reproducible answers
+//   p.stop = {"\n\n"};
+//   p.temperature = 0.7f;                                         // the sampling_params fields, flat
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "llm/sampler.h"
+#include "llm/vocab.h"
+
+namespace troupe::llm {
+
+// Sampling (the sampling_params fields, flat as in OpenAI's API) plus how long an answer may be and where
+// it stops.
+struct generate_params : sampling_params {
+  int32_t max_tokens = 256;           // generated tokens at most (the context may end the answer earlier)
+  std::vector<std::string> stop;      // stop strings: generation ends before the first match
+  // -1: no log-probabilities; 0..max_logprobs: each generated token's log-probability and the n most
+  // likely tokens' (generate_result::logprobs). The distribution is the one the token was drawn from: after
+  // logit_bias, penalties, the filters and temperature; at temperature 0 (greedy) the softmax of the logits
+  // after logit_bias and penalties (temperature 1), as llama-server reports it.
+  int32_t logprobs = -1;
+  static constexpr int32_t max_logprobs = 20;
+  // A GBNF grammar (llm/grammar.h) the answer must follow; "" for none. Tokens that would leave
+  // the grammar's language are banned before the other sampling stages; the answer ends ("stop") when the
+  // grammar can take nothing more. Stop strings and max_tokens still apply; when the tokens left (max_tokens,
+  // the context) come close to the bytes the grammar still needs, only tokens that bring its end nearer
+  // are allowed, so a JSON answer closes its strings and brackets instead of being cut off.
+  std::string grammar;
+  friend bool operator==(const generate_params&, const generate_params&) = default;
+
+  // Greedy decoding (temperature 0) of at most max_tokens tokens.
+  static generate_params greedy(int32_t max_tokens) {
+    generate_params p;
+    p.max_tokens = max_tokens;
+    p.temperature = 0.0f;
+    return p;
+  }
+};
+
+// One candidate's log-probability, with its text (the token's piece; may be part of a UTF-8 character).
+struct token_prob {
+  token_id token = 0;
+  float logprob = 0.0f;
+  std::string text;
+  friend bool operator==(const token_prob&, const token_prob&) = default;
+};
+
+// A generated token's log-probability and the most likely candidates at its position (highest first, ties
+// by lower id).
+struct token_logprob : token_prob {
+  std::vector<token_prob> top;
+  friend bool operator==(const token_logprob&, const token_logprob&) = default;
+};
+
+struct generate_result {
+  std::vector<token_id> tokens;  // generated
+  std::vector<token_logprob> logprobs;  // one per token when generate_params::logprobs >= 0
+  std::string text;              // generated text (without a matched stop string)
+  std::string finish;            // "stop", "length" or "cancelled"
+  int32_t n_prompt = 0;          // prompt tokens in the request
+  int32_t n_prompt_decoded = 0;  // prompt tokens actually decoded (the rest reused from the cache)
+  double prompt_seconds = 0;
+  double gen_seconds = 0;
+  friend bool operator==(const generate_result&, const generate_result&) = default;
+};
+
+}  // namespace troupe::llm

@@ -1,0 +1,206 @@
+#include "llm/kv_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "runtime/error.h"
+
+namespace troupe::llm {
+
+kv_cache::kv_cache(const model& m, const kv_cache_params& p)
+    : n_ctx_(p.n_ctx), n_seq_max_(p.n_seq_max), type_k_(p.type_k), type_v_(p.type_v) {
+  auto allowed = [](type t) { return t == type::f16 || t == type::f32 || t == type::q8_0; };
+  if (!allowed(type_k_) || !allowed(type_v_)) {
+    throw error("kv cache: type " + std::string(type_name(allowed(type_k_) ? type_v_ : type_k_)) +
+                " is not supported (f16, f32 or q8_0)");
+  }
+  if (n_ctx_ == 0) throw error("kv cache: n_ctx must be positive");
+  if (n_seq_max_ == 0 || n_seq_max_ > max_seq) {
+    throw error("kv cache: n_seq_max " + std::to_string(n_seq_max_) + " outside 1.." + std::to_string(max_seq));
+  }
+  const hparams& hp = m.hp();
+  // Attention reads the cache one head at a time: a head must be whole blocks of the cache's type.
+  if (hp.n_embd_head_k % block_size(type_k_) != 0) {
+    throw error("kv cache: a " + std::string(type_name(type_k_)) + " K cache needs a head size that is a multiple of " +
+                std::to_string(block_size(type_k_)) + "; this model's is " + std::to_string(hp.n_embd_head_k));
+  }
+  if (hp.n_embd_head_v % block_size(type_v_) != 0) {
+    throw error("kv cache: a " + std::string(type_name(type_v_)) + " V cache needs a head size that is a multiple of " +
+                std::to_string(block_size(type_v_)) + "; this model's is " + std::to_string(hp.n_embd_head_v));
+  }
+  // Round the cell count up to the padding so n_kv never exceeds it.
+  n_ctx_ = (n_ctx_ + pad - 1) / pad * pad;
+  cells_.assign(n_ctx_, cell{});
+
+  ctx_ = std::make_unique<context>(context_params{.max_tensors = 2 * hp.n_layer + 2, .no_alloc = true});
+  std::map<buffer_type_i*, std::vector<tensor*>> by_buft;
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    buffer_type_i* bt = m.layers()[il].buft;
+    // A row per cell wherever troupe's CPU kernels compute the layer: host memory, and CPU devices of their
+    // own buffer type (CPU1...). Their product walks V's rows in cell order, so a sequence's sums do not
+    // depend on which cells it got; a dot product over a transposed row would group the cells into SIMD
+    // lanes by their index, and the same sequence decoded beside others would get different bits.
+    const bool cpu_layer = bt != nullptr && (bt->is_host() || bt->device().type() == device_type::cpu);
+    const bool trans = !is_quantized(type_v_) && !cpu_layer;
+    v_trans_.push_back(trans);
+    tensor* k = ctx_->new_tensor_2d(type_k_, hp.n_embd_k_gqa(), n_ctx_);
+    tensor* v = trans ? ctx_->new_tensor_2d(type_v_, n_ctx_, hp.n_embd_v_gqa())
+                      : ctx_->new_tensor_2d(type_v_, hp.n_embd_v_gqa(), n_ctx_);
+    k->set_name("cache_k_l" + std::to_string(il));
+    v->set_name("cache_v_l" + std::to_string(il));
+    k_.push_back(k);
+    v_.push_back(v);
+    by_buft[bt].push_back(k);
+    by_buft[bt].push_back(v);
+  }
+  for (auto& [bt, ts] : by_buft) {
+    const size_t align = bt->alignment();
+    size_t total = 0;
+    for (tensor* t : ts) total += (bt->alloc_size(*t) + align - 1) / align * align;
+    buffer_ptr buf = bt->alloc_buffer(total);
+    buf->set_usage(buffer_usage::any);
+    buf->clear(0);
+    auto* base = static_cast<char*>(buf->base());
+    size_t offs = 0;
+    for (tensor* t : ts) {
+      tensor_alloc(*buf, *t, base + offs);
+      offs += (bt->alloc_size(*t) + align - 1) / align * align;
+    }
+    buffers_.push_back(std::move(buf));
+  }
+}
+
+kv_cache::~kv_cache() = default;
+
+void kv_cache::check_seq(int32_t seq, const char* what) const {
+  if (seq < 0 || static_cast<uint32_t>(seq) >= n_seq_max_) {
+    throw error(std::string("kv cache: ") + what + ": sequence id " + std::to_string(seq) + " outside 0.." +
+                std::to_string(n_seq_max_ - 1));
+  }
+}
+
+bool kv_cache::any_v_trans() const {
+  return std::find(v_trans_.begin(), v_trans_.end(), true) != v_trans_.end();
+}
+
+std::vector<uint32_t> kv_cache::find_slots(uint32_t n) const {
+  std::vector<uint32_t> out;
+  out.reserve(n);
+  for (uint32_t c = 0; c < n_ctx_ && out.size() < n; ++c) {
+    if (cells_[c].seqs == 0) out.push_back(c);
+  }
+  if (out.size() < n) {
+    throw capacity_error("kv cache: no room for " + std::to_string(n) + " more tokens (" + std::to_string(used_cells()) +
+                         " of " + std::to_string(n_ctx_) + " cells in use)");
+  }
+  return out;
+}
+
+void kv_cache::commit(const std::vector<uint32_t>& cells, const std::vector<int32_t>& pos, const std::vector<int32_t>& seq) {
+  for (size_t i = 0; i < cells.size(); ++i) {
+    check_seq(seq[i], "commit");
+    cell& c = cells_.at(cells[i]);
+    c.pos = pos[i];
+    c.seqs = uint64_t{1} << seq[i];
+  }
+}
+
+uint32_t kv_cache::n_kv(const std::vector<uint32_t>& extra) const {
+  uint32_t top = 0;
+  for (uint32_t c = n_ctx_; c-- > 0;) {
+    if (cells_[c].seqs != 0) {
+      top = c + 1;
+      break;
+    }
+  }
+  for (uint32_t c : extra) top = std::max(top, c + 1);
+  top = std::max<uint32_t>(top, 1);
+  return std::min(n_ctx_, (top + pad - 1) / pad * pad);
+}
+
+void kv_cache::release(const std::vector<uint32_t>& cells) {
+  for (uint32_t c : cells) {
+    cell& x = cells_.at(c);
+    x.seqs = 0;
+    x.pos = -1;
+  }
+}
+
+void kv_cache::seq_rm(int32_t seq, int32_t p0, int32_t p1) {
+  if (seq >= 0) check_seq(seq, "seq_rm");
+  if (p0 < 0) p0 = 0;
+  if (p1 < 0) p1 = INT32_MAX;
+  for (cell& c : cells_) {
+    if (c.seqs == 0 || c.pos < p0 || c.pos >= p1) continue;
+    if (seq < 0) c.seqs = 0;
+    else c.seqs &= ~(uint64_t{1} << seq);
+    if (c.seqs == 0) c.pos = -1;
+  }
+}
+
+void kv_cache::seq_cp(int32_t src, int32_t dst, int32_t p0, int32_t p1) {
+  check_seq(src, "seq_cp");
+  check_seq(dst, "seq_cp");
+  if (p0 < 0) p0 = 0;
+  if (p1 < 0) p1 = INT32_MAX;
+  for (cell& c : cells_) {
+    if ((c.seqs >> src & 1) && c.pos >= p0 && c.pos < p1) c.seqs |= uint64_t{1} << dst;
+  }
+}
+
+void kv_cache::clear() {
+  for (cell& c : cells_) c = cell{};
+}
+
+int32_t kv_cache::seq_pos_max(int32_t seq) const {
+  check_seq(seq, "seq_pos_max");
+  int32_t m = -1;
+  for (const cell& c : cells_) {
+    if (c.seqs >> seq & 1) m = std::max(m, c.pos);
+  }
+  return m;
+}
+
+uint32_t kv_cache::used_cells() const {
+  uint32_t n = 0;
+  for (const cell& c : cells_) n += c.seqs != 0;
+  return n;
+}
+
+void kv_cache::fill_mask(float* dst, uint32_t n_kv, uint32_t n_rows, const std::vector<int32_t>& pos,
+                         const std::vector<int32_t>& seq, const std::vector<uint32_t>& cells, uint32_t window) const {
+  // The cells of the ubatch itself are not committed yet: treat them as holding their tokens.
+  std::vector<cell> view(cells_.begin(), cells_.begin() + n_kv);
+  for (size_t i = 0; i < cells.size(); ++i) {
+    if (cells[i] < n_kv) view[cells[i]] = cell{pos[i], uint64_t{1} << seq[i]};
+  }
+  for (uint32_t t = 0; t < n_rows; ++t) {
+    float* row = dst + static_cast<size_t>(t) * n_kv;
+    if (t >= pos.size()) {
+      std::fill(row, row + n_kv, -INFINITY);
+      continue;
+    }
+    const uint64_t bit = uint64_t{1} << seq[t];
+    for (uint32_t c = 0; c < n_kv; ++c) {
+      const cell& k = view[c];
+      bool visible = (k.seqs & bit) != 0 && k.pos <= pos[t];
+      if (visible && window > 0 && pos[t] - k.pos >= static_cast<int32_t>(window)) visible = false;
+      row[c] = visible ? 0.0f : -INFINITY;
+    }
+  }
+}
+
+std::map<buffer_type_i*, size_t> kv_cache::bytes_by_buft() const {
+  std::map<buffer_type_i*, size_t> out;
+  for (const auto& b : buffers_) out[&b->type()] += b->size();
+  return out;
+}
+
+size_t kv_cache::bytes() const {
+  size_t n = 0;
+  for (const auto& b : buffers_) n += b->size();
+  return n;
+}
+
+}  // namespace troupe::llm

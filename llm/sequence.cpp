@@ -1,0 +1,185 @@
+#include "llm/sequence.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/error.h"
+
+namespace troupe::llm {
+
+sequence::sequence(const vocab& v, std::span<const token_id> cached, std::span<const token_id> prompt,
+                   const generate_params& p, uint32_t n_ctx)
+    : vocab_(v), params_(p), n_ctx_(n_ctx), chain_(p), detok_(v) {
+  result_.n_prompt = static_cast<int32_t>(prompt.size());
+  if (prompt.empty()) throw error("generate: empty prompt");
+  if (p.logprobs < -1 || p.logprobs > generate_params::max_logprobs) {
+    throw sampling_error("sampling: 'logprobs' must be -1 (off) or 0.." + std::to_string(generate_params::max_logprobs) +
+                         ", got " + std::to_string(p.logprobs));
+  }
+  for (const token_bias& b : p.logit_bias) {
+    if (b.token < 0 || b.token >= v.n_tokens()) {
+      throw sampling_error("sampling: 'logit_bias' names token " + std::to_string(b.token) +
+                           ", outside the vocabulary (0.." + std::to_string(v.n_tokens() - 1) + ")");
+    }
+  }
+  if (!p.grammar.empty()) grammar_ = std::make_unique<grammar_matcher>(grammar::parse(p.grammar));
+  if (prompt.size() >= n_ctx) {
+    throw capacity_error("generate: the prompt has " + std::to_string(prompt.size()) + " tokens, the context holds " +
+                         std::to_string(n_ctx));
+  }
+  // Reuse the cached prefix; always decode at least the last prompt token to get its logits.
+  size_t common = 0;
+  while (common < cached.size() && common < prompt.size() && cached[common] == prompt[common]) ++common;
+  if (common == prompt.size()) --common;
+  cached_.assign(cached.begin(), cached.begin() + static_cast<std::ptrdiff_t>(common));
+  pending_.keep = static_cast<int32_t>(common);
+  pending_.tokens.assign(prompt.begin() + static_cast<std::ptrdiff_t>(common), prompt.end());
+  result_.n_prompt_decoded = static_cast<int32_t>(prompt.size() - common);
+  for (token_id t : prompt) chain_.accept(t);
+  result_.finish = "length";
+  t0_ = std::chrono::steady_clock::now();
+}
+
+sequence_output sequence::finish(std::string finish, bool flush) {
+  sequence_output out;
+  result_.finish = std::move(finish);
+  if (flush) result_.text += detok_.flush();
+  if (result_.finish != "cancelled" && result_.text.size() > held_) {
+    out.piece = result_.text.substr(held_);
+    held_ = result_.text.size();
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (in_prompt_) {
+    result_.prompt_seconds = std::chrono::duration<double>(now - t0_).count();
+    t1_ = now;
+  }
+  result_.gen_seconds = std::chrono::duration<double>(now - t1_).count();
+  pending_.tokens.clear();
+  pending_.keep = static_cast<int32_t>(cached_.size());
+  done_ = true;
+  out.done = true;
+  return out;
+}
+
+void sequence::cancel() {
+  if (done_) return;
+  finish("cancelled", false);
+}
+
+// log softmax over the candidates the chain left (their logits after bias, penalties, filters and
+// temperature), for the sampled token and the params_.logprobs most likely.
+token_logprob sequence::logprob_of(token_id t) const {
+  const std::vector<token_candidate>& c = chain_.last().data;
+  float max = -INFINITY;
+  for (const token_candidate& x : c) max = std::max(max, x.logit);
+  double sum = 0.0;
+  for (const token_candidate& x : c) {
+    if (x.logit > -INFINITY) sum += std::exp(static_cast<double>(x.logit - max));
+  }
+  const double lse = static_cast<double>(max) + std::log(sum);
+  auto lp = [&](float logit) { return static_cast<float>(static_cast<double>(logit) - lse); };
+  token_logprob out;
+  out.token = t;
+  out.logprob = -INFINITY;
+  out.text = vocab_.token_to_piece(t);
+  for (const token_candidate& x : c) {
+    if (x.id == t) {
+      out.logprob = lp(x.logit);
+      break;
+    }
+  }
+  const size_t n = std::min<size_t>(static_cast<size_t>(params_.logprobs), c.size());
+  if (n == 0) return out;
+  std::vector<const token_candidate*> order(c.size());
+  for (size_t i = 0; i < c.size(); ++i) order[i] = &c[i];
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(),
+                    [](const token_candidate* a, const token_candidate* b) {
+                      return a->logit != b->logit ? a->logit > b->logit : a->id < b->id;
+                    });
+  for (size_t i = 0; i < n; ++i) {
+    if (!(order[i]->logit > -INFINITY)) break;  // banned or filtered out: not a candidate
+    out.top.push_back({order[i]->id, lp(order[i]->logit), vocab_.token_to_piece(order[i]->id)});
+  }
+  return out;
+}
+
+sequence_output sequence::advance(std::span<const float> logits) {
+  if (done_) throw error("sequence: advance after the answer is done");
+  cached_.insert(cached_.end(), pending_.tokens.begin(), pending_.tokens.end());
+  if (in_prompt_) {
+    t1_ = std::chrono::steady_clock::now();
+    result_.prompt_seconds = std::chrono::duration<double>(t1_ - t0_).count();
+    in_prompt_ = false;
+  }
+  // Up to max_tokens samples, each decoded (the next pending step) after it is streamed.
+  if (n_sampled_ >= params_.max_tokens || cached_.size() + 1 >= n_ctx_) return finish("length", true);
+  if (grammar_) {
+    // Ban what the grammar does not allow; the chain then samples among the rest as usual.
+    // Tokens left for this answer: when they are about to run out before the grammar's sentence is
+    // complete, only tokens that bring its end nearer are allowed (the answer closes instead of being cut).
+    const int64_t left = std::min<int64_t>(int64_t{params_.max_tokens} - n_sampled_,
+                                           static_cast<int64_t>(n_ctx_) - 1 - static_cast<int64_t>(cached_.size()));
+    const bool closing = !grammar_->can_end() && left <= static_cast<int64_t>(grammar_->bytes_to_end()) + 4;
+    if (grammar_->allowed_tokens(vocab_, allowed_, closing) == 0 && (!closing || grammar_->allowed_tokens(vocab_, allowed_) == 0)) {
+      throw grammar_error("grammar: no token of the vocabulary can continue the answer after '" + result_.text + "'");
+    }
+    masked_.assign(logits.begin(), logits.end());
+    for (size_t i = 0; i < masked_.size(); ++i) {
+      if (i >= allowed_.size() || allowed_[i] == 0) masked_[i] = -INFINITY;
+    }
+    logits = masked_;
+  }
+  const token_id t = chain_.sample(logits);
+  chain_.accept(t);
+  ++n_sampled_;
+  if (vocab_.is_eog(t)) return finish("stop", true);
+  if (grammar_ && !grammar_->accept(vocab_.token_to_piece(t))) {
+    throw grammar_error("grammar: token " + std::to_string(t) + " was sampled outside the grammar");  // internal invariant
+  }
+  result_.tokens.push_back(t);
+  if (params_.logprobs >= 0) result_.logprobs.push_back(logprob_of(t));
+  result_.text += detok_.push(t);
+  // Stop strings: cut the text before the first match; hold back a tail that may begin one.
+  bool stopped = false;
+  size_t safe = result_.text.size();
+  for (const std::string& s : params_.stop) {
+    if (s.empty()) continue;
+    const size_t at = result_.text.find(s);
+    if (at != std::string::npos) {
+      result_.text.resize(at);
+      safe = std::min(safe, at);
+      stopped = true;
+    } else {
+      for (size_t k = std::min(s.size() - 1, result_.text.size()); k > 0; --k) {
+        if (result_.text.compare(result_.text.size() - k, k, s, 0, k) == 0) {
+          safe = std::min(safe, result_.text.size() - k);
+          break;
+        }
+      }
+    }
+  }
+  sequence_output out;
+  out.token = t;
+  if (safe > held_) {
+    out.piece = result_.text.substr(held_, safe - held_);
+    held_ = safe;
+  }
+  if (stopped) {
+    sequence_output last = finish("stop", false);
+    last.piece = out.piece + last.piece;
+    last.token = t;
+    return last;
+  }
+  if (grammar_ && grammar_->must_end()) {
+    // The grammar takes nothing more: the answer is complete.
+    sequence_output last = finish("stop", true);
+    last.piece = out.piece + last.piece;
+    last.token = t;
+    return last;
+  }
+  pending_.keep = static_cast<int32_t>(cached_.size());
+  pending_.tokens.assign(1, t);
+  return out;
+}
+
+}  // namespace troupe::llm

@@ -1,0 +1,87 @@
+// One answer on one sequence, step by step: the sequence says what to decode next, the caller decodes it
+// and hands back the logits of its last token; the sequence samples, handles stop conditions and returns
+// the text to stream. It is the one state machine of an answer: the synchronous generator (generator.h)
+// decodes its steps alone, generate_together (batch_decoder.h) and the decoder actor batch them with
+// other sequences' steps, and the session actor drives one per conversation turn.
+//
+//   llm::sequence s(vocab, cached, prompt, {.max_tokens = 64}, ctx.params().n_ctx);
+//   while (!s.done()) {
+//     const llm::sequence_step& st = s.pending();       // drop cache positions >= st.keep, decode st.tokens
+//     auto logits = decoder.decode({{seq, st.keep, st.tokens}})[0];
+//     llm::sequence_output out = s.advance(logits);      // out.piece: text to stream now
+//   }
+//   s.result().finish;                                   // "stop", "length" or "cancelled"
+//
+// Its decisions (prefix reuse, sampling, stop strings, the context limit) depend only on the logits it is
+// given, so the same sequence decoded alone or in a batch produces the same tokens.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "llm/detokenizer.h"
+#include "llm/generate_params.h"
+#include "llm/grammar.h"
+#include "llm/sampler.h"
+
+namespace troupe::llm {
+
+// What to decode next: keep the first `keep` positions of the sequence in the cache, then decode `tokens`
+// at positions keep, keep + 1, ... with the logits of the last one.
+struct sequence_step {
+  int32_t keep = 0;
+  std::vector<token_id> tokens;
+};
+
+struct sequence_output {
+  std::string piece;            // text to stream now (may be empty: a held-back character or stop prefix)
+  token_id token = token_null;  // the sampled token (token_null when none was sampled)
+  bool done = false;
+};
+
+class sequence {
+ public:
+  // cached: the tokens the sequence holds in the cache now (the previous turn); prompt: the whole prompt.
+  // Throws error for an empty prompt, capacity_error when the prompt does not fit n_ctx, sampling_error
+  // for bad sampling parameters (grammar_error for a grammar that does not compile).
+  sequence(const vocab& v, std::span<const token_id> cached, std::span<const token_id> prompt,
+           const generate_params& p, uint32_t n_ctx);
+
+  bool done() const { return done_; }
+  // The next step to decode; its tokens are empty once done().
+  const sequence_step& pending() const { return pending_; }
+  // After pending() was decoded: samples from its last token's logits ([n_vocab]).
+  sequence_output advance(std::span<const float> logits);
+  // Ends the answer now with finish "cancelled" (nothing more is streamed).
+  void cancel();
+
+  const generate_result& result() const { return result_; }
+  // Tokens the sequence holds in the cache after the last decoded step.
+  const std::vector<token_id>& cached() const { return cached_; }
+
+ private:
+  sequence_output finish(std::string finish, bool flush);
+  token_logprob logprob_of(token_id t) const;
+
+  const vocab& vocab_;
+  generate_params params_;
+  uint32_t n_ctx_;
+  sampler_chain chain_;
+  std::unique_ptr<grammar_matcher> grammar_;  // when params_.grammar is set
+  std::vector<uint8_t> allowed_;              // the grammar's mask at this step
+  std::vector<float> masked_;                 // the logits with disallowed tokens at -inf
+  detokenizer detok_;
+  std::vector<token_id> cached_;
+  sequence_step pending_;
+  generate_result result_;
+  size_t held_ = 0;  // bytes of result_.text not yet streamed
+  int32_t n_sampled_ = 0;
+  bool done_ = false;
+  bool in_prompt_ = true;
+  std::chrono::steady_clock::time_point t0_, t1_;
+};
+
+}  // namespace troupe::llm

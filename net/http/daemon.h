@@ -1,0 +1,132 @@
+// The daemon's HTTP front: an OpenAI-compatible API over an engine (actors/engine.h).
+//
+//   troupe::engine eng(cfg.engine);
+//   http::daemon d(eng, cfg);
+//   const int port = d.bind();          // listening; /health answers 503 "loading"
+//   std::thread t([&] { d.serve(); });  // returns once stop() has drained the requests
+//   d.load_models();                    // loads the configured models; /health turns 200
+//   ...  d.stop();                      // from any thread (the signal watcher)
+//
+// Files: server.cpp (binding, loading, stopping), routes.cpp (authentication, errors, access log, the
+// reporting routes), completion.cpp (the completions), session_pool.h (a model's sessions and queue),
+// front.h (the HTTP/1.1 event loop every connection lives on: deadlines, the connection limit).
+//
+// Routes: POST /v1/chat/completions, POST /v1/completions (streaming as server-sent events or not), GET
+// /v1/models, GET /health, GET /metrics (Prometheus), GET /v1/memory (the memory breakdown as JSON). Every
+// route but /health needs a bearer key when keys are configured.
+//
+// Connections: an event loop (server.io_threads) holds every connection and reads each request whole
+// under deadlines; idle and slow clients hold no thread. A request that has arrived goes to a worker: the
+// completions and embeddings to a pool of http_threads, the rest (/health, /metrics, ...) to a pool of
+// their own. Beyond server.max_connections a connection is answered 503 and closed.
+//
+// Concurrency: each model has n_seq_max sessions (its parallel slots), opened on first use and reused (a
+// session keeps its conversation's cached prefix). A request takes a free session or waits for one in a
+// bounded queue (server.queue_limit, server.queue_timeout_s; beyond either: 503). Sessions that decode at
+// the same time are batched by the model's decoder actor. A client that goes away cancels its answer: a
+// streamed answer notices on the next write; a plain answer is sent with chunked encoding and a space before
+// the JSON every 100 ms while it is generated, so a closed connection is noticed there too (whitespace
+// before a JSON value is valid JSON).
+//
+// Errors use the OpenAI shape: 400 bad JSON or fields (naming the field) and prompts longer than the
+// session's context, 401 missing or wrong key, 404 unknown model or route, 503 queue full, loading or
+// shutting down, 500 anything else. A failure after a streamed answer started is sent as an SSE event with
+// an "error" object; the daemon keeps serving.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/engine.h"
+#include "net/http/daemon_config.h"
+#include "net/http/front.h"
+#include "net/http/metrics.h"
+
+namespace troupe::http {
+
+struct model_slots;  // a model's sessions and queue (net/http/session_pool.h)
+
+class daemon {
+ public:
+  daemon(engine& eng, daemon_config cfg);
+  ~daemon();
+  daemon(const daemon&) = delete;
+  daemon& operator=(const daemon&) = delete;
+
+  // Binds server.host:server.port (0: any free port); returns the port. Throws troupe::error when it cannot.
+  int bind();
+  // Answers requests until stop(); returns when every in-flight request has ended.
+  void serve();
+  // Loads every configured model (blocking, one after another). Throws actors::request_error naming the
+  // model that failed.
+  void load_models();
+  // Stops accepting, lets in-flight answers finish for server.shutdown_grace_s, then cancels them, closes
+  // the sessions. Safe from any thread, more than once. serve() returns afterwards.
+  void stop();
+
+  // Where the layers of models with placement = "cluster" go (the cluster's placer), asked when they load
+  // (first) and again by replace_model. Set before load_models().
+  using placement_fn = std::function<std::vector<actors::device_layers>(const actors::model_settings&, bool first)>;
+  void set_placement(placement_fn f) { placement_ = std::move(f); }
+  // The model lost its placement (a node it used is down): its requests get 503 naming why until it is
+  // loaded again where placement says now. Blocks until then, retrying every second, or until stop().
+  void replace_model(const std::string& name, const std::string& why);
+
+  // The cluster this daemon coordinates, as GET /v1/cluster answers it (JSON); unset: 404 (no [cluster]).
+  // Set before serve().
+  void set_cluster_status(std::function<std::string()> f) { cluster_status_ = std::move(f); }
+
+  bool stopping() const { return stopping_.load(); }
+  std::vector<model_gauges> gauges() const;
+
+ private:
+  struct answer_state;  // one completion's request, session and progress (completion.cpp)
+
+  // The routes (routes.cpp): every request that arrived (authentication, routing, counting), the errors the
+  // front answers itself, the access log, and the routes that report.
+  void handle(const front::request& req, front::response& res);
+  void route(const front::request& req, front::response& res);
+  std::string front_error(const front::request& req, int status, const std::string& message);
+  void access_log(const front::request& req, int status, double seconds);
+  void health(front::response& res) const;
+  void list_models(front::response& res) const;
+  // A completion request (completion.cpp): checked and given a session, then answered by the response's
+  // writer.
+  void complete(bool chat, const front::request& req, front::response& res);
+  void embeddings(const front::request& req, front::response& res);
+  // Frees the models' embeddings contexts (and their memory's record), before the models unload.
+  void release_embeddings();
+  std::shared_ptr<answer_state> begin_answer(bool chat, const std::string& body);
+  bool write_choices(answer_state& st, front::body_sink& sink);
+  bool write_answer(answer_state& st, front::body_sink& sink);
+  // Counts the request being handled on this thread (once): before its response's last byte leaves, so a
+  // client that has its answer finds it in /metrics.
+  void count_request(const std::string& endpoint, int status);
+  void finish_stop();
+
+  engine& eng_;
+  std::function<std::string()> cluster_status_;
+  placement_fn placement_;
+  // The settings s loads with: placed by placement_ for placement = "cluster".
+  actors::model_settings placed(const actors::model_settings& s, bool first);
+  daemon_config cfg_;
+  std::unique_ptr<front::listener> svr_;
+  std::vector<std::unique_ptr<model_slots>> models_;
+  daemon_metrics metrics_;
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> cancel_all_{false};
+  std::atomic<uint64_t> next_id_{1};
+  int port_ = -1;
+  std::mutex stop_mutex_;
+  bool stopped_ = false;
+  std::thread watchdog_;  // cancels what is still answering when a shutdown's grace period ends
+};
+
+}  // namespace troupe::http
