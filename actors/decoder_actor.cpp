@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "actors/detail/decoder_state.h"
+#include "llm/embedding.h"
 
 namespace troupe::actors {
 namespace detail {
@@ -229,6 +230,26 @@ decoder_actor::behavior_type decoder_fn(decoder_ptr self, engine_env_ptr env, me
         st.generating.insert(s.seq);
         st.waiting.push_back({std::move(s), rp});
         try_batch(self);
+        return rp;
+      },
+      [self](embed_atom, const embed_request& r) -> caf::result<embed_reply> {
+        auto& st = self->state;
+        if (!st.model) return make_error(errc::bad_request, "this scheduler serves no model");
+        // Without the model's context (released: this actor terminates next) no embeddings context is made,
+        // so none outlives the release on the memory record.
+        if (!st.dec) return make_error(errc::down, "model " + st.params.model + " has no context");
+        if (!st.release_waiters.empty()) return make_error(errc::down, "model " + st.params.model + ": the context is being released");
+        embed_reply out;
+        try {
+          if (!st.embed_ctx) create_embed_context(self);
+          out.embedding = llm::embed(*st.embed_ctx, r.tokens);  // on this thread: the model's decodes wait meanwhile
+        } catch (const std::exception& e) {
+          report_compute(self);  // a context made for this request is on record all the same
+          return error_from(e);
+        }
+        // Replies once the compute memory (grown for a long input) is on record, as attach does.
+        auto rp = self->make_response_promise<embed_reply>();
+        report_compute(self, [rp, out = std::move(out)]() mutable { rp.deliver(std::move(out)); });
         return rp;
       },
       [self](end_atom, int32_t seq) {

@@ -3,7 +3,9 @@
 // sessions' steps in batches: a step that arrives while others are being decoded waits, and the next
 // batch takes every waiting step (each on its own sequence), so sessions that generate at the same time
 // share each pass over the weights. It waits for every generating session's next step (or flush_delay) so
-// that sessions stay in step with each other.
+// that sessions stay in step with each other. It also computes embeddings (embed_atom, delegated by a
+// session) on an embeddings context of its own, made on the first one and released with the model's
+// context; each runs on this actor's thread, so the model's next decode batch waits for it.
 //
 //   decoder_actor s = spawn_decoder_actor(sys, env, "m", acct, allocators);
 //   self->request(s, t, attach_atom_v, session_handle).then([](int32_t seq) { ... });

@@ -1,5 +1,9 @@
 #include <caf/all.hpp>
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "actors/detail/decoder_state.h"
 #include "actors/fan_in.h"
 #include "runtime/error.h"
@@ -19,16 +23,17 @@ memory_event event_for(buffer_type_i& bt, memory_kind kind, int64_t bytes, const
 void report_compute(decoder_ptr self, std::function<void()> done) {
   auto& st = self->state;
   fan_in join(1, std::move(done));  // one for this function itself: each request below adds its own
-  if (st.ctx) {
-    // Every pipeline slot's compute memory too (llm_context: several micro-batches in flight).
-    for (const auto& [bt, bytes] : st.ctx->compute_bytes_by_buft()) {
+  // Every pipeline slot's compute memory too (llm_context: several micro-batches in flight).
+  const auto report = [&](const llm::llm_context* ctx, const std::string& owner, std::map<std::string, uint64_t>& reported_by) {
+    if (!ctx) return;
+    for (const auto& [bt, bytes] : ctx->compute_bytes_by_buft()) {
       const std::string name(bt->name());
-      uint64_t& reported = st.compute_reported[name];
+      uint64_t& reported = reported_by[name];
       if (reported == bytes) continue;
       const auto it = st.params.allocators.find(name);
       if (it != st.params.allocators.end()) {
         join.expect();
-        self->request(it->second, caf::infinite, reserve_atom_v, compute_reservation{st.owner(), bytes})
+        self->request(it->second, caf::infinite, reserve_atom_v, compute_reservation{owner, bytes})
             .then([join](int64_t) { join(); },
                   [join, name](const caf::error& e) {
                     TROUPE_LOG(warn, "scheduler: allocator " << name << " did not take a reservation: " << describe(e));
@@ -36,11 +41,13 @@ void report_compute(decoder_ptr self, std::function<void()> done) {
                   });
       } else {
         self->send(st.accountant, record_atom_v,
-                   event_for(*bt, memory_kind::compute, static_cast<int64_t>(bytes) - static_cast<int64_t>(reported), st.owner()));
+                   event_for(*bt, memory_kind::compute, static_cast<int64_t>(bytes) - static_cast<int64_t>(reported), owner));
       }
       reported = bytes;
     }
-  }
+  };
+  report(st.ctx.get(), st.owner(), st.compute_reported);
+  report(st.embed_ctx.get(), st.embed_owner(), st.embed_compute_reported);
   join();
 }
 
@@ -105,6 +112,19 @@ void create_context(decoder_ptr self) {
   }
 }
 
+void create_embed_context(decoder_ptr self) {
+  auto& st = self->state;
+  const model_settings& r = st.model->settings;
+  const uint32_t n = r.n_ctx_seq;
+  st.embed_ctx = std::make_unique<llm::llm_context>(
+      *st.model->model, llm::context_params{.n_ctx = n, .n_batch = n, .n_ubatch = std::min<uint32_t>(n, 512),
+                                            .n_threads = r.n_threads, .embeddings = true});
+  for (const auto& [bt, bytes] : st.embed_ctx->kv().bytes_by_buft()) {
+    self->send(st.accountant, record_atom_v,
+               event_for(*bt, memory_kind::context, static_cast<int64_t>(bytes), st.embed_owner()));
+  }
+}
+
 void relay_split(decoder_ptr self, const decode_split& d) {
   auto& st = self->state;
   const std::shared_ptr<split_task> task = st.env->objects.get<split_task>(d.task);
@@ -120,6 +140,40 @@ void relay_split(decoder_ptr self, const decode_split& d) {
             [task, device = task->device](const caf::error& e) { task->fail("device actor " + device + ": " + describe(e)); });
 }
 
+namespace {
+
+// Takes a context's memory off the record under `owner` and frees it: its KV memory and the compute memory
+// of buffer types without an allocator at the accountant; the allocators that hold its compute memory are
+// added to `asked`, to be told to release the owner.
+void release_one(decoder_ptr self, std::unique_ptr<llm::llm_context>& ctx, const std::string& owner,
+                 std::map<std::string, uint64_t>& reported_by, std::vector<std::pair<allocator_actor, std::string>>& asked) {
+  auto& st = self->state;
+  if (!ctx) return;
+  for (const auto& [bt, bytes] : ctx->kv().bytes_by_buft()) {
+    self->send(st.accountant, record_atom_v, event_for(*bt, memory_kind::context, -static_cast<int64_t>(bytes), owner));
+  }
+  for (auto& [name, reported] : reported_by) {
+    if (reported == 0) continue;
+    const auto it = st.params.allocators.find(name);
+    if (it != st.params.allocators.end()) {
+      asked.emplace_back(it->second, owner);
+    } else {
+      scheduler& sched = ctx->sched();
+      for (int b = 0; b < sched.n_backends(); ++b) {
+        if (sched.buffer_type(b).name() == name) {
+          self->send(st.accountant, record_atom_v,
+                     event_for(sched.buffer_type(b), memory_kind::compute, -static_cast<int64_t>(reported), owner));
+          break;
+        }
+      }
+    }
+    reported = 0;
+  }
+  ctx.reset();
+}
+
+}  // namespace
+
 void release_context(decoder_ptr self, caf::typed_response_promise<bool> rp) {
   auto& st = self->state;
   for (waiting_step& w : st.waiting) w.promise.deliver(make_error(errc::down, "the model's context was released"));
@@ -129,37 +183,17 @@ void release_context(decoder_ptr self, caf::typed_response_promise<bool> rp) {
     st.release_waiters.push_back(std::move(rp));
     return;
   }
-  if (!st.ctx) {
-    rp.deliver(true);
-    return;
+  std::vector<std::pair<allocator_actor, std::string>> asked;
+  release_one(self, st.embed_ctx, st.embed_owner(), st.embed_compute_reported, asked);
+  if (st.ctx) {
+    // The context (its pipeline, with forgets still queued) goes before the decoder they call.
+    release_one(self, st.ctx, st.owner(), st.compute_reported, asked);
+    st.dec.reset();
+    st.seqs.clear();
   }
-  for (const auto& [bt, bytes] : st.ctx->kv().bytes_by_buft()) {
-    self->send(st.accountant, record_atom_v, event_for(*bt, memory_kind::context, -static_cast<int64_t>(bytes), st.owner()));
-  }
-  std::vector<allocator_actor> asked;
-  for (auto& [name, reported] : st.compute_reported) {
-    if (reported == 0) continue;
-    const auto it = st.params.allocators.find(name);
-    if (it != st.params.allocators.end()) {
-      asked.push_back(it->second);
-    } else {
-      scheduler& sched = st.ctx->sched();
-      for (int b = 0; b < sched.n_backends(); ++b) {
-        if (sched.buffer_type(b).name() == name) {
-          self->send(st.accountant, record_atom_v,
-                     event_for(sched.buffer_type(b), memory_kind::compute, -static_cast<int64_t>(reported), st.owner()));
-          break;
-        }
-      }
-    }
-    reported = 0;
-  }
-  st.ctx.reset();  // its pipeline (forgets still queued) before the decoder they call
-  st.dec.reset();
-  st.seqs.clear();
   fan_in join(asked.size(), [rp]() mutable { rp.deliver(true); });
-  for (const allocator_actor& a : asked) {
-    self->request(a, caf::infinite, release_atom_v, st.owner())
+  for (const auto& [a, owner] : asked) {
+    self->request(a, caf::infinite, release_atom_v, owner)
         .then([join](uint64_t) { join(); }, [join](const caf::error&) { join(); });
   }
 }

@@ -219,16 +219,6 @@ actors::memory_breakdown engine::memory() {
   return ask<actors::memory_breakdown>(*sys_, supervisor_, actors::get_atom_v, actors::breakdown_atom_v);
 }
 
-void engine::record_memory(const std::map<buffer_type_key, std::array<int64_t, 3>>& delta, const std::string& owner) {
-  const auto dir = ask<actors::actor_directory>(*sys_, supervisor_, actors::get_atom_v, actors::directory_atom_v);
-  for (const auto& [key, bytes] : delta) {
-    for (uint8_t k = 0; k < 3; ++k) {
-      if (bytes[k] == 0) continue;
-      caf::anon_send(dir.accountant, actors::record_atom_v, actors::memory_event{key.buft, key.device, key.is_host, k, bytes[k], owner});
-    }
-  }
-}
-
 actors::engine_status engine::status() {
   return ask<actors::engine_status>(*sys_, supervisor_, actors::get_atom_v, actors::status_atom_v);
 }
@@ -283,6 +273,22 @@ void session::share_prefix(const session& other) {
   if (!handle_ || !other.handle_) throw actors::request_error(actors::make_error(actors::errc::not_found, "session is closed"));
   const auto prefix = ask<actors::session_prefix>(*sys_, other.handle_, actors::get_atom_v, actors::prefix_atom_v);
   ask<bool>(*sys_, handle_, actors::share_atom_v, prefix);
+}
+
+std::vector<float> session::embed(const std::vector<int32_t>& tokens) {
+  if (!handle_) throw actors::request_error(actors::make_error(actors::errc::not_found, "session is closed"));
+  caf::scoped_actor self{*sys_};
+  std::optional<actors::embed_reply> reply;
+  caf::error err;
+  self->request(handle_, caf::infinite, actors::embed_atom_v, actors::embed_request{tokens})
+      .receive([&](actors::embed_reply& r) { reply = std::move(r); }, [&](caf::error& e) { err = std::move(e); });
+  // A session or decoder actor that terminated bounces the request: the model is down (being unloaded or
+  // loaded again), as a session's answer reports it.
+  if (err == caf::sec::request_receiver_down) {
+    throw actors::request_error(actors::make_error(actors::errc::down, "session terminated: " + caf::to_string(err)));
+  }
+  if (err) throw actors::request_error(err);
+  return std::move(reply->embedding);
 }
 
 actors::generate_reply session::generate(const std::string& prompt, const actors::generation_params& p,

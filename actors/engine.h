@@ -7,6 +7,7 @@
 //     std::cout << piece << std::flush;
 //     return true;                                                 // false cancels the answer
 //   });
+//   std::vector<float> e = s.embed({1, 403, 407});                 // token ids -> their embedding, length 1
 //   std::cout << eng.memory().table;                               // the memory breakdown
 //   eng.shutdown();                                                // frees everything; returns the final breakdown
 //
@@ -29,9 +30,7 @@
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 
-#include <array>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -81,6 +80,12 @@ class session {
   void cancel();
   // Forgets the conversation's cached tokens.
   void reset();
+  // The embedding of token ids, used as given (pooled as the model declares, length 1: llm/embedding.h),
+  // computed by the model's decoder actor on an embeddings context of its own (made on the first one,
+  // n_ctx_seq cells, on the memory record as "embeddings:MODEL", freed with the model); the conversation's
+  // cache is untouched. Throws actors::request_error: bad_request (no ids, or one outside the vocabulary),
+  // capacity (more than n_ctx_seq), down (the session or its model's decoder actor is gone).
+  std::vector<float> embed(const std::vector<int32_t>& tokens);
   // Takes what `other` (a session of the same model, not answering) holds in the cache as this session's
   // own, sharing its cells: this session's next answer to the same prompt decodes only its last token.
   void share_prefix(const session& other);
@@ -128,11 +133,6 @@ class engine {
   session open_session(const std::string& model);
   // The memory breakdown now (table, JSON, numbers).
   actors::memory_breakdown memory();
-  // Puts memory the host holds outside the actors (a context of its own over a loaded model's weights, as
-  // the daemon's embeddings) on the memory accountant's record: each entry of `delta` (bytes may be
-  // negative: a release) under `owner`; indexed by memory_kind (model, context, compute). Sent, so a
-  // breakdown asked for at once may not have it yet.
-  void record_memory(const std::map<buffer_type_key, std::array<int64_t, 3>>& delta, const std::string& owner);
   actors::engine_status status();
   // Each loaded model's scheduler counters (batches decoded, steps batched together, KV and compute bytes).
   std::vector<actors::decoder_stats> decoding_stats();

@@ -41,6 +41,8 @@ struct token_event;
 struct generate_reply;
 struct session_request;
 struct session_prefix;
+struct embed_request;
+struct embed_reply;
 struct decode_step;
 struct step_logits;
 struct decoder_stats;
@@ -130,7 +132,10 @@ using session_actor = caf::typed_actor<
     // What the session holds in the cache (its sequence and tokens).
     caf::replies_to<get_atom, prefix_atom>::with<session_prefix>,
     // Takes another session's cached tokens as its own (shared cells, no decode).
-    caf::replies_to<share_atom, session_prefix>::with<bool>>;
+    caf::replies_to<share_atom, session_prefix>::with<bool>,
+    // The embedding of token ids (llm/embedding.h: pooled as the model declares, length 1), computed by the
+    // model's decoder actor, which answers the requester; the conversation's cache is untouched.
+    caf::replies_to<embed_atom, embed_request>::with<embed_reply>>;
 
 using decoder_actor = caf::typed_actor<
     // A session joins the model: its sequence id (the context is created on the first attach).
@@ -142,6 +147,10 @@ using decoder_actor = caf::typed_actor<
     caf::replies_to<share_atom, int32_t, int32_t, int32_t>::with<bool>,
     // Decodes a step, batched with the other waiting steps; replies the logits of its last token.
     caf::replies_to<step_atom, decode_step>::with<step_logits>,
+    // An embedding on the model's embeddings context (made on the first one: n_ctx_seq cells, its memory
+    // on record as "embeddings:MODEL", freed with the context), one at a time on this actor's thread;
+    // errc::down once the context is released.
+    caf::replies_to<embed_atom, embed_request>::with<embed_reply>,
     // The session on this sequence has no further step for now (its answer ended or was cancelled).
     caf::reacts_to<end_atom, int32_t>,
     // Decodes the waiting steps now (sent to itself after flush_delay).

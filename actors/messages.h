@@ -237,6 +237,18 @@ struct session_request {
   friend bool operator==(const session_request&, const session_request&) = default;
 };
 
+// Token ids to embed, used as given (no BOS added): at most the model's n_ctx_seq, each in its vocabulary.
+struct embed_request {
+  std::vector<int32_t> tokens;
+  friend bool operator==(const embed_request&, const embed_request&) = default;
+};
+
+// Their embedding: [n_embd], pooled as the GGUF declares (mean where it declares none), length 1.
+struct embed_reply {
+  std::vector<float> embedding;
+  friend bool operator==(const embed_reply&, const embed_reply&) = default;
+};
+
 // ---- decoder actor ----
 
 // Decode `tokens` on sequence `seq` after keeping its first `keep` cache positions.
@@ -448,6 +460,14 @@ typename Inspector::result_type inspect(Inspector& f, generate_reply& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, session_request& x) {
   return f(caf::meta::type_name("session_request"), x.model);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, embed_request& x) {
+  return f(caf::meta::type_name("embed_request"), x.tokens);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, embed_reply& x) {
+  return f(caf::meta::type_name("embed_reply"), x.embedding);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, session_prefix& x) {

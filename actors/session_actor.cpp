@@ -175,6 +175,25 @@ session_actor::behavior_type session(session_ptr self, std::shared_ptr<const loa
                   [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
       },
+      [self](embed_atom, embed_request& r) -> caf::result<embed_reply> {
+        auto& st = self->state;
+        const std::string who = "session " + std::to_string(st.id);
+        if (st.seq < 0) return make_error(errc::down, who + " has no sequence");
+        if (r.tokens.empty()) return make_error(errc::bad_request, who + ": nothing to embed");
+        const int32_t n = st.model->vocab->n_tokens();
+        for (size_t i = 0; i < r.tokens.size(); ++i) {
+          if (r.tokens[i] < 0 || r.tokens[i] >= n) {
+            return make_error(errc::bad_request, "token " + std::to_string(i) + " is " + std::to_string(r.tokens[i]) +
+                                                     ", outside the vocabulary (0.." + std::to_string(n - 1) + ")");
+          }
+        }
+        if (r.tokens.size() > st.model->settings.n_ctx_seq) {
+          return make_error(errc::capacity, who + ": " + std::to_string(r.tokens.size()) + " tokens to embed; at most " +
+                                                std::to_string(st.model->settings.n_ctx_seq));
+        }
+        // The decoder actor answers the requester; this session's sequence and cache take no part.
+        return self->delegate(st.sched, embed_atom_v, std::move(r));
+      },
   };
 }
 

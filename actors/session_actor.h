@@ -2,7 +2,8 @@
 // the messages), schedules decode steps on the model's decoder actor, samples each next token, streams
 // the text to the request's subscriber as it comes, and replies the whole answer. The tokens a turn leaves
 // in the cache are reused by the next turn that starts with them. cancel ends the current answer: its
-// requester gets errc::cancelled at once, and other sessions of the model continue.
+// requester gets errc::cancelled at once, and other sessions of the model continue. embed checks token ids
+// and hands them to the model's decoder actor, which computes their embedding and answers the requester.
 //
 //   session_actor s = ...;   // supervisor: (open_atom, session_request{"m"})
 //   self->request(s, infinite, generate_atom_v, generate_request{.prompt = "Once", .subscriber = me}).then(

@@ -63,6 +63,9 @@ CAF_BEGIN_TYPE_ID_BLOCK(troupe, caf::first_custom_type_id)
   // remote peers
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::peer_status))
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::peer_memory))
+  // embeddings (last, so that every type above keeps its ID)
+  CAF_ADD_TYPE_ID(troupe, (troupe::actors::embed_request))
+  CAF_ADD_TYPE_ID(troupe, (troupe::actors::embed_reply))
 
 CAF_END_TYPE_ID_BLOCK(troupe)
 

@@ -1,6 +1,7 @@
 // The decoder actor's state and the pieces of its behaviour, one concern per file:
-// decoder_actor.cpp (the handlers and decode batching) and decoder_context.cpp (the model context: its
-// creation, memory reports and release, decode splits on device actors). Internal to troupe_actors.
+// decoder_actor.cpp (the handlers and decode batching) and decoder_context.cpp (the model context and the
+// embeddings context: their creation, memory reports and release, decode splits on device actors). Internal
+// to troupe_actors.
 #pragma once
 
 #include <caf/all.hpp>
@@ -71,9 +72,13 @@ struct decoder_state {
   bool flush_scheduled = false;
   std::map<std::string, device_actor> devices;
   std::map<std::string, uint64_t> compute_reported;  // by buffer type name
+  // The embeddings context (embed_atom), made by the first embedding, and its compute memory on record.
+  std::unique_ptr<llm::llm_context> embed_ctx;
+  std::map<std::string, uint64_t> embed_compute_reported;  // by buffer type name
   static inline const char* name = "troupe.scheduler";
 
   std::string owner() const { return "context:" + params.model; }
+  std::string embed_owner() const { return "embeddings:" + params.model; }
   // Whether a step of seq is in one of the jobs in the pipeline.
   bool in_flight(int32_t seq) const {
     for (const auto& [id, j] : jobs) {
@@ -105,11 +110,15 @@ using decoder_ptr = decoder_actor::stateful_pointer<decoder_state>;
 // Creates the model's context (KV cache, compute memory) and reports its KV memory. Throws what the
 // context throws.
 void create_context(decoder_ptr self);
-// Tells the allocator actors (or the accountant, for a buffer type without one) the context's compute
-// memory per buffer type; `done` runs once every allocator asked has answered (at once when none was).
+// Creates the model's embeddings context (n_ctx_seq cells, one sequence, embeddings = true) and reports its
+// KV memory under embed_owner(). It has no split runner: llm::embed runs its splits on this actor's thread,
+// where a split handed over to the actor would wait for itself. Throws what the context throws.
+void create_embed_context(decoder_ptr self);
+// Tells the allocator actors (or the accountant, for a buffer type without one) the compute memory per
+// buffer type of both contexts; `done` runs once every allocator asked has answered (at once when none was).
 void report_compute(decoder_ptr self, std::function<void()> done = {});
-// Releases the context's memory; replies through rp once every allocator has answered. Waits for the decodes
-// in the pipeline first.
+// Releases both contexts' memory; replies through rp once every allocator has answered. Waits for the
+// decodes in the pipeline first.
 void release_context(decoder_ptr self, caf::typed_response_promise<bool> rp);
 // Hands a decode split from the context's pipeline thread on to its device's actor (decoder_context.cpp).
 void relay_split(decoder_ptr self, const decode_split& d);

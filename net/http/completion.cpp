@@ -21,20 +21,10 @@
 namespace troupe::http {
 
 using detail::clock_type;
+using detail::error_for;
+using detail::in_flight_count;
 
 namespace {
-
-// Counts a request in flight for as long as it lives.
-class in_flight_count {
- public:
-  explicit in_flight_count(daemon_metrics& mx) : m_(mx) { m_.in_flight.fetch_add(1); }
-  ~in_flight_count() { m_.in_flight.fetch_sub(1); }
-  in_flight_count(const in_flight_count&) = delete;
-  in_flight_count& operator=(const in_flight_count&) = delete;
-
- private:
-  daemon_metrics& m_;
-};
 
 // Writes to the client until it goes away (then every later write is a no-op that says so).
 struct answer_sink {
@@ -46,8 +36,6 @@ struct answer_sink {
   }
 };
 
-// The HTTP error for a failed answer: a full context is the request's fault (400), a model that is down
-// (its peer is gone, it is being loaded again) is a 503 to retry later, anything else a 500.
 // What the session actor is asked for a parsed request.
 actors::generate_request generate_request_of(const completion_request& r) {
   actors::generate_request gr;
@@ -78,13 +66,6 @@ bool send_error_answer(answer_sink& out, front::body_sink& sink, bool stream, co
 bool finish_response(answer_sink& out, front::body_sink& sink) {
   if (out.gone) return false;
   return sink.done();
-}
-
-api_error error_for(const actors::request_error& e) {
-  if (e.is(actors::errc::capacity)) return api_error(400, "invalid_request_error", e.what());
-  if (e.is(actors::errc::bad_request)) return api_error(400, "invalid_request_error", e.what());
-  if (e.is(actors::errc::down) || e.is(actors::errc::unavailable)) return api_error(503, "unavailable_error", e.what());
-  return api_error(500, "server_error", e.what());
 }
 
 }  // namespace

@@ -85,7 +85,6 @@ void daemon::replace_model(const std::string& name, const std::string& why) {
     ms.unavailable = why + "; it is being placed again";
   }
   ms.loaded.store(false);
-  release_embeddings();  // its context reads the weights that are about to go
   try {
     eng_.unload_model(name);
   } catch (const std::exception& e) {
@@ -193,7 +192,6 @@ void daemon::finish_stop() {
   }
   if (watchdog.joinable()) watchdog.join();
   if (!first) return;
-  release_embeddings();
   // No request is in flight any more (the server's workers have ended): close every session.
   for (auto& ms : models_) {
     std::vector<std::unique_ptr<session>> idle;

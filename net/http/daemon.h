@@ -7,13 +7,14 @@
 //   d.load_models();                    // loads the configured models; /health turns 200
 //   ...  d.stop();                      // from any thread (the signal watcher)
 //
-// Files: server.cpp (binding, loading, stopping), routes.cpp (authentication, errors, access log, the
-// reporting routes), completion.cpp (the completions), session_pool.h (a model's sessions and queue),
-// front.h (the HTTP/1.1 event loop every connection lives on: deadlines, the connection limit).
+// Files: daemon.cpp (binding, loading, stopping), routes.cpp (authentication, errors, access log, the
+// reporting routes), completion.cpp (the completions), embeddings.cpp (the embeddings, on the same
+// sessions), session_pool.h (a model's sessions and queue), front.h (the HTTP/1.1 event loop every
+// connection lives on: deadlines, the connection limit).
 //
-// Routes: POST /v1/chat/completions, POST /v1/completions (streaming as server-sent events or not), GET
-// /v1/models, GET /health, GET /metrics (Prometheus), GET /v1/memory (the memory breakdown as JSON). Every
-// route but /health needs a bearer key when keys are configured.
+// Routes: POST /v1/chat/completions, POST /v1/completions (streaming as server-sent events or not), POST
+// /v1/embeddings, GET /v1/models, GET /health, GET /metrics (Prometheus), GET /v1/memory (the memory
+// breakdown as JSON). Every route but /health needs a bearer key when keys are configured.
 //
 // Connections: an event loop (server.io_threads) holds every connection and reads each request whole
 // under deadlines; idle and slow clients hold no thread. A request that has arrived goes to a worker: the
@@ -99,9 +100,8 @@ class daemon {
   // A completion request (completion.cpp): checked and given a session, then answered by the response's
   // writer.
   void complete(bool chat, const front::request& req, front::response& res);
+  // An embeddings request (embeddings.cpp): checked, then computed on a session of the model.
   void embeddings(const front::request& req, front::response& res);
-  // Frees the models' embeddings contexts (and their memory's record), before the models unload.
-  void release_embeddings();
   std::shared_ptr<answer_state> begin_answer(bool chat, const std::string& body);
   bool write_choices(answer_state& st, front::body_sink& sink);
   bool write_answer(answer_state& st, front::body_sink& sink);

@@ -1,9 +1,10 @@
 // POST /v1/embeddings: OpenAI's request (input: a string, strings, token ids or lists of them;
 // encoding_format float or base64) answered with each input's normalized pooled embedding
-// (llm/embedding.h), computed on the model's own embeddings context.
+// (llm/embedding.h). The request takes a session of the model like a completion (a free one, or a place in
+// the queue); the model's decoder actor computes each input on its embeddings context.
 #include <algorithm>
-#include <climits>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,7 +12,6 @@
 #include "net/http/openai.h"
 #include "net/http/daemon.h"
 #include "net/http/session_pool.h"
-#include "llm/embedding.h"
 #include "runtime/log.h"
 
 namespace troupe::http {
@@ -35,38 +35,30 @@ std::string base64(const std::vector<float>& v) {
   return out;
 }
 
-// Brings the accountant's record of a model's embeddings context to what it holds now (ctx null: nothing).
-void account_embeddings(engine& eng, model_slots& ms, const llm::llm_context* ctx) {
-  memory_ledger now;
-  if (ctx != nullptr) ctx->account(now);
-  std::map<buffer_type_key, std::array<int64_t, 3>> delta;
-  const auto add = [&](const memory_ledger& l, int sign) {
-    for (const auto& [key, u] : l.entries()) {
-      auto& d = delta[key];
-      for (uint8_t k = 0; k < 3; ++k) d[k] += sign * static_cast<int64_t>(u[static_cast<memory_kind>(k)]);
+// The embedding on the leased session; once more on a fresh session when its actor is gone (the model was
+// loaded again after a peer reconnected, say), as a completion's answer is retried.
+std::vector<float> embed_on(engine& eng, lease& l, const std::vector<int32_t>& tokens, bool& retried) {
+  for (;;) {
+    try {
+      return l.get().embed(tokens);
+    } catch (const actors::request_error& e) {
+      if (!retried && e.is(actors::errc::down)) {
+        retried = true;
+        try {
+          l.replace(std::make_unique<session>(eng.open_session(l.model())));
+          TROUPE_LOG(info, "http: embeddings: " << e.what() << "; retrying on a new session");
+          continue;
+        } catch (const std::exception&) {
+          // the model itself is down: the first error says why
+        }
+      }
+      if (e.is(actors::errc::down) || e.is(actors::errc::busy)) l.broken();
+      throw;
     }
-  };
-  add(now, 1);
-  add(ms.embed_reported, -1);
-  try {
-    eng.record_memory(delta, "embeddings:" + ms.config.name);
-    ms.embed_reported = now;
-  } catch (const std::exception& e) {
-    TROUPE_LOG(warn, "embeddings: model '" << ms.config.name << "': memory not recorded: " << e.what());
   }
 }
 
 }  // namespace
-
-void daemon::release_embeddings() {
-  for (auto& ms : models_) {
-    std::lock_guard l(ms->embed_m);
-    if (!ms->embed_ctx) continue;
-    ms->embed_ctx.reset();
-    ms->embed_model.reset();
-    account_embeddings(eng_, *ms, nullptr);
-  }
-}
 
 void daemon::embeddings(const front::request& req, front::response& res) {
   try {
@@ -77,15 +69,22 @@ void daemon::embeddings(const front::request& req, front::response& res) {
       throw api_error(404, "invalid_request_error", "the model '" + r.model + "' does not exist", "model", "model_not_found");
     }
     model_slots& ms = **it;
-    if (!ms.loaded.load()) throw api_error(503, "unavailable_error", "the model '" + r.model + "' is not loaded");
     std::shared_ptr<const actors::loaded_model> lm;
+    std::string why;
     {
       std::lock_guard l(ms.m);
       lm = ms.model;
+      why = ms.unavailable;
     }
+    if (!ms.loaded.load() || !lm) {
+      throw api_error(503, "unavailable_error",
+                      "the model '" + r.model + "' is " + (why.empty() ? std::string("still loading") : "unavailable: " + why));
+    }
+    // Every input is checked before a session is taken: the ids exist and fit a session's context.
     const llm::vocab& v = *lm->vocab;
     std::vector<std::vector<int32_t>> inputs = r.token_ids;
     for (const std::string& t : r.texts) inputs.push_back(v.tokenize(t, /*add_special=*/true));
+    const uint32_t n_ctx = lm->settings.n_ctx_seq;
     for (size_t i = 0; i < inputs.size(); ++i) {
       for (const int32_t id : inputs[i]) {
         if (id >= v.n_tokens()) {
@@ -94,34 +93,25 @@ void daemon::embeddings(const front::request& req, front::response& res) {
                             "input");
         }
       }
+      if (inputs[i].size() > n_ctx) {
+        throw api_error(400, "invalid_request_error",
+                        "input " + std::to_string(i) + " has " + std::to_string(inputs[i].size()) +
+                            " tokens; this model's embeddings take at most " + std::to_string(n_ctx),
+                        "input", "context_length_exceeded");
+      }
     }
+    const detail::in_flight_count counted(metrics_);
+    std::unique_ptr<lease> claim = acquire(eng_, ms, metrics_, cfg_.server, stopping_);
+    // One input per message: the model's other sessions decode between two inputs of a long list.
     json data = json::array();
     int64_t n_tokens = 0;
-    {
-      std::lock_guard l(ms.embed_m);
-      if (!ms.embed_ctx || ms.embed_model != lm) {
-        ms.embed_ctx.reset();
-        account_embeddings(eng_, ms, nullptr);
-        const uint32_t n_ctx = lm->settings.n_ctx_seq;
-        ms.embed_ctx = std::make_unique<llm::llm_context>(
-            *lm->model, llm::context_params{.n_ctx = n_ctx, .n_batch = n_ctx, .n_ubatch = std::min<uint32_t>(n_ctx, 512),
-                                            .n_threads = lm->settings.n_threads, .embeddings = true});
-        ms.embed_model = lm;
-        account_embeddings(eng_, ms, ms.embed_ctx.get());
-      }
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        if (inputs[i].size() > ms.embed_ctx->params().n_ctx) {
-          throw api_error(400, "invalid_request_error",
-                          "input " + std::to_string(i) + " has " + std::to_string(inputs[i].size()) +
-                              " tokens; this model's embeddings take at most " + std::to_string(ms.embed_ctx->params().n_ctx),
-                          "input", "context_length_exceeded");
-        }
-        const std::vector<float> e = llm::embed(*ms.embed_ctx, inputs[i]);
-        n_tokens += static_cast<int64_t>(inputs[i].size());
-        data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", r.base64 ? json(base64(e)) : json(e)}});
-      }
-      account_embeddings(eng_, ms, ms.embed_ctx.get());  // the compute buffers grow for a long input
+    bool retried = false;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const std::vector<float> e = embed_on(eng_, *claim, inputs[i], retried);
+      n_tokens += static_cast<int64_t>(inputs[i].size());
+      data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", r.base64 ? json(base64(e)) : json(e)}});
     }
+    claim.reset();  // the session is free before the client has the answer
     const json out = {{"object", "list"},
                       {"data", data},
                       {"model", r.model},
@@ -129,6 +119,9 @@ void daemon::embeddings(const front::request& req, front::response& res) {
     res.set_content(dump(out), "application/json");
   } catch (const api_error& e) {
     detail::send_error(res, e);
+  } catch (const actors::request_error& e) {
+    TROUPE_LOG(warn, "http: embeddings: " << e.what());
+    detail::send_error(res, detail::error_for(e));
   } catch (const std::exception& e) {
     detail::send_error(res, api_error(500, "server_error", std::string("embeddings: ") + e.what()));
   }

@@ -18,7 +18,6 @@
 #include "actors/engine.h"
 #include "net/http/daemon_config.h"
 #include "net/http/metrics.h"
-#include "llm/llm_context.h"
 
 namespace troupe::http {
 
@@ -37,13 +36,6 @@ struct model_slots {
   std::vector<session*> active;  // sessions answering now (cancelled at the end of a shutdown's grace)
   uint32_t open = 0;             // sessions that exist (idle + busy + being opened)
   uint32_t busy = 0;
-
-  // /v1/embeddings: a context of its own (embeddings = true) over the same weights, made on first use and
-  // again when the model is loaded again; one request at a time.
-  std::mutex embed_m;
-  std::shared_ptr<const actors::loaded_model> embed_model;  // the model embed_ctx was made for
-  std::unique_ptr<llm::llm_context> embed_ctx;
-  memory_ledger embed_reported;  // what the accountant has on record for embed_ctx
 };
 
 // One request's claim on a session of a model: returned to the model's idle sessions (or discarded when it

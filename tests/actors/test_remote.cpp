@@ -268,6 +268,18 @@ TEST_CASE("every message type crosses a middleman connection between two process
   REQUIRE_FALSE(self_share);
   CHECK(is(self_share.error(), errc::bad_request));
   mark({"session_prefix"});
+  // An embedding: the session checks the ids and delegates to the model's decoder actor, whose reply comes
+  // straight back to this process; an id outside the vocabulary is refused by the session.
+  const auto emb = ask<embed_reply>(self, *sess, embed_atom_v, embed_request{{1, 403, 407}});
+  if (!emb) FAIL(describe(emb.error()));
+  CHECK(emb->embedding.size() == 64);  // stories260K's n_embd
+  double norm2 = 0;
+  for (const float x : emb->embedding) norm2 += static_cast<double>(x) * x;
+  CHECK(norm2 == Approx(1.0).epsilon(1e-5));
+  const auto out_of_vocab = ask<embed_reply>(self, *sess, embed_atom_v, embed_request{{1, static_cast<int32_t>(info->n_vocab)}});
+  REQUIRE_FALSE(out_of_vocab);
+  CHECK(is(out_of_vocab.error(), errc::bad_request));
+  mark({"embed_request", "embed_reply"});
   self->send(*sess, cancel_atom_v);
   CHECK(value_or<bool>(ask<bool>(self, *sess, reset_atom_v), false));
 
@@ -404,7 +416,7 @@ TEST_CASE("every message type crosses a middleman connection between two process
   self->send(sup, cancel_atom_v, std::string("m"));
   const auto final_b = ask<memory_breakdown>(self, sup, shutdown_atom_v);
   REQUIRE(final_b);
-  CHECK(final_b->model + final_b->context + final_b->compute == 0);
+  CHECK(final_b->model + final_b->context + final_b->compute == 0);  // the embeddings context's memory too
   CHECK(final_b->n_rejected == 0);
 
   // Every registered type went across.

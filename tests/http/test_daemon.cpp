@@ -1,7 +1,8 @@
 // The daemon end to end: a real `troupe serve` process on 127.0.0.1 (tests/http/daemon_process.h), real
 // HTTP over loopback (cpp-httplib's client), stories260K with greedy decoding against the reference tokens
-// of ../shared/models/README.md: chat and completions plain and streamed, concurrent requests batched, and
-// a load test. (Errors, cancellation and shutdown: test_daemon_failures.cpp; remote peers: test_daemon_peer.cpp.)
+// of ../shared/models/README.md: chat and completions plain and streamed, concurrent requests batched,
+// embeddings on the model's sessions, and a load test. (Errors, cancellation and shutdown:
+// test_daemon_failures.cpp; remote peers: test_daemon_peer.cpp.)
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -10,7 +11,11 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <csignal>
+#include <cstring>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "net/http/loadgen.h"
 #include "tests/http/daemon_process.h"
@@ -33,6 +38,54 @@ std::vector<std::string> sse_events(const std::string& body) {
     out.push_back(body.substr(pos + 6, end - pos - 6));
     pos = end == std::string::npos ? body.size() : end;
   }
+  return out;
+}
+
+// The embeddings of a /v1/embeddings answer (float encoding), in index order; each is checked to have
+// stories260K's n_embd (64) values and length 1.
+std::vector<std::vector<float>> embeddings_of(const std::string& body) {
+  const json j = json::parse(body);
+  CHECK(j["object"] == "list");
+  CHECK(j["model"] == "stories");
+  std::vector<std::vector<float>> out;
+  for (size_t i = 0; i < j["data"].size(); ++i) {
+    const json& d = j["data"][i];
+    CHECK(d["object"] == "embedding");
+    CHECK(d["index"] == i);
+    out.push_back(d["embedding"].get<std::vector<float>>());
+    CHECK(out.back().size() == 64);
+    double norm2 = 0;
+    for (const float x : out.back()) norm2 += static_cast<double>(x) * x;
+    CHECK(norm2 == Approx(1.0).epsilon(1e-5));
+  }
+  return out;
+}
+
+bool close_to(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::fabs(a[i] - b[i]) > 1e-6f) return false;
+  }
+  return true;
+}
+
+// Standard base64 decoded (OpenAI's encoding_format "base64": little-endian float32).
+std::vector<float> floats_of_base64(const std::string& text) {
+  static const std::string table = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string bytes;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (const char ch : text) {
+    if (ch == '=') break;
+    acc = (acc << 6) | static_cast<uint32_t>(table.find(ch));
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      bytes += static_cast<char>((acc >> bits) & 0xff);
+    }
+  }
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
   return out;
 }
 
@@ -324,6 +377,89 @@ TEST_CASE("daemon: concurrent requests are batched and each answer is right", "[
   CHECK(metric(c, "troupe_decode_steps_total{model=\"stories\"}") >= n * 30);
   CHECK(metric(c, "troupe_decode_batch_max{model=\"stories\"}") >= 2);
   CHECK(metric(c, "troupe_decode_batches_total{model=\"stories\"}") < metric(c, "troupe_decode_steps_total{model=\"stories\"}"));
+}
+
+TEST_CASE("daemon: /v1/embeddings on the model's sessions, alongside completions", "[http][daemon][embeddings]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  // Two sessions (n_ctx_seq 128): the requests below share them with a completion.
+  test::daemon_process d(stories_config(model->string(), "", 256, 2));
+  httplib::Client c("127.0.0.1", d.port());
+  c.set_read_timeout(60, 0);
+  const auto post = [&](const json& body) { return c.Post("/v1/embeddings", body.dump(), "application/json"); };
+
+  // Text and token ids: "Once upon a time" with BOS is [1, 403, 407, 261, 378].
+  auto r = post({{"model", "stories"}, {"input", {"Once upon a time", "The dog ran to the park."}}});
+  REQUIRE(r);
+  INFO(r->body);
+  REQUIRE(r->status == 200);
+  const std::vector<std::vector<float>> two = embeddings_of(r->body);
+  REQUIRE(two.size() == 2);
+  CHECK(json::parse(r->body)["usage"]["prompt_tokens"].get<int>() > 5);
+  CHECK_FALSE(close_to(two[0], two[1]));
+  r = post({{"model", "stories"}, {"input", {1, 403, 407, 261, 378}}});
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  const std::vector<std::vector<float>> ids = embeddings_of(r->body);
+  REQUIRE(ids.size() == 1);
+  CHECK(close_to(ids[0], two[0]));
+  CHECK(json::parse(r->body)["usage"]["prompt_tokens"] == 5);
+  r = post({{"model", "stories"}, {"input", "Once upon a time"}, {"encoding_format", "base64"}});
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  CHECK(close_to(floats_of_base64(json::parse(r->body)["data"][0]["embedding"].get<std::string>()), two[0]));
+
+  // Refused before a session is taken: too long for a session's context, an id outside the vocabulary, an
+  // unknown model.
+  r = post({{"model", "stories"}, {"input", std::vector<int>(129, 1)}});
+  REQUIRE(r);
+  CHECK(r->status == 400);
+  CHECK(json::parse(r->body)["error"]["code"] == "context_length_exceeded");
+  r = post({{"model", "stories"}, {"input", {1, 512}}});
+  REQUIRE(r);
+  CHECK(r->status == 400);
+  CHECK(json::parse(r->body)["error"]["param"] == "input");
+  r = post({{"model", "nope"}, {"input", "x"}});
+  REQUIRE(r);
+  CHECK(r->status == 404);
+
+  // Two embedding requests of many inputs and a completion started between them, all at once.
+  const json many = {{"model", "stories"}, {"input", std::vector<std::string>(48, "Once upon a time there was a little dog.")}};
+  int status[3] = {0, 0, 0};
+  std::string bodies[3];
+  const auto request = [&](int i, const std::string& path, const json& body) {
+    httplib::Client own("127.0.0.1", d.port());
+    own.set_read_timeout(120, 0);
+    if (auto res = own.Post(path, body.dump(), "application/json")) {
+      status[i] = res->status;
+      bodies[i] = res->body;
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.emplace_back(request, 0, "/v1/embeddings", many);
+  threads.emplace_back(request, 1, "/v1/chat/completions", greedy_chat());
+  threads.emplace_back(request, 2, "/v1/embeddings", many);
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 3; ++i) {
+    INFO("request " << i << ": " << bodies[i]);
+    REQUIRE(status[i] == 200);
+  }
+  CHECK(json::parse(bodies[1])["choices"][0]["tokens"].get<std::vector<int>>() == reference_tokens);
+  const std::vector<std::vector<float>> first = embeddings_of(bodies[0]);
+  const std::vector<std::vector<float>> second = embeddings_of(bodies[2]);
+  REQUIRE(first.size() == 48);
+  REQUIRE(second.size() == 48);
+  for (size_t i = 0; i < first.size(); ++i) {
+    CHECK(close_to(first[i], first[0]));
+    CHECK(close_to(second[i], first[0]));
+  }
+  CHECK(metric(c, "troupe_requests_total{endpoint=\"embeddings\",status=\"200\"}") == 5);
+  CHECK(metric(c, "troupe_sessions{model=\"stories\",state=\"busy\"}") == 0);
+
+  // The embeddings context is freed with the model at shutdown.
+  d.signal(SIGTERM);
+  CHECK(d.wait_exit(std::chrono::seconds(30)) == 0);
+  CHECK_THAT(d.log(), Contains("stopped: 0 bytes still held"));
 }
 
 TEST_CASE("daemon: load test, 16 clients and 200 requests on stories260K, none fails", "[http][daemon][load]") {

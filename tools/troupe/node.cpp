@@ -102,14 +102,14 @@ int run_node(const node_options& o) {
   cfg.load<caf::io::middleman>();
   cfg.set("logger.verbosity", caf::atom("quiet"));
   const bool tls = !o.tls_ca.empty();
-  const cluster::tls_files tls_files{o.peer.tls_cert, o.peer.tls_key, o.tls_ca};
+  const cluster::tls_files tls_files{o.peer.server.tls_cert.string(), o.peer.server.tls_key.string(), o.tls_ca};
   if (tls) cluster::check_tls_files(tls_files, {"--tls-cert", "--tls-key", "--tls-ca"});
   const rpc::peer_server_options so = server_options_for(o.peer, "node");
   rpc::peer_server srv(so);
   srv.start();
   cluster::node_inventory inv;
   inv.name = o.name.empty() ? host_name() : o.name;
-  inv.rpc_host = o.peer.host;
+  inv.rpc_host = o.peer.server.host;
   inv.rpc_port = srv.port();
   inv.rpc_tls = srv.tls();
   if (!o.advertise.empty()) {  // HOST, or HOST:PORT (a forwarded port, a proxy)
@@ -178,22 +178,22 @@ int run_node(const node_options& o) {
 
 command_fn add_node(CLI::App& app) {
   auto o = std::make_shared<node_options>();
-  o->peer.port = 0;
+  o->peer.server.port = 0;
   app.add_option("--join", o->join, "the coordinator to join, HOST:PORT (troupe serve's [cluster] port)")->required();
   app.add_option("--name", o->name, "this node's name in the cluster (default: the host name)");
   app.add_option("--advertise", o->advertise,
                  "HOST or HOST:PORT that others reach this node's RPC server at (default: --host and the bound port)");
   app.add_option("--key-file,--cluster-key-file", o->cluster_key_file, "the cluster's shared key (default: --auth-key-file)");
-  app.add_option("--host", o->peer.host, "address the RPC server listens on (anything but loopback needs a key)");
-  app.add_option("--port", o->peer.port, "the RPC server's TCP port (0: any free port)");
+  app.add_option("--host", o->peer.server.host, "address the RPC server listens on (anything but loopback needs a key)");
+  app.add_option("--port", o->peer.server.port, "the RPC server's TCP port (0: any free port)");
   app.add_option("--device", o->peer.devices, "devices to serve: cpu, vulkan or cuda (repeatable; default: all)");
-  app.add_option("--cache-dir", o->peer.cache_dir, "keep uploaded weights (10 MiB and more) here, by hash");
+  app.add_option("--cache-dir", o->peer.server.cache_dir, "keep uploaded weights (10 MiB and more) here, by hash");
   app.add_option("--auth-key-file", o->peer.key_file, "the key RPC clients must know (and the cluster's, by default)");
-  app.add_option("--tls-cert", o->peer.tls_cert, "PEM certificate chain: RPC over TLS (with --tls-key)");
-  app.add_option("--tls-key", o->peer.tls_key, "PEM private key for --tls-cert");
+  app.add_option("--tls-cert", o->peer.server.tls_cert, "PEM certificate chain: RPC over TLS (with --tls-key)");
+  app.add_option("--tls-key", o->peer.server.tls_key, "PEM private key for --tls-cert");
   app.add_option("--tls-ca", o->tls_ca,
                  "the cluster's CA (PEM): join over mutual TLS, presenting --tls-cert (the coordinator's [cluster] tls_*)");
-  app.add_flag("--insecure", o->peer.insecure, "allow a non-loopback RPC address without a key");
+  app.add_flag("--insecure", o->peer.server.insecure, "allow a non-loopback RPC address without a key");
   app.add_option("-t,--threads", o->peer.threads, "CPU threads per client graph (0: all)");
   return [o] { return run_node(*o); };
 }

@@ -25,30 +25,22 @@
 namespace troupe::cli {
 
 rpc::peer_server_options server_options_for(const peer_options& o, const char* who) {
-  rpc::peer_server_options so;
-  so.host = o.host;
-  so.port = o.port;
+  rpc::peer_server_options so = o.server;
   so.devices = pick_devices(o.devices);
   so.make_backend = [threads = o.threads](device_i& d) -> backend_ptr {
     if (&d == &cpu::cpu_device()) return cpu::make_cpu_backend({.n_threads = threads});
     return d.init_backend();
   };
   if (!o.key_file.empty()) so.key = rpc::load_key_file(o.key_file);
-  so.insecure = o.insecure;
-  so.cache_dir = o.cache_dir;
-  so.tls_cert = o.tls_cert;
-  so.tls_key = o.tls_key;
-  so.io_threads = o.io_threads;
   so.busy_poll = std::chrono::microseconds(o.busy_poll_us);
-  so.max_connections = o.max_connections;
-  if (!o.insecure && so.key.empty() && !rpc::is_loopback_host(o.host)) {
-    throw error(std::string(who) + ": refusing to listen on " + o.host + " without --auth-key-file: anyone who can "
+  if (!so.insecure && so.key.empty() && !rpc::is_loopback_host(so.host)) {
+    throw error(std::string(who) + ": refusing to listen on " + so.host + " without --auth-key-file: anyone who can "
                 "reach it could use this machine. Give --auth-key-file FILE (and, on a network you do not control, "
                 "--tls-cert and --tls-key), or --insecure to accept the risk");
   }
-  if (o.insecure && so.key.empty() && !rpc::is_loopback_host(o.host)) {
+  if (so.insecure && so.key.empty() && !rpc::is_loopback_host(so.host)) {
     std::fprintf(stderr, "troupe %s: WARNING: serving %s without authentication: anyone who can reach it can "
-                         "use this machine\n", who, o.host.c_str());
+                         "use this machine\n", who, so.host.c_str());
   }
   return so;
 }
@@ -70,7 +62,7 @@ int run_peer(const peer_options& o) {
   for (device_i* d : so.devices) names += (names.empty() ? "" : ", ") + std::string(d->name());
   std::printf("troupe peer: listening on %s (devices: %s; auth: %s; tls: %s; cache: %s)\n", srv.address().c_str(),
               names.c_str(), so.key.empty() ? "off" : "shared key", srv.tls() ? "on" : "off",
-              o.cache_dir.empty() ? "none" : o.cache_dir.c_str());
+              so.cache_dir.empty() ? "none" : so.cache_dir.c_str());
   std::fflush(stdout);
   int sig = 0;
   sigwait(&sigs, &sig);
@@ -84,20 +76,20 @@ int run_peer(const peer_options& o) {
 
 command_fn add_peer(CLI::App& app) {
   auto o = std::make_shared<peer_options>();
-  app.add_option("--host", o->host, "address to listen on (anything but loopback needs --auth-key-file)");
-  app.add_option("--port", o->port, "TCP port (0: any free port, printed at start)");
+  app.add_option("--host", o->server.host, "address to listen on (anything but loopback needs --auth-key-file)");
+  app.add_option("--port", o->server.port, "TCP port (0: any free port, printed at start)");
   app.add_option("--device", o->devices, "devices to serve: cpu, vulkan or cuda (repeatable; default: all)");
-  app.add_option("--cache-dir", o->cache_dir, "keep uploaded weights (10 MiB and more) here, by hash");
+  app.add_option("--cache-dir", o->server.cache_dir, "keep uploaded weights (10 MiB and more) here, by hash");
   app.add_option("--auth-key-file", o->key_file, "file holding the shared key clients must know");
-  app.add_option("--tls-cert", o->tls_cert, "PEM certificate chain: serve over TLS (with --tls-key)");
-  app.add_option("--tls-key", o->tls_key, "PEM private key for --tls-cert");
-  app.add_flag("--insecure", o->insecure, "allow a non-loopback address without an auth key");
+  app.add_option("--tls-cert", o->server.tls_cert, "PEM certificate chain: serve over TLS (with --tls-key)");
+  app.add_option("--tls-key", o->server.tls_key, "PEM private key for --tls-cert");
+  app.add_flag("--insecure", o->server.insecure, "allow a non-loopback address without an auth key");
   app.add_option("-t,--threads", o->threads, "CPU threads per client graph (0: all)");
-  app.add_option("--io-threads", o->io_threads, "threads serving connections");
+  app.add_option("--io-threads", o->server.io_threads, "threads serving connections");
   app.add_option("--busy-poll-us", o->busy_poll_us,
                  "poll a lone connection's socket this long for the next request before sleeping (0: never)")
       ->check(CLI::Range(0, 1000000));
-  app.add_option("--max-connections", o->max_connections, "connections served at once");
+  app.add_option("--max-connections", o->server.max_connections, "connections served at once");
   return [o] { return run_peer(*o); };
 }
 

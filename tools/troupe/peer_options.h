@@ -12,19 +12,15 @@
 
 namespace troupe::cli {
 
+// The flags of `troupe peer` and `troupe node`: the server's own options (bound to their flags as they are),
+// and what the command line gives in another form (device kinds, a key file, threads, microseconds).
 struct peer_options {
-  std::string host = "127.0.0.1";
-  uint16_t port = 50052;
+  rpc::peer_server_options server;   // host, port, cache_dir, tls_cert, tls_key, insecure, io_threads, max_connections
   std::vector<std::string> devices;  // cpu, vulkan, cuda; empty: every device
-  std::string cache_dir;
   std::string key_file;
-  std::string tls_cert;
-  std::string tls_key;
-  bool insecure = false;
   int threads = 0;
-  int io_threads = 2;
   int busy_poll_us = 2000;
-  uint32_t max_connections = 64;
+  peer_options() { server.port = 50052; }
 };
 
 inline std::string lower(std::string s) {

@@ -1,11 +1,13 @@
 // What the daemon's files share (internal to troupe_http): the per-thread request context that the
-// request counters read, and the error response.
+// request counters read, the count of requests in flight, and the error responses.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 
+#include "actors/errors.h"
 #include "net/http/front.h"
+#include "net/http/metrics.h"
 #include "net/http/openai.h"
 #include "net/http/daemon.h"
 
@@ -27,5 +29,26 @@ inline void send_error(front::response& res, const api_error& e) {
   res.status = e.status();
   res.set_content(dump(e.body()), "application/json");
 }
+
+// The HTTP error for a request the actors failed: a full context or a bad id is the request's fault (400), a
+// model that is down (its peer is gone, it is being loaded again) is a 503 to retry later, anything else a 500.
+inline api_error error_for(const actors::request_error& e) {
+  if (e.is(actors::errc::capacity)) return api_error(400, "invalid_request_error", e.what());
+  if (e.is(actors::errc::bad_request)) return api_error(400, "invalid_request_error", e.what());
+  if (e.is(actors::errc::down) || e.is(actors::errc::unavailable)) return api_error(503, "unavailable_error", e.what());
+  return api_error(500, "server_error", e.what());
+}
+
+// Counts a request in flight for as long as it lives (a shutdown's grace period ends early when none is).
+class in_flight_count {
+ public:
+  explicit in_flight_count(daemon_metrics& mx) : m_(mx) { m_.in_flight.fetch_add(1); }
+  ~in_flight_count() { m_.in_flight.fetch_sub(1); }
+  in_flight_count(const in_flight_count&) = delete;
+  in_flight_count& operator=(const in_flight_count&) = delete;
+
+ private:
+  daemon_metrics& m_;
+};
 
 }  // namespace troupe::http::detail
