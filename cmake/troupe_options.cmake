@@ -8,6 +8,7 @@ find_package(Threads REQUIRED)
 # the same script, see net/http/CMakeLists.txt).
 string(TOLOWER "${TROUPE_SANITIZE}" troupe_sanitize)
 set(TROUPE_TSAN OFF)
+set(TROUPE_ASAN OFF)
 if(troupe_sanitize STREQUAL "thread")
   set(TROUPE_TSAN ON)
   add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=thread;-fno-omit-frame-pointer>")
@@ -18,6 +19,7 @@ if(troupe_sanitize STREQUAL "thread")
   add_link_options(-fsanitize=thread)
 elseif(troupe_sanitize STREQUAL "on" OR troupe_sanitize STREQUAL "address" OR troupe_sanitize STREQUAL "yes"
        OR troupe_sanitize STREQUAL "true" OR troupe_sanitize STREQUAL "1")
+  set(TROUPE_ASAN ON)
   # C and C++ only: nvcc does not take them (the CUDA kernels' host stubs go uninstrumented).
   add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=address,undefined;-fno-omit-frame-pointer;-fno-sanitize-recover=all>")
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
@@ -94,6 +96,10 @@ function(troupe_target target)
   if(TROUPE_TSAN AND kind STREQUAL "EXECUTABLE")
     # Every program carries ThreadSanitizer's options and suppressions (cmake/tsan_defaults.cpp).
     target_sources(${target} PRIVATE ${PROJECT_SOURCE_DIR}/cmake/tsan_defaults.cpp)
+  endif()
+  if(TROUPE_ASAN AND kind STREQUAL "EXECUTABLE")
+    # Every program carries AddressSanitizer's options (cmake/asan_defaults.cpp).
+    target_sources(${target} PRIVATE ${PROJECT_SOURCE_DIR}/cmake/asan_defaults.cpp)
   endif()
   if(NOT kind STREQUAL "EXECUTABLE")
     target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
