@@ -69,14 +69,17 @@ void daemon::embeddings(const front::request& req, front::response& res) {
       throw api_error(404, "invalid_request_error", "the model '" + r.model + "' does not exist", "model", "model_not_found");
     }
     model_slots& ms = **it;
+    // The model is read only once `loaded` says it was published (its store orders the model's write before
+    // it), as completions read it.
+    const bool loaded = ms.loaded.load();
     std::shared_ptr<const actors::loaded_model> lm;
     std::string why;
     {
       std::lock_guard l(ms.m);
-      lm = ms.model;
+      if (loaded) lm = ms.model;
       why = ms.unavailable;
     }
-    if (!ms.loaded.load() || !lm) {
+    if (!loaded || !lm) {
       throw api_error(503, "unavailable_error",
                       "the model '" + r.model + "' is " + (why.empty() ? std::string("still loading") : "unavailable: " + why));
     }
