@@ -104,12 +104,28 @@ TEST_CASE("a session cancelled mid-answer gets cancelled, and the other session 
     CHECK(a.generate("Once upon a time", generation_params::greedy(4)).tokens.size() == 4);
   }
 
-  // Cancelling from another thread while the answer runs.
-  auto run = std::async(std::launch::async, [&] { return a.generate("Once upon a time", generation_params::greedy(400)); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // Cancelling from another thread while the answer runs: the cancel is sent once the first piece arrived, the
+  // callback holding the answer's thread until it was, so it lands while most of the 400 tokens remain.
+  std::promise<void> first_piece;
+  std::promise<void> cancel_sent;
+  std::shared_future<void> sent = cancel_sent.get_future().share();
+  auto run = std::async(std::launch::async, [&] {
+    bool first = true;
+    return a.generate("Once upon a time", generation_params::greedy(400), [&](std::string_view) {
+      if (first) {
+        first = false;
+        first_piece.set_value();
+        sent.wait();
+      }
+      return true;
+    });
+  });
+  first_piece.get_future().wait();
   a.cancel();
+  cancel_sent.set_value();
   const generate_reply r = run.get();
-  CHECK((r.finish == "cancelled" || r.finish == "length"));
+  CHECK(r.finish == "cancelled");
+  CHECK(r.tokens.size() < 400);
   eng.shutdown();
 }
 
