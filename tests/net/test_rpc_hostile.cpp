@@ -1,6 +1,6 @@
 // Hostile input: every malformed frame is answered with an error or the connection is dropped, and the
 // server keeps serving a second, well-behaved client. Plus a bounded random-frame run over the frame handler
-// (the fuzzer, net/rpc/fuzz_rpc.cpp, runs the same handler for much longer).
+// (the fuzzer, tests/fuzz/fuzz_rpc.cpp, runs the same handler for much longer).
 #include <catch2/catch.hpp>
 
 #include <random>
