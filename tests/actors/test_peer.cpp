@@ -15,7 +15,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <future>
 #include <string>
@@ -27,6 +30,7 @@
 #include "actors/engine.h"
 #include "actors/engine_config.h"
 #include "actors/supervisor_actor.h"
+#include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
 #include "backends/rpc/rpc.h"
 #include "llm/generator.h"
@@ -35,6 +39,7 @@
 #include "llm/vocab.h"
 #include "runtime/ops.h"
 #include "tests/actors/ask.h"
+#include "tests/net/test_server.h"
 #include "tests/test_models.h"
 
 extern char** environ;
@@ -199,6 +204,89 @@ std::optional<actor_status> find_actor(const engine_status& s, const std::string
   }
   return std::nullopt;
 }
+
+// A gate for a device's allocations: while it is closed, an allocation that arrives waits until it is
+// opened. Held there, a model's upload to a peer served by this process stays in progress for as long as
+// the test needs.
+class alloc_gate {
+ public:
+  void close() {
+    std::lock_guard l(mu_);
+    open_ = false;
+  }
+  void open() {
+    {
+      std::lock_guard l(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  // An allocation passing: waits while the gate is closed.
+  void pass() {
+    std::unique_lock l(mu_);
+    if (open_) return;
+    ++held_;
+    cv_.notify_all();
+    cv_.wait(l, [this] { return open_; });
+    ++passed_;
+  }
+  // Whether an allocation is (or was) held at the closed gate, waiting at most `limit` for one.
+  bool wait_held(std::chrono::seconds limit) {
+    std::unique_lock l(mu_);
+    return cv_.wait_for(l, limit, [this] { return held_ > 0; });
+  }
+  // Held allocations that went on once the gate was opened.
+  int passed() {
+    std::lock_guard l(mu_);
+    return passed_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = true;
+  int held_ = 0, passed_ = 0;
+};
+
+// The CPU's buffer type, its allocations through a gate.
+class gated_buffer_type final : public buffer_type_i {
+ public:
+  gated_buffer_type(device_i& dev, buffer_type_i& inner, alloc_gate& gate) : dev_(dev), inner_(inner), gate_(gate) {}
+  std::string_view name() const override { return inner_.name(); }
+  buffer_ptr alloc_buffer(size_t size) override {
+    gate_.pass();
+    return inner_.alloc_buffer(size);
+  }
+  size_t alignment() const override { return inner_.alignment(); }
+  size_t max_size() const override { return inner_.max_size(); }
+  size_t alloc_size(const tensor& t) const override { return inner_.alloc_size(t); }
+  bool is_host() const override { return inner_.is_host(); }
+  device_i& device() const override { return dev_; }
+
+ private:
+  device_i& dev_;
+  buffer_type_i& inner_;
+  alloc_gate& gate_;
+};
+
+// The CPU as a peer server in this process serves it, with its buffers allocated through a gate.
+class gated_device final : public device_i {
+ public:
+  gated_device(device_i& inner, alloc_gate& gate) : inner_(inner), buft_(*this, inner.buffer_type(), gate) {}
+  std::string_view name() const override { return "GatedCPU"; }
+  std::string description() const override { return inner_.description(); }
+  device_type type() const override { return inner_.type(); }
+  device_memory memory() const override { return inner_.memory(); }
+  device_caps caps() const override { return {}; }
+  backend_ptr init_backend() override { return inner_.init_backend(); }
+  buffer_type_i& buffer_type() override { return buft_; }
+  bool supports_op(const tensor& t) const override { return inner_.supports_op(t); }
+  bool supports_buft(const buffer_type_i& b) const override { return &b == &buft_ || inner_.supports_buft(b); }
+
+ private:
+  device_i& inner_;
+  gated_buffer_type buft_;
+};
 
 generate_request greedy(const std::string& prompt, int n) {
   generate_request r;
@@ -515,40 +603,90 @@ TEST_CASE("a peer that comes up after the engine started: its devices join, a mo
 }
 
 TEST_CASE("a shutdown while a model is being loaded again waits for it, and everything is given back", "[actors][peer]") {
-  // SmolLM2 (92 MiB over loopback) so that the reload lasts long enough to shut down in the middle of it.
-  const auto path = test::smollm2_path();
+  // The peer is a server in this process whose device allocates through a gate: once the first server has
+  // gone and the gate is closed, the second server's first allocation (the reload's weights) waits there.
+  // The shutdown begins while it waits, so the shutdown always meets a reload in progress.
+  const auto path = test::model_path("stories260K.gguf");
   if (!path) return;
   register_builtin_backends();
-  auto peer = std::make_unique<peer_process>();
-  const uint16_t port = peer->port();
+  alloc_gate gate;
+  gated_device gated(cpu::cpu_device(), gate);
+  std::unique_ptr<rpc::peer_server> first = rpc::testing::start_server({.devices = {&gated}});
+  const uint16_t port = first->port();
+  std::unique_ptr<rpc::peer_server> second;  // the peer once it is back, on the same port
   const std::string device = "RPC[127.0.0.1:" + std::to_string(port) + "]#0";
   engine_config cfg;
   cfg.n_threads = 1;
-  cfg.peers = {configured_peer("box", port)};
+  peer_params pp = configured_peer("box", port);
+  pp.health_interval = 100ms;
+  pp.backoff = {.initial = 20ms, .max = 200ms, .jitter = 0.5};
+  // While the reload's allocation is held, health checks probe on connections of their own, which may wait
+  // behind it on the server's io thread: generous, so that the held peer is not taken for a hung one (the
+  // first server's going is found by its closed connection, not by a timeout).
+  pp.health_timeout = 600s;
+  cfg.peers = {pp};
   engine eng(cfg);
+  struct open_at_exit {  // a failed REQUIRE must not leave the engine's shutdown waiting at the gate
+    alloc_gate& g;
+    ~open_at_exit() { g.open(); }
+  } opener{gate};
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  const auto device_up = [&] {
+    const auto a = find_actor(eng.status(), "device:" + device);
+    return a && a->up;
+  };
+  while (!device_up() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  REQUIRE(device_up());
   eng.load_model(settings_on("m", path->string(), device));
+  uint64_t on_peer = 0;  // the model's weights on the peer
+  for (const buft_usage& u : eng.memory().entries) on_peer += u.device == device ? u.model : 0;
+  REQUIRE(on_peer > 0);
   auto model_error = [&]() -> std::optional<std::string> {
     const auto a = find_actor(eng.status(), "model:m");
     if (!a) return std::nullopt;
     return a->up ? std::string() : a->last_error;
   };
-  peer->kill();
-  peer.reset();
-  auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (model_error() == std::string() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
-  REQUIRE(model_error().value_or("").find("needs peer box") != std::string::npos);
 
-  peer = std::make_unique<peer_process>(port);
-  deadline = std::chrono::steady_clock::now() + 30s;
-  std::optional<std::string> e;
-  while (((e = model_error()) && e->find("loading it again") == std::string::npos && !e->empty()) &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(1ms);
+  gate.close();
+  first->stop();  // the peer goes away, and its buffers with it
+  deadline = std::chrono::steady_clock::now() + 60s;
+  while (model_error().value_or("").find("needs peer box") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
   }
-  if (!e || e->find("loading it again") == std::string::npos) WARN("the reload ended before the shutdown began");
-  const memory_breakdown b = eng.shutdown();
-  CHECK(b.model == 0);
-  CHECK(b.context == 0);
-  CHECK(b.compute == 0);
-  CHECK(b.n_rejected == 0);
+  REQUIRE_THAT(model_error().value_or(""), Catch::Contains("needs peer box"));
+  second = rpc::testing::start_server({.port = port, .devices = {&gated}});
+  // The peer actor reconnects, the supervisor loads the model again, and its upload waits at the gate.
+  REQUIRE(gate.wait_held(60s));
+  const auto loading = model_error();
+  REQUIRE(loading);
+  CHECK_THAT(*loading, Catch::Contains("loading it again"));
+
+  caf::scoped_actor self{eng.system()};
+  auto shutdown = self->request(eng.supervisor(), 120s, shutdown_atom_v);
+  // Asked by the same actor after the shutdown, so the supervisor has begun the shutdown when it answers.
+  std::string during;
+  self->request(eng.supervisor(), 60s, get_atom_v, status_atom_v)
+      .receive(
+          [&](const engine_status& st) {
+            const auto a = find_actor(st, "model:m");
+            during = a ? a->last_error : "(no model:m)";
+          },
+          [&](caf::error& e) { during = "(status failed: " + describe(e) + ")"; });
+  CHECK_THAT(during, Catch::Contains("loading it again"));  // the reload is still running
+  gate.open();
+  std::optional<memory_breakdown> b;
+  std::string failed;
+  shutdown.receive([&](memory_breakdown& x) { b = std::move(x); }, [&](caf::error& e) { failed = describe(e); });
+  INFO("the shutdown during a reload: " << failed);
+  REQUIRE(b);
+  CHECK(b->model == 0);
+  CHECK(b->context == 0);
+  CHECK(b->compute == 0);
+  CHECK(b->n_rejected == 0);
+  // The reload went on to the end (its weights were uploaded to the new peer) and they were given back
+  // there before the shutdown answered.
+  CHECK(gate.passed() >= 1);
+  CHECK(second->stats().bytes_received.load() >= on_peer);
+  CHECK(second->stats().buffers.load() == 0);
+  CHECK(second->stats().buffer_bytes.load() == 0);
 }

@@ -6,6 +6,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -14,14 +19,82 @@
 #include "backends/cpu_instance.h"
 #include "backends/registry.h"
 #include "runtime/error.h"
+#include "tests/actors/ask.h"
 #include "tests/net/test_server.h"
 #include "tests/support/failing_backend.h"
 #include "runtime/trace.h"
 #include "tests/test_models.h"
 
 using namespace troupe;
+using namespace std::chrono_literals;
 
 namespace {
+
+// Holds a device actor of an engine: a split task of the test's own, handed to that actor by id as a
+// model's decoder actor hands it a decode split, runs there and waits until release() (or the hold's end).
+// A model's splits for that device queue behind it meanwhile, so the decode they belong to stays in the
+// pipeline for as long as the test needs: what overlaps is up to the test, not to the threads.
+class device_hold {
+ public:
+  device_hold(engine& eng, const std::string& device) : eng_(eng), s_(std::make_shared<state>()) {
+    s_->work = [s = s_.get()] {
+      std::unique_lock l(s->mu);
+      s->running = true;
+      s->cv.notify_all();
+      s->cv.wait(l, [s] { return s->released; });
+    };
+    s_->task.work = &s_->work;
+    s_->task.device = device;
+    // The task keeps the work (and its latch) alive for as long as the device actor has it.
+    id_ = eng.env()->objects.put(std::shared_ptr<actors::split_task>(s_, &s_->task));
+    const auto dir = test::ask<actors::actor_directory>(eng.system(), eng.supervisor(), actors::get_atom_v, actors::directory_atom_v);
+    if (!dir) return;
+    for (size_t i = 0; i < dir->device_names.size(); ++i) {
+      if (dir->device_names[i] == device) caf::anon_send(dir->devices[i], actors::compute_atom_v, actors::decode_split{id_, 0});
+    }
+  }
+  ~device_hold() {
+    release();
+    eng_.env()->objects.erase(id_);
+  }
+  device_hold(const device_hold&) = delete;
+  device_hold& operator=(const device_hold&) = delete;
+
+  // Whether the device actor is running the hold (waits for it at most `limit`).
+  bool holding(std::chrono::seconds limit = 60s) {
+    std::unique_lock l(s_->mu);
+    return s_->cv.wait_for(l, limit, [this] { return s_->running; });
+  }
+  void release() {
+    {
+      std::lock_guard l(s_->mu);
+      s_->released = true;
+    }
+    s_->cv.notify_all();
+  }
+
+ private:
+  struct state {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool running = false, released = false;
+    std::function<void()> work;
+    actors::split_task task;
+  };
+  engine& eng_;
+  std::shared_ptr<state> s_;
+  uint64_t id_ = 0;
+};
+
+// Polls pred until it holds (true) or `limit` passed (false).
+bool eventually(const std::function<bool()>& pred, std::chrono::seconds limit = 60s) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > until) return pred();
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
 
 const char* const prompt =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine. One day, "
@@ -96,6 +169,18 @@ actors::decoder_stats stats_of(engine& eng, const std::string& model) {
   return {};
 }
 
+// The decodes of a model now in its context's pipeline (-1 when it has no scheduler): never throws, so that
+// a thread the caller started is joined whatever happens.
+int64_t in_flight_of(engine& eng, const std::string& model) {
+  try {
+    for (const actors::decoder_stats& s : eng.decoding_stats()) {
+      if (s.model == model) return s.n_in_flight;
+    }
+  } catch (const std::exception&) {
+  }
+  return -1;
+}
+
 // Four sessions generating at once, each on a thread of its own; their answers in prompt order.
 std::vector<std::vector<int32_t>> four_at_once(engine& eng, const std::string& model, int n) {
   std::vector<std::vector<int32_t>> out(4);
@@ -106,8 +191,11 @@ std::vector<std::vector<int32_t>> four_at_once(engine& eng, const std::string& m
 }
 
 // Sessions on a model over CPU and CPU1 (its last `layers` layers on CPU1): four at once give each the
-// answer it gets alone; on one device they are batched as before.
-void check_groups(const std::string& path, int32_t layers, int n, bool expect_two_groups) {
+// answer it gets alone; on one device they are batched as before. On the model over two devices the CPU1
+// device actor is held (device_hold) while the four start: the first decode stays in the pipeline, so the
+// others' steps arrive while it is there, and the hold is released once the scheduler has put a second
+// group's decode in beside it (or after a minute, when it never does: a failure).
+void check_groups(const std::string& path, int32_t layers, int n) {
   engine eng({.cpu_instances = 1, .n_threads = 1});
   actors::model_settings split{.n_ctx = 1024, .n_ubatch = 64, .n_seq_max = 4, .n_threads = 1};
   split.devices = {{"CPU1", layers}};
@@ -120,13 +208,23 @@ void check_groups(const std::string& path, int32_t layers, int n, bool expect_tw
   const auto one_device = four_at_once(eng, "alone", n);
   trace::clear();
   trace::enable(true);
-  const auto grouped = four_at_once(eng, "split", n);
+  std::vector<std::vector<int32_t>> grouped;
+  bool two_in_flight = false;
+  {
+    device_hold hold(eng, "CPU1");
+    REQUIRE(hold.holding());
+    std::thread sessions([&] { grouped = four_at_once(eng, "split", n); });
+    two_in_flight = eventually([&] { return in_flight_of(eng, "split") == 2; });
+    hold.release();
+    sessions.join();
+  }
   trace::enable(false);
   std::set<int64_t> groups;
   for (const trace::event& e : trace::events()) {
     if (e.name == "split") groups.insert(e.args.at(2).second);
   }
   trace::clear();
+  REQUIRE(grouped.size() == 4);
   for (size_t i = 0; i < 4; ++i) {
     INFO("prompt " << i);
     CHECK(ref[i].size() == static_cast<size_t>(n));
@@ -136,29 +234,26 @@ void check_groups(const std::string& path, int32_t layers, int n, bool expect_tw
   CHECK(stats_of(eng, "alone").max_in_flight == 1);  // one device: one batch at a time, as ever
   const actors::decoder_stats s = stats_of(eng, "split");
   CHECK(s.n_in_flight == 0);
-  CHECK(s.max_in_flight <= 2);
-  if (expect_two_groups) {
-    // Several sessions on a model over two devices: two groups' decodes were in the pipeline at once,
-    // and the trace's split spans carry both group ids.
-    CHECK(s.max_in_flight == 2);
-    CHECK(groups.count(0) == 1);
-    CHECK(groups.count(1) == 1);
-  }
+  // Several sessions on a model over two devices: a second group's decode went into the pipeline while the
+  // first was there (never more than two), and the trace's split spans carry both group ids.
+  CHECK(two_in_flight);
+  CHECK(s.max_in_flight == 2);
+  CHECK(groups.count(0) == 1);
+  CHECK(groups.count(1) == 1);
 }
 
 }  // namespace
 
-TEST_CASE("stories260K over CPU and CPU1: four sessions at once get the answers they get alone", "[actors][pipeline][groups]") {
+TEST_CASE("stories260K over CPU and CPU1: four sessions at once run as two sequence groups and get the answers they get alone", "[actors][pipeline][groups]") {
   const auto path = test::model_path("stories260K.gguf");
   if (!path) return;
-  // stories260K decodes a step in microseconds: whether the sessions' steps overlap is up to the threads.
-  check_groups(path->string(), 3, 24, false);
+  check_groups(path->string(), 3, 24);
 }
 
 TEST_CASE("SmolLM2 over CPU and CPU1: four sessions at once run as two sequence groups and get the answers they get alone", "[actors][pipeline][groups][smollm2]") {
   const auto path = test::smollm2_path();
   if (!path) return;
-  check_groups(path->string(), 15, 8, true);
+  check_groups(path->string(), 15, 8);
 }
 
 TEST_CASE("the decoder actor answers while a decode is in the pipeline", "[actors][pipeline]") {
@@ -170,16 +265,28 @@ TEST_CASE("the decoder actor answers while a decode is in the pipeline", "[actor
   eng.load_model("split", path->string(), ms);
   std::string text;
   for (int i = 0; i < 6; ++i) text += prompts[i % 4];  // about 80 tokens: several micro-batches
-  std::atomic<bool> done{false};
+  const auto dir = test::ask<actors::actor_directory>(eng.system(), eng.supervisor(), actors::get_atom_v, actors::directory_atom_v);
+  REQUIRE(dir);
+  REQUIRE(dir->decoders.size() == 1);
+  const actors::decoder_actor decoder = dir->decoders[0];
   std::vector<int32_t> tokens;
-  std::thread gen([&] {
-    tokens = answer(eng, "split", text, 16);
-    done = true;
-  });
-  // A scheduler that waited for its decodes could only ever answer between them (none in flight).
   bool seen_in_flight = false;
-  while (!done && !seen_in_flight) seen_in_flight = stats_of(eng, "split").n_in_flight > 0;
-  gen.join();
+  {
+    // The CPU1 device actor is held, so the first decode stays in the pipeline until the test has asked.
+    // A scheduler that waited for its decodes could only ever answer between them (none in flight): here it
+    // would not answer at all while the hold lasts, and the bounded ask fails.
+    device_hold hold(eng, "CPU1");
+    REQUIRE(hold.holding());
+    std::thread gen([&] { tokens = answer(eng, "split", text, 16); });
+    eventually([&] {
+      const auto st = test::ask_within<actors::decoder_stats>(std::chrono::seconds(60), eng.system(), decoder, actors::get_atom_v, actors::stats_atom_v);
+      if (!st) return true;  // no answer while the decode is held: seen_in_flight stays false
+      seen_in_flight = st->n_in_flight > 0;
+      return seen_in_flight;
+    });
+    hold.release();
+    gen.join();
+  }
   CHECK(seen_in_flight);
   CHECK(tokens.size() == 16);
 }

@@ -1,11 +1,19 @@
 // Every message type of actors/type_ids.h crosses a real CAF middleman connection between two processes:
 // this test talks to the actors of an actors_peer process (tests/actors/peer_main.cpp) on 127.0.0.1,
 // sending every request and subscribing to every stream, and checks at the end that each registered type
-// went across (as a request, a reply, an event or inside one of them). Errors cross too, with their code
-// and text. Every wait is bounded; the peer is killed at the end.
+// went across (as a request, a reply, an event or inside one of them). What went across is what CAF itself
+// serialized and deserialized in this process: every type of the block is registered here with a recording
+// value factory (recorded_value), and the requests are sent as messages of such values, so each one saved
+// into a BASP message for the peer, or loaded from one, records its type and every object inside it. What
+// was sent must also have had its effect there (the tensor override's device: the peer's upload to CPU1
+// holds the overridden tensor). Errors cross too, with their code and text. Every wait is bounded; the peer
+// is killed at the end. A second case checks, without a peer, that each type's inspect() lists every field
+// of its struct (a field left out never crosses, and nothing else notices).
 #include <catch2/catch.hpp>
 
 #include <caf/all.hpp>
+#include <caf/detail/dynamic_message_data.hpp>
+#include <caf/detail/type_erased_value_impl.hpp>
 #include <caf/io/all.hpp>
 #include <poll.h>
 #include <signal.h>
@@ -19,6 +27,8 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <type_traits>
+#include <typeindex>
 #include <utility>
 
 #include "actors/allocator_actor.h"
@@ -30,6 +40,9 @@
 #include "actors/decoder_actor.h"
 #include "actors/session_actor.h"
 #include "actors/supervisor_actor.h"
+#include "actors/type_ids.h"
+#include "loader/gguf.h"
+#include "loader/placement.h"
 #include "tests/test_models.h"
 
 extern char** environ;
@@ -121,6 +134,235 @@ std::set<std::string> registered_names() {
   return names(std::make_integer_sequence<caf::type_id_t, caf::id_block::troupe::end - caf::id_block::troupe::begin>{});
 }
 
+// "troupe::actors::memory_event" -> "memory_event" (what its inspect() calls it).
+std::string short_name(const std::string& qualified) { return qualified.substr(qualified.rfind(':') + 1); }
+
+// The message types of actors/messages.h (and the LLM layer's generate_params they carry), each of which
+// must be registered: written out here, so that a type dropped from the block fails this test rather than
+// leaving its list.
+const std::set<std::string> message_types = {
+    "memory_event", "device_status", "buft_usage", "memory_breakdown", "alloc_request", "buffer_info",
+    "tensor_range", "range_upload", "upload_job", "upload_result", "decode_split", "split_result",
+    "compute_reservation", "graph_plan", "owner_bytes", "allocator_usage", "device_layers", "tensor_override",
+    "model_settings", "load_request", "load_progress", "model_info", "generate_params", "chat_message",
+    "generate_request", "token_event", "generate_reply", "session_request", "session_prefix", "decode_step",
+    "step_logits", "decoder_stats", "actor_status", "engine_status", "actor_directory", "peer_status",
+    "peer_memory", "embed_request", "embed_reply"};
+
+// ---- an inspector that walks what inspect() lists ----
+
+// Records the caf::meta::type_name of every object inspect() reaches from a value (the value's own and those
+// of the objects inside it, through vectors), and how many fields the outermost inspect() lists: what CAF's
+// serializers visit, since they run the same inspect().
+class name_walker {
+ public:
+  using result_type = void;
+  static constexpr bool reads_state = true;
+  static constexpr bool writes_state = false;
+
+  std::set<std::string> names;
+  size_t top_fields = 0;
+
+  template <class... Ts>
+  void operator()(Ts&&... xs) {
+    const bool top = depth_++ == 0;
+    const char* name = nullptr;
+    size_t fields = 0;
+    (visit(name, fields, xs), ...);
+    --depth_;
+    if (name != nullptr) names.insert(name);
+    if (top) top_fields = fields;
+  }
+
+  template <class T>
+  void walk(T& x) {
+    using U = std::remove_cv_t<T>;
+    if constexpr (caf::is_actor_handle<U>::value || std::is_arithmetic_v<U> || std::is_same_v<U, std::string>) {
+      return;  // no objects inside
+    } else if constexpr (requires(name_walker& f, U& y) { inspect(f, y); }) {
+      inspect(*this, const_cast<U&>(x));
+    } else if constexpr (requires(U& y) { y.begin(); y.end(); }) {
+      for (auto& e : const_cast<U&>(x)) walk(e);
+    }
+  }
+
+ private:
+  template <class T>
+  void visit(const char*& name, size_t& fields, T& x) {
+    using U = std::remove_cv_t<T>;
+    if constexpr (std::is_same_v<U, caf::meta::type_name_t>) {
+      name = x.value;
+    } else if constexpr (!caf::meta::is_annotation<U>::value) {
+      ++fields;
+      walk(x);
+    }
+  }
+
+  int depth_ = 0;
+};
+
+// ---- what crossed: values of troupe's block that CAF serialized or deserialized in this process ----
+
+struct crossing_log {
+  std::mutex mutex;
+  std::set<std::string> sent;      // saved into a message for the peer (type names, nested objects included)
+  std::set<std::string> received;  // loaded from a message of the peer
+};
+
+crossing_log& crossings() {
+  static crossing_log log;
+  return log;
+}
+
+template <class T>
+void record(std::set<std::string>& into, const T& x) {
+  name_walker w;
+  w.walk(x);
+  std::lock_guard l(crossings().mutex);
+  into.insert(w.names.begin(), w.names.end());
+}
+
+// A message element of type T that records its names when CAF's serializer saves it or its deserializer
+// loads it (CAF makes the elements of every incoming message through the factory record_type installs).
+template <class T>
+class recorded_value : public caf::detail::type_erased_value_impl<T> {
+ public:
+  using super = caf::detail::type_erased_value_impl<T>;
+  using super::super;
+
+  caf::error load(caf::deserializer& source) override {
+    caf::error err = super::load(source);
+    if (!err) record(crossings().received, value());
+    return err;
+  }
+  caf::error save(caf::serializer& sink) const override {
+    caf::error err = super::save(sink);
+    if (!err) record(crossings().sent, value());
+    return err;
+  }
+  caf::type_erased_value_ptr copy() const override { return caf::type_erased_value_ptr{new recorded_value(value())}; }
+
+ private:
+  const T& value() const { return *static_cast<const T*>(this->get()); }
+};
+
+// Replaces the value factories add_message_types registered for T with recording ones.
+template <class T>
+void record_type(caf::actor_system_config& cfg, const std::string& name) {
+  INFO("type " << name);
+  const auto it = cfg.value_factories_by_name.find(name);
+  REQUIRE(it != cfg.value_factories_by_name.end());  // registered by add_message_types
+  auto factory = [] { return caf::type_erased_value_ptr{new recorded_value<T>()}; };
+  it->second = factory;
+  cfg.value_factories_by_rtti[std::type_index(typeid(T))] = factory;
+}
+
+template <caf::type_id_t... Is>
+void record_block(caf::actor_system_config& cfg, std::integer_sequence<caf::type_id_t, Is...>) {
+  (record_type<typename caf::type_by_id<caf::id_block::troupe::begin + Is>::type>(
+       cfg, caf::type_name_by_id<caf::id_block::troupe::begin + Is>::value),
+   ...);
+}
+
+template <class T>
+constexpr bool in_block() {
+  if constexpr (caf::detail::is_complete<caf::type_id<T>>::value) {
+    return caf::type_id<T>::value >= caf::id_block::troupe::begin && caf::type_id<T>::value < caf::id_block::troupe::end;
+  } else {
+    return false;
+  }
+}
+
+// An element of a message, as CAF's make_message stores it (const char* as std::string, atom constants as
+// atom values); a recorded one for the types of the block.
+template <class T>
+caf::type_erased_value_ptr element_of(T&& x) {
+  using U = typename caf::unbox_message_element<typename caf::detail::implicit_conversions<std::decay_t<T>>::type>::type;
+  if constexpr (in_block<U>()) {
+    return caf::type_erased_value_ptr{new recorded_value<U>(std::forward<T>(x))};
+  } else {
+    return caf::make_type_erased_value<U>(std::forward<T>(x));
+  }
+}
+
+// The message (xs...), its elements of the block recorded when the middleman serializes it for the peer.
+template <class... Ts>
+caf::message traced_message(Ts&&... xs) {
+  auto data = caf::make_counted<caf::detail::dynamic_message_data>();
+  (data->append(element_of(std::forward<Ts>(xs))), ...);
+  return caf::message{caf::message::data_ptr{std::move(data)}};
+}
+
+// ---- the fields of a struct, counted without inspect() ----
+
+// Converts to anything: T{any_field{}, ...} compiles for as many initializers as T has fields (its direct
+// members, a base class counting as one).
+struct any_field {
+  template <class T>
+  operator T() const;  // never defined: only in requires-expressions
+};
+
+template <class T, size_t... I>
+constexpr bool takes_initializers(std::index_sequence<I...>) {
+  return requires { T{(static_cast<void>(I), any_field{})...}; };
+}
+
+template <class T, size_t N = 0>
+constexpr size_t aggregate_fields() {
+  if constexpr (takes_initializers<T>(std::make_index_sequence<N + 1>{})) {
+    return aggregate_fields<T, N + 1>();
+  } else {
+    return N;
+  }
+}
+
+// The message structs that extend another (inspect() lists the base's fields with their own).
+template <class T>
+struct base_of {
+  using type = void;
+};
+template <>
+struct base_of<llm::generate_params> {
+  using type = llm::sampling_params;
+};
+template <>
+struct base_of<generate_reply> {
+  using type = llm::generate_result;
+};
+template <>
+struct base_of<llm::token_logprob> {
+  using type = llm::token_prob;
+};
+
+template <class T>
+constexpr size_t struct_fields() {
+  static_assert(std::is_aggregate_v<T>, "a message type is a plain struct");
+  using B = typename base_of<T>::type;
+  if constexpr (std::is_void_v<B>) {
+    return aggregate_fields<T>();
+  } else {
+    return aggregate_fields<T>() - 1 + struct_fields<B>();
+  }
+}
+
+// inspect()'s fields for T against T's own; a type whose inspect() does not name it has no count.
+template <class T>
+void check_fields(const std::string& name) {
+  INFO("type " << name);
+  name_walker w;
+  T x{};
+  inspect(w, x);
+  CHECK(w.names.count(short_name(name)) == 1);
+  CHECK(w.top_fields == struct_fields<T>());
+}
+
+template <caf::type_id_t... Is>
+void check_block_fields(std::integer_sequence<caf::type_id_t, Is...>) {
+  (check_fields<typename caf::type_by_id<caf::id_block::troupe::begin + Is>::type>(
+       caf::type_name_by_id<caf::id_block::troupe::begin + Is>::value),
+   ...);
+}
+
 // Events the peer sends to actors of this process.
 struct inbox {
   std::mutex mutex;
@@ -155,12 +397,28 @@ collector_actor::behavior_type collector(collector_actor::pointer, std::shared_p
   };
 }
 
+// What Handle answers to (Ts...), as CAF's typed request checks it.
+template <class Handle, class... Ts>
+using reply_to = caf::response_type_unbox<caf::signatures_of_t<Handle>,
+                                          caf::detail::type_list<typename caf::detail::implicit_conversions<std::decay_t<Ts>>::type...>>;
+
+// A request to a typed actor (checked against its interface at compile time, as a typed request is), sent as
+// a traced message; the reply's values are recorded as CAF deserializes them.
 template <class T, class Handle, class... Ts>
 caf::expected<T> ask(caf::scoped_actor& self, const Handle& h, Ts&&... xs) {
+  static_assert(reply_to<Handle, Ts...>::valid, "the actor does not take this message");
+  static_assert(std::is_same_v<typename reply_to<Handle, Ts...>::type, caf::detail::type_list<T>>, "the actor answers with another type");
   caf::expected<T> out{caf::make_error(caf::sec::request_timeout)};
-  self->request(h, timeout, std::forward<Ts>(xs)...)
+  self->request(caf::actor_cast<caf::actor>(h), timeout, traced_message(std::forward<Ts>(xs)...))
       .receive([&](T& v) { out = std::move(v); }, [&](caf::error& e) { out = std::move(e); });
   return out;
+}
+
+// A one-way message to a typed actor, traced.
+template <class Handle, class... Ts>
+void tell(caf::scoped_actor& self, const Handle& h, Ts&&... xs) {
+  static_assert(reply_to<Handle, Ts...>::valid, "the actor does not take this message");
+  self->send(caf::actor_cast<caf::actor>(h), traced_message(std::forward<Ts>(xs)...));
 }
 
 template <class T>
@@ -179,13 +437,15 @@ TEST_CASE("every message type crosses a middleman connection between two process
 
   caf::actor_system_config cfg;
   add_message_types(cfg);
+  record_block(cfg, std::make_integer_sequence<caf::type_id_t, caf::id_block::troupe::end - caf::id_block::troupe::begin>{});
+  {
+    std::lock_guard l(crossings().mutex);
+    crossings().sent.clear();
+    crossings().received.clear();
+  }
   cfg.load<caf::io::middleman>();
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
-  std::set<std::string> crossed;
-  auto mark = [&](std::initializer_list<const char*> ts) {
-    for (const char* t : ts) crossed.insert(std::string("troupe::actors::") + t);
-  };
 
   auto sup_or = sys.middleman().remote_actor<supervisor_actor>("127.0.0.1", static_cast<uint16_t>(ids.at("port")));
   REQUIRE(sup_or);
@@ -198,11 +458,9 @@ TEST_CASE("every message type crosses a middleman connection between two process
   REQUIRE(status);
   REQUIRE(status->actors.size() == 3);  // device:CPU, device:CPU1, loader
   CHECK(status->actors[1].name == "device:CPU1");
-  mark({"engine_status", "actor_status"});
   const auto dir = ask<actor_directory>(self, sup, get_atom_v, directory_atom_v);
   REQUIRE(dir);
   REQUIRE(dir->device_names == std::vector<std::string>{"CPU", "CPU1"});
-  mark({"actor_directory"});
   const memory_accountant_actor acct = dir->accountant;
   const device_actor cpu1 = dir->devices[1];
   const allocator_actor alloc1 = dir->allocators[1];
@@ -212,14 +470,13 @@ TEST_CASE("every message type crosses a middleman connection between two process
   const auto sub = ask<bool>(self, acct, subscribe_atom_v, breakdown_subscriber{events});
   REQUIRE(sub);
   CHECK(*sub);
-  self->send(acct, record_atom_v, memory_event{"Remote", "Remote", false, 2, 1000, "remote-test"});
-  self->send(acct, device_atom_v, device_status{"Remote", "a remote test device", 1 << 20, 1 << 19, false, 0});
+  tell(self, acct, record_atom_v, memory_event{"Remote", "Remote", false, 2, 1000, "remote-test"});
+  tell(self, acct, device_atom_v, device_status{"Remote", "a remote test device", 1 << 20, 1 << 19, false, 0});
   auto b = ask<memory_breakdown>(self, acct, get_atom_v, breakdown_atom_v);
   REQUIRE(b);
   CHECK(b->compute == 1000);
   CHECK(b->table.find("Remote") != std::string::npos);
-  self->send(acct, record_atom_v, memory_event{"Remote", "Remote", false, 2, -1000, "remote-test"});
-  mark({"memory_event", "device_status", "memory_breakdown", "buft_usage"});
+  tell(self, acct, record_atom_v, memory_event{"Remote", "Remote", false, 2, -1000, "remote-test"});
 
   // ---- loader (through the supervisor): a load with progress to this process ----
   load_request lr;
@@ -230,8 +487,23 @@ TEST_CASE("every message type crosses a middleman connection between two process
   const auto info = ask<model_info>(self, sup, load_atom_v, lr);
   REQUIRE(info);
   CHECK(info->uploads.size() == 2);
-  mark({"load_request", "model_settings", "device_layers", "tensor_override", "model_info", "upload_result"});
-  self->send(loader, cancel_atom_v, std::string("not-loading"));
+  // What the request said took effect in the peer. The devices take 2 of the model's layers, so without the
+  // override the output layer (output_norm.weight with it) stays on the host: CPU1's upload is the bytes of
+  // layers n_layer - 2 .. n_layer - 1 and of output_norm.weight exactly, as the file gives them, the host's
+  // the rest. An override dropped on the way, or one the loader ignores, leaves output_norm.weight on "CPU".
+  {
+    const gguf_file file = read_gguf(*model);
+    std::map<std::string, uint64_t> want;
+    for (const gguf_tensor_info& t : file.tensors()) {
+      const bool on_cpu1 = layer_of(t.name) >= static_cast<int>(info->n_layer) - 2 || t.name == "output_norm.weight";
+      want[on_cpu1 ? "CPU1" : "CPU"] += t.n_bytes;
+    }
+    std::map<std::string, uint64_t> uploaded;
+    for (const upload_result& u : info->uploads) uploaded[u.device] += u.bytes;
+    CHECK(info->n_layer > 2);
+    CHECK(uploaded == want);
+  }
+  tell(self, loader, cancel_atom_v, std::string("not-loading"));
   const auto bad = ask<model_info>(self, sup, load_atom_v, load_request{{.name = "bad", .path = "/nonexistent.gguf"}, {}});
   REQUIRE_FALSE(bad);
   CHECK(is(bad.error(), errc::failed));
@@ -240,7 +512,6 @@ TEST_CASE("every message type crosses a middleman connection between two process
   // ---- sessions: completion and chat, streamed to this process ----
   const auto sess = ask<session_actor>(self, sup, open_atom_v, session_request{"m"});
   REQUIRE(sess);
-  mark({"session_request"});
   generate_request gr;
   gr.prompt = "Once upon a time";
   gr.params.max_tokens = 12;
@@ -249,15 +520,12 @@ TEST_CASE("every message type crosses a middleman connection between two process
   const auto reply = ask<generate_reply>(self, *sess, generate_atom_v, gr);
   if (!reply) FAIL(describe(reply.error()));
   CHECK(reply->tokens.size() == 12);
-  mark({"generate_request", "generate_reply", "token_event"});
-  crossed.insert("troupe::llm::generate_params");  // inside generate_request
   generate_request chat;
   chat.chat = true;
   chat.messages = {{"user", "Hi"}};
   chat.params.max_tokens = 4;
   const auto chat_reply = ask<generate_reply>(self, *sess, generate_atom_v, chat);
   REQUIRE(chat_reply);
-  mark({"chat_message"});
   // What the session holds, for another session to share (n answers, one prefill); sharing into itself is
   // refused by the scheduler.
   const auto prefix = ask<session_prefix>(self, *sess, get_atom_v, prefix_atom_v);
@@ -267,7 +535,6 @@ TEST_CASE("every message type crosses a middleman connection between two process
   const auto self_share = ask<bool>(self, *sess, share_atom_v, *prefix);
   REQUIRE_FALSE(self_share);
   CHECK(is(self_share.error(), errc::bad_request));
-  mark({"session_prefix"});
   // An embedding: the session checks the ids and delegates to the model's decoder actor, whose reply comes
   // straight back to this process; an id outside the vocabulary is refused by the session.
   const auto emb = ask<embed_reply>(self, *sess, embed_atom_v, embed_request{{1, 403, 407}});
@@ -279,8 +546,7 @@ TEST_CASE("every message type crosses a middleman connection between two process
   const auto out_of_vocab = ask<embed_reply>(self, *sess, embed_atom_v, embed_request{{1, static_cast<int32_t>(info->n_vocab)}});
   REQUIRE_FALSE(out_of_vocab);
   CHECK(is(out_of_vocab.error(), errc::bad_request));
-  mark({"embed_request", "embed_reply"});
-  self->send(*sess, cancel_atom_v);
+  tell(self, *sess, cancel_atom_v);
   CHECK(value_or<bool>(ask<bool>(self, *sess, reset_atom_v), false));
 
   // ---- scheduler of the model: attach, a step through the peer's pipeline, stats, detach ----
@@ -311,12 +577,11 @@ TEST_CASE("every message type crosses a middleman connection between two process
   // more on CPU (the output), every one on the peer's device actor of its device.
   CHECK(splits_on(cpu1) - cpu1_before == 2);
   CHECK(splits_on(cpu) - cpu_before == 4);
-  self->send(sched, end_atom_v, *seq);
+  tell(self, sched, end_atom_v, *seq);
   const auto stats = ask<decoder_stats>(self, sched, get_atom_v, stats_atom_v);
   REQUIRE(stats);
   CHECK(stats->n_sessions == 2);
   CHECK(value_or<bool>(ask<bool>(self, sched, detach_atom_v, *seq), false));
-  mark({"decode_step", "step_logits", "decoder_stats"});
 
   // ---- device actor CPU1: buffers, range uploads, reads, a staged upload, a split ----
   const auto buf = ask<buffer_info>(self, cpu1, alloc_atom_v, alloc_request{4096, 2, "remote"});
@@ -353,7 +618,6 @@ TEST_CASE("every message type crosses a middleman connection between two process
   const auto buf2 = ask<buffer_info>(self, cpu1, alloc_atom_v, alloc_request{1024, 2, "remote"});
   REQUIRE(buf2);
   CHECK(value_or<uint64_t>(ask<uint64_t>(self, cpu1, free_atom_v, all_atom_v), 0) == 1024);
-  mark({"alloc_request", "buffer_info", "range_upload", "tensor_range", "upload_job", "decode_split", "split_result"});
 
   // ---- allocator actor CPU1: a reservation, a planned graph, usage, release ----
   CHECK(value_or<int64_t>(ask<int64_t>(self, alloc1, reserve_atom_v, compute_reservation{"remote", 8192}), 0) == 8192);
@@ -365,7 +629,6 @@ TEST_CASE("every message type crosses a middleman connection between two process
   CHECK(usage->owners.size() >= 2);
   CHECK(value_or<uint64_t>(ask<uint64_t>(self, alloc1, release_atom_v, std::string("remote")), 0) == 8192);
   CHECK(value_or<uint64_t>(ask<uint64_t>(self, alloc1, release_atom_v, std::string("remote-graph")), 0) == *planned);
-  mark({"compute_reservation", "graph_plan", "allocator_usage", "owner_bytes"});
 
   // ---- remote-peer actor: status (up), memory over its connection, a model attached, state updates ----
   REQUIRE(ids.count("peer_port"));
@@ -391,12 +654,11 @@ TEST_CASE("every message type crosses a middleman connection between two process
   REQUIRE(peer_mem);
   REQUIRE(peer_mem->devices.size() == 1);
   CHECK(peer_mem->devices[0].total > 0);
-  self->send(rpeer, attach_atom_v, std::string("remote-model"));
+  tell(self, rpeer, attach_atom_v, std::string("remote-model"));
   const auto attached = ask<peer_status>(self, rpeer, get_atom_v, status_atom_v);
   REQUIRE(attached);
   CHECK(attached->models == std::vector<std::string>{"remote-model"});
-  self->send(rpeer, detach_atom_v, std::string("remote-model"));
-  mark({"peer_status", "peer_memory"});
+  tell(self, rpeer, detach_atom_v, std::string("remote-model"));
 
   // ---- events that came back: load progress, tokens, memory updates ----
   {
@@ -407,24 +669,55 @@ TEST_CASE("every message type crosses a middleman connection between two process
     CHECK_FALSE(box->updates.empty());
     CHECK_FALSE(box->peer_updates.empty());
   }
-  mark({"load_progress"});
-  self->send(acct, unsubscribe_atom_v, breakdown_subscriber{events});
-  self->send(rpeer, unsubscribe_atom_v, peer_subscriber{events});
+  tell(self, acct, unsubscribe_atom_v, breakdown_subscriber{events});
+  tell(self, rpeer, unsubscribe_atom_v, peer_subscriber{events});
 
   // ---- unload and shutdown: the final breakdown is zero ----
   CHECK(value_or<bool>(ask<bool>(self, sup, unload_atom_v, std::string("m")), false));
-  self->send(sup, cancel_atom_v, std::string("m"));
+  tell(self, sup, cancel_atom_v, std::string("m"));
   const auto final_b = ask<memory_breakdown>(self, sup, shutdown_atom_v);
   REQUIRE(final_b);
   CHECK(final_b->model + final_b->context + final_b->compute == 0);  // the embeddings context's memory too
   CHECK(final_b->n_rejected == 0);
 
-  // Every registered type went across.
-  const std::set<std::string> all = registered_names();
-  CHECK(all.size() >= 36);  // the block is not empty; each type is checked below
-  for (const std::string& t : all) {
+  // Every message type is registered, and went across: CAF serialized it here for the peer or deserialized
+  // it here from the peer (as a message element or inside one).
+  std::set<std::string> registered;
+  for (const std::string& t : registered_names()) registered.insert(short_name(t));
+  CHECK(registered == message_types);
+  std::set<std::string> sent, received;
+  {
+    std::lock_guard l(crossings().mutex);
+    sent = crossings().sent;
+    received = crossings().received;
+  }
+  for (const std::string& t : registered) {
     INFO("type " << t);
-    CHECK(crossed.count(t) == 1);
+    CHECK(sent.count(t) + received.count(t) > 0);
+  }
+  // Both ways: requests and what they carry out, replies and events back.
+  for (const char* t : {"load_request", "model_settings", "tensor_override", "device_layers", "generate_params", "memory_event"}) {
+    INFO("sent " << t);
+    CHECK(sent.count(t) == 1);
+  }
+  for (const char* t : {"model_info", "upload_result", "token_event", "buft_usage", "owner_bytes", "actor_status"}) {
+    INFO("received " << t);
+    CHECK(received.count(t) == 1);
   }
   self->send_exit(events, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("every message type's inspect() lists every field of its struct", "[actors][remote]") {
+  // A field left out of inspect() is never serialized: the receiver gets its default, and only a test that
+  // happens to look at that field notices. Fields are counted from the struct itself (aggregate
+  // initialization), bases through base_of.
+  check_block_fields(std::make_integer_sequence<caf::type_id_t, caf::id_block::troupe::end - caf::id_block::troupe::begin>{});
+  check_fields<llm::token_bias>("troupe::llm::token_bias");
+  check_fields<llm::token_prob>("troupe::llm::token_prob");
+  check_fields<llm::token_logprob>("troupe::llm::token_logprob");
+  // The counting itself: a struct and one of its fields' worth of inspect().
+  static_assert(struct_fields<tensor_override>() == 2);
+  static_assert(struct_fields<model_settings>() == 18);
+  static_assert(struct_fields<generate_reply>() == 9);
+  static_assert(struct_fields<llm::generate_params>() == 14);
 }

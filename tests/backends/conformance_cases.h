@@ -44,7 +44,8 @@ class case_builder {
 
 struct op_case {
   std::string name;
-  double max_nmse;  // normalized mean squared error allowed against the CPU reference
+  double max_nmse;  // normalized mean squared error allowed against the CPU reference (each element is also
+                    // held to a bound of its own: conformance_runner.h, element_bounds)
   std::function<tensor*(case_builder&)> build;
 };
 

@@ -3,9 +3,15 @@
 // integer parts are exact; only the order and precision of the float sums differ).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <initializer_list>
+#include <iterator>
 #include <random>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -13,6 +19,7 @@
 #include "backends/cpu/simd/simd.h"
 #include "runtime/quants.h"
 #include "tests/support/random_blocks.h"
+#include "tests/support/skip.h"
 
 using namespace troupe;
 using troupe::cpu::isa;
@@ -26,6 +33,54 @@ std::vector<isa> simd_levels() {
     if (cpu::isa_supported(l)) out.push_back(l);
   }
   return out;
+}
+
+// The SIMD levels this CPU has by an account other than cpu_features' own cpuid reading: the flags Linux
+// lists in /proc/cpuinfo (it leaves out those whose register state the OS does not save), each level
+// needing the flags of cpu_features::avx2_level() / avx512_level(). Without /proc/cpuinfo, the levels of
+// host_cpu_features()'s flags.
+std::vector<isa> expected_levels() {
+#if defined(__x86_64__)
+  std::set<std::string> flags;
+  bool read = false;
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; !read && std::getline(in, line);) {
+    if (line.rfind("flags", 0) != 0 || line.find(':') == std::string::npos) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    flags.insert(std::istream_iterator<std::string>(words), std::istream_iterator<std::string>());
+    read = true;
+  }
+  const cpu::cpu_features& f = cpu::host_cpu_features();
+  auto has = [&](std::initializer_list<const char*> names) {
+    return std::all_of(names.begin(), names.end(), [&](const char* n) { return flags.count(n) != 0; });
+  };
+  const bool avx2 = read ? has({"avx2", "fma", "f16c"}) : f.avx2_level();
+  const bool avx512 =
+      avx2 && (read ? has({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}) : f.avx512_level());
+  std::vector<isa> out;
+  if (avx2) out.push_back(isa::avx2);
+  if (avx512) out.push_back(isa::avx512);
+  return out;
+#else
+  return {};  // no SIMD kernels outside x86-64
+#endif
+}
+
+std::string names_of(const std::vector<isa>& levels) {
+  std::string s;
+  for (isa l : levels) s += (s.empty() ? "" : " ") + std::string(cpu::isa_name(l));
+  return s.empty() ? "none" : s;
+}
+
+// The SIMD levels to compare with the reference: every one this CPU has. A level the CPU has but
+// simd_levels() lacks fails the case (a detection that dropped one would leave its kernels untested and the
+// case green); none at all skips it, so that ctest reports it Skipped rather than Passed.
+std::vector<isa> levels_to_compare() {
+  const std::vector<isa> levels = simd_levels();
+  INFO("host: " << cpu::host_cpu_features().describe());
+  CHECK(names_of(levels) == names_of(expected_levels()));
+  if (levels.empty()) test::skip("no SIMD level (AVX2 or AVX-512) on this CPU: no kernel to compare with the reference");
+  return levels;
 }
 
 std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
@@ -93,11 +148,15 @@ TEST_CASE("cpu features: detection is consistent and the active level is support
 }
 
 TEST_CASE("simd activation quantizers are bit-identical to the reference", "[cpu][simd]") {
+  const std::vector<isa> levels = levels_to_compare();
+  if (levels.empty()) return;
   const type act_types[] = {type::q8_0, type::q8_1, type::q8_K, type::f16, type::bf16};
-  for (isa level : simd_levels()) {
+  std::vector<isa> compared;  // the levels with a quantizer of their own
+  for (isa level : levels) {
     const simd::kernel_table& kt = simd::table(level);
     for (type t : act_types) {
       if (kt.quantize(t) == traits(t).from_float_ref) continue;
+      if (compared.empty() || compared.back() != level) compared.push_back(level);
       INFO("level " << cpu::isa_name(level) << ", type " << type_name(t));
       const int64_t bs = traits(t).block_size;
       for (int64_t n : {bs, 8 * bs, 4096 / bs * bs, bs == 1 ? int64_t{13} : 5 * bs}) {
@@ -120,13 +179,19 @@ TEST_CASE("simd activation quantizers are bit-identical to the reference", "[cpu
       }
     }
   }
+  // Every level has SIMD quantizers (AVX-512 keeps the AVX2 ones): each was compared.
+  CHECK(names_of(compared) == names_of(levels));
 }
 
 TEST_CASE("simd dequantizers are bit-identical to the reference", "[cpu][simd]") {
-  for (isa level : simd_levels()) {
+  const std::vector<isa> levels = levels_to_compare();
+  if (levels.empty()) return;
+  std::vector<isa> compared;  // the levels with a dequantizer of their own
+  for (isa level : levels) {
     const simd::kernel_table& kt = simd::table(level);
     for (type t : weight_types) {
       if (kt.dequantize(t) == traits(t).to_float) continue;
+      if (compared.empty() || compared.back() != level) compared.push_back(level);
       INFO("level " << cpu::isa_name(level) << ", type " << type_name(t));
       const int64_t n = 4 * 256 + (traits(t).block_size == 1 ? 5 : 0);
       const std::vector<uint8_t> q = quantize_ref(t, random_floats(static_cast<size_t>(n), 11, -2.0f, 2.0f));
@@ -136,14 +201,20 @@ TEST_CASE("simd dequantizers are bit-identical to the reference", "[cpu][simd]")
       CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
     }
   }
+  // Every level has SIMD dequantizers (AVX-512 keeps the AVX2 ones): each was compared.
+  CHECK(names_of(compared) == names_of(levels));
 }
 
 TEST_CASE("simd dot products match the reference within float accumulation error", "[cpu][simd]") {
+  const std::vector<isa> levels = levels_to_compare();
+  if (levels.empty()) return;
   int checked = 0;
-  for (isa level : simd_levels()) {
+  std::vector<isa> compared;  // the levels with a dot product of their own
+  for (isa level : levels) {
     const simd::kernel_table& kt = simd::table(level);
     for (type w : weight_types) {
       if (kt.dot(w) == traits(w).vec_dot) continue;
+      if (compared.empty() || compared.back() != level) compared.push_back(level);
       const type vt = traits(w).vec_dot_type;
       for (int64_t n : lengths_for(w)) {
         for (uint32_t seed = 1; seed <= 4; ++seed) {
@@ -168,12 +239,14 @@ TEST_CASE("simd dot products match the reference within float accumulation error
       }
     }
   }
-  if (simd_levels().empty()) WARN("no SIMD level on this CPU: nothing to compare");
-  else CHECK(checked > 100);
+  CHECK(names_of(compared) == names_of(levels));
+  CHECK(checked > 100);
 }
 
 TEST_CASE("simd exp / silu / swiglu rows match std::exp within a few ulp", "[cpu][simd]") {
-  for (isa level : simd_levels()) {
+  const std::vector<isa> levels = levels_to_compare();
+  if (levels.empty()) return;
+  for (isa level : levels) {
     const simd::kernel_table& kt = simd::table(level);
     INFO("level " << cpu::isa_name(level));
     for (int64_t n : {1, 7, 8, 9, 64, 1000}) {
@@ -247,11 +320,15 @@ TEST_CASE("simd vec_dot_rows equals one vec_dot per row, bit for bit", "[cpu][si
 }
 
 TEST_CASE("simd vec_dot_tile equals one vec_dot per element, bit for bit, for batches 1..19", "[cpu][simd]") {
+  const std::vector<isa> levels = levels_to_compare();
+  if (levels.empty()) return;
   int checked = 0;
-  for (isa level : simd_levels()) {
+  std::vector<isa> compared;  // the levels with tiles of their own
+  for (isa level : levels) {
     const simd::kernel_table& kt = simd::table(level);
     for (type w : weight_types) {
       if (kt.dot_tile(w) == nullptr) continue;
+      if (compared.empty() || compared.back() != level) compared.push_back(level);
       const type vt = traits(w).vec_dot_type;
       for (int64_t n : lengths_for(w)) {
         const int64_t rows = 7;
@@ -302,6 +379,6 @@ TEST_CASE("simd vec_dot_tile equals one vec_dot per element, bit for bit, for ba
       }
     }
   }
-  if (simd_levels().empty()) WARN("no SIMD level on this CPU: nothing to compare");
-  else CHECK(checked >= 8 * 4 * 8);  // q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K at least at one level
+  CHECK(names_of(compared) == names_of(levels));
+  CHECK(checked >= 8 * 4 * 8);  // q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K at least at one level
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "net/http/loadgen.h"
+#include "tests/http/daemon_fixture.h"
 #include "tests/http/daemon_process.h"
 #include "tests/http/stories_daemon.h"
 #include "tests/test_models.h"
@@ -57,6 +58,19 @@ std::vector<std::vector<float>> embeddings_of(const std::string& body) {
     double norm2 = 0;
     for (const float x : out.back()) norm2 += static_cast<double>(x) * x;
     CHECK(norm2 == Approx(1.0).epsilon(1e-5));
+  }
+  return out;
+}
+
+// Values of the daemon's /metrics ("name{labels}" exactly as printed) from one reading, so that they agree
+// with each other; -1 for each one absent.
+std::vector<double> metrics_at_once(httplib::Client& c, const std::vector<std::string>& names) {
+  std::vector<double> out(names.size(), -1);
+  auto r = c.Get("/metrics");
+  if (!r || r->status != 200) return out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const size_t at = r->body.find("\n" + names[i] + " ");
+    if (at != std::string::npos) out[i] = std::stod(r->body.substr(at + names[i].size() + 2));
   }
   return out;
 }
@@ -347,18 +361,53 @@ TEST_CASE("daemon: chat and completions, plain and streamed, equal the reference
 TEST_CASE("daemon: concurrent requests are batched and each answer is right", "[http][daemon]") {
   const auto model = test::model_path("stories260K.gguf");
   if (!model) return;
-  test::daemon_process d(stories_config(model->string()));
+  // The scheduler waits up to flush_delay_us for every generating session's next step before it decodes
+  // without it. A minute (far beyond any step's round trip) makes the wait, not the machine's speed, decide:
+  // while two answers generate, every decode has both their steps. Only a step that never came would wait it
+  // out, and every answer here sends its next step or its end.
+  std::string config = stories_config(model->string(), "", 16384, 4);
+  config.replace(config.find("[runtime]\n"), 10, "[runtime]\nflush_delay_us = 60000000\n");
+  test::daemon_process d(config);
+  httplib::Client c("127.0.0.1", d.port());
+  c.set_read_timeout(120, 0);
+  const std::string steps = "troupe_decode_steps_total{model=\"stories\"}";
+  const std::string batches = "troupe_decode_batches_total{model=\"stories\"}";
+  // Steps decoded together with another one so far (a decode of k steps counts k - 1).
+  const auto shared_steps = [&] {
+    const std::vector<double> v = metrics_at_once(c, {steps, batches});
+    return v[0] - v[1];
+  };
+
+  // An answer that generates from before the others are sent until after they are answered, whatever the
+  // machine's speed: 4000 tokens with end-of-sequence banned, plain (its heartbeat spaces are all it writes
+  // meanwhile), its connection closed by the test at the end, which cancels it.
+  json long_body = greedy_chat(4000);
+  long_body["logit_bias"] = {{"2", -100}};
+  raw_request held(d.port(), "/v1/chat/completions", long_body.dump());
+  REQUIRE(held.read_until("\r\n\r\n"));  // headers sent: generating
+
+  // One answer beside it: each of its 32 steps (the prompt's and 31 tokens') is decoded together with a step
+  // of the long answer. A scheduler that decoded what is waiting without waiting for the other generating
+  // session's step would decode the two answers' steps in turn.
+  const double shared_before = shared_steps();
+  auto one = c.Post("/v1/chat/completions", greedy_chat().dump(), "application/json");
+  REQUIRE(one);
+  REQUIRE(one->status == 200);
+  CHECK(json::parse(one->body)["choices"][0]["tokens"].get<std::vector<int>>() == reference_tokens);
+  CHECK(shared_steps() - shared_before >= 30);
+
+  // Eight at once on the other three sessions (five wait in the queue): each answer is right.
   constexpr int n = 8;
   std::vector<std::vector<int>> tokens(n);
   std::vector<int> status(n, 0);
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
-      httplib::Client c("127.0.0.1", d.port());
-      c.set_read_timeout(120, 0);
+      httplib::Client ci("127.0.0.1", d.port());
+      ci.set_read_timeout(120, 0);
       json body = greedy_chat();
       body["stream"] = i % 2 == 1;
-      auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+      auto r = ci.Post("/v1/chat/completions", body.dump(), "application/json");
       if (!r) return;
       status[i] = r->status;
       if (i % 2 == 0) tokens[i] = json::parse(r->body)["choices"][0]["tokens"].get<std::vector<int>>();
@@ -370,13 +419,15 @@ TEST_CASE("daemon: concurrent requests are batched and each answer is right", "[
     CHECK(status[i] == 200);
     if (i % 2 == 0) CHECK(tokens[i] == reference_tokens);
   }
-  httplib::Client c("127.0.0.1", d.port());
-  CHECK(metric(c, "troupe_requests_total{endpoint=\"chat\",status=\"200\"}") == n);
-  CHECK(metric(c, "troupe_sessions{model=\"stories\",state=\"busy\"}") == 0);
-  // The scheduler decoded steps of several sessions together (8 answers of 32 tokens each).
-  CHECK(metric(c, "troupe_decode_steps_total{model=\"stories\"}") >= n * 30);
+  held.close_now();
+  // The long answer was still generating: cancelled when its client went away, not finished.
+  CHECK(eventually([&] { return metric(c, "troupe_requests_cancelled_total") == 1; }));
+  CHECK(eventually([&] { return metric(c, "troupe_sessions{model=\"stories\",state=\"busy\"}") == 0; }));
+  CHECK(metric(c, "troupe_requests_total{endpoint=\"chat\",status=\"200\"}") == n + 1);
+  // The scheduler decoded steps of several sessions together (nine answers of 32 tokens, and the long one).
+  CHECK(metric(c, steps) >= (n + 1) * 30);
   CHECK(metric(c, "troupe_decode_batch_max{model=\"stories\"}") >= 2);
-  CHECK(metric(c, "troupe_decode_batches_total{model=\"stories\"}") < metric(c, "troupe_decode_steps_total{model=\"stories\"}"));
+  CHECK(metric(c, batches) < metric(c, steps));
 }
 
 TEST_CASE("daemon: /v1/embeddings on the model's sessions, alongside completions", "[http][daemon][embeddings]") {

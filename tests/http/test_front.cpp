@@ -84,6 +84,36 @@ double ms_since(steady::time_point t0) { return std::chrono::duration<double, st
 
 const std::string health_request = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
 
+// A connection that has sent `text` (in one write) within half of `deadline_s` of its connect(), as this
+// process measured it: a deadline the daemon arms at accept cannot have passed before the text arrived,
+// however busy the machine. A try that took longer tests nothing: it is read to its close (the daemon is done
+// with it) and made again; `voided` counts the tries the daemon counted as timed out (answered 408, or
+// closed with no answer).
+std::unique_ptr<client_socket> sent_in_time(int port, const std::string& text, int deadline_s, int& voided) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const auto t0 = steady::now();
+    auto s = std::make_unique<client_socket>(port);
+    REQUIRE(s->connected());
+    const bool sent = s->send_text(text);
+    if (sent && steady::now() - t0 < std::chrono::milliseconds(500 * deadline_s)) return s;
+    s->read_to_close();
+    if (s->received().empty() || s->received().rfind("HTTP/1.1 408", 0) == 0) ++voided;
+  }
+  FAIL("100 tries to connect and send within " << 500 * deadline_s << " ms, all too slow");
+  return nullptr;
+}
+
+// A value of the daemon's /metrics, asked on a connection of its own sent in time (sent_in_time) and closed
+// by the daemon after the answer; -1 when absent.
+double metric_in_time(int port, const std::string& name, int deadline_s, int& voided) {
+  auto s = sent_in_time(port, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", deadline_s, voided);
+  s->read_to_close();
+  const std::string& got = s->received();
+  const size_t at = got.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(got.substr(at + name.size() + 2));
+}
+
 }  // namespace
 
 TEST_CASE("front: 1,000 idle and half-sent connections starve neither /health nor a completion", "[http][front]") {
@@ -230,34 +260,44 @@ TEST_CASE("front: a header or body that misses its deadline is answered 408, and
           "[http][front]") {
   const auto model = test::model_path("stories260K.gguf");
   if (!model) return;
-  test::daemon_process d(stories_config(model->string(), "header_timeout_s = 1\nread_timeout_s = 1\nkeep_alive_timeout_s = 1\nkeep_alive_max = 3\n"));
+  // Each section starts a daemon whose only short deadline is the one it tests; the others are longer than
+  // the test, so that no other step of it races a deadline.
+  const auto daemon_with = [&](const std::string& deadlines) {
+    return std::make_unique<test::daemon_process>(stories_config(model->string(), deadlines));
+  };
 
   SECTION("half a header") {
-    client_socket s(d.port());
-    REQUIRE(s.send_text("GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"));
-    CHECK(s.read_to_close());
-    CHECK_THAT(s.received(), StartsWith("HTTP/1.1 408"));
-    CHECK_THAT(s.received(), Contains("header_timeout_s"));
-    httplib::Client c("127.0.0.1", d.port());
-    CHECK(metric(c, "troupe_http_timeouts_total") == 1);
+    auto d = daemon_with("header_timeout_s = 1\nread_timeout_s = 300\nkeep_alive_timeout_s = 300\n");
+    int voided = 0;  // connections this test gave up on that the daemon counted as timed out
+    auto s = sent_in_time(d->port(), "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n", 1, voided);
+    CHECK(s->read_to_close());
+    CHECK_THAT(s->received(), StartsWith("HTTP/1.1 408"));
+    CHECK_THAT(s->received(), Contains("header_timeout_s"));
+    const double timeouts = metric_in_time(d->port(), "troupe_http_timeouts_total", 1, voided);
+    CHECK(timeouts == 1 + voided);
   }
   SECTION("a body shorter than its Content-Length") {
-    client_socket s(d.port());
+    // The header and part of the body in one write: the body's deadline starts once the header is read.
+    auto d = daemon_with("header_timeout_s = 300\nread_timeout_s = 1\nkeep_alive_timeout_s = 300\n");
+    client_socket s(d->port());
     REQUIRE(s.send_text("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                         "Content-Length: 100\r\n\r\n{\"model\": \"st"));
     CHECK(s.read_to_close());
     CHECK_THAT(s.received(), StartsWith("HTTP/1.1 408"));
     CHECK_THAT(s.received(), Contains("read_timeout_s"));
-    httplib::Client c("127.0.0.1", d.port());
+    httplib::Client c("127.0.0.1", d->port());
     CHECK(metric(c, "troupe_http_timeouts_total") == 1);
   }
   SECTION("a connection that never sends closes quietly (as a browser's preconnection expects)") {
-    client_socket s(d.port());
+    auto d = daemon_with("header_timeout_s = 1\nread_timeout_s = 300\nkeep_alive_timeout_s = 300\n");
+    client_socket s(d->port());
     CHECK(s.read_to_close());
     CHECK(s.received().empty());
   }
-  SECTION("keep-alive: idle between requests closes quietly; the third request is the last") {
-    client_socket s(d.port());
+  SECTION("keep-alive: pipelined requests are answered in order; the third request is the last") {
+    // Deadlines longer than the test: whenever this process sends, the connection is still open.
+    auto d = daemon_with("header_timeout_s = 300\nread_timeout_s = 300\nkeep_alive_timeout_s = 300\nkeep_alive_max = 3\n");
+    client_socket s(d->port());
     REQUIRE(s.send_text(health_request));
     const std::string first = s.read_response();
     CHECK_THAT(first, StartsWith("HTTP/1.1 200"));
@@ -269,12 +309,14 @@ TEST_CASE("front: a header or body that misses its deadline is answered 408, and
     CHECK_THAT(third, Contains("Connection: close"));
     CHECK(s.read_to_close());
     CHECK(s.received().empty());
-
-    client_socket idle(d.port());
-    REQUIRE(idle.send_text(health_request));
-    CHECK_THAT(idle.read_response(), StartsWith("HTTP/1.1 200"));
-    CHECK(idle.read_to_close());  // after keep_alive_timeout_s + header_timeout_s, with no 408
-    CHECK(idle.received().empty());
+  }
+  SECTION("keep-alive: a connection idle between requests closes quietly") {
+    auto d = daemon_with("header_timeout_s = 1\nread_timeout_s = 300\nkeep_alive_timeout_s = 1\n");
+    int voided = 0;
+    auto idle = sent_in_time(d->port(), health_request, 1, voided);
+    CHECK_THAT(idle->read_response(), StartsWith("HTTP/1.1 200"));
+    CHECK(idle->read_to_close());  // after keep_alive_timeout_s + header_timeout_s, with no 408
+    CHECK(idle->received().empty());
   }
 }
 

@@ -3,8 +3,10 @@
 // compilation (every supported keyword, refusals by name) checked by matching JSON texts.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loader/gguf.h"
@@ -47,6 +49,43 @@ std::string schema_error(std::string_view schema) {
 
 bool schema_matches(std::string_view schema, std::string_view text) {
   return matches(grammar::parse(json_schema_to_gbnf(schema)), text);
+}
+
+// A hand-written reference for the answer grammar of the stories260K case,
+//   root ::= ("Yes" | "No") ", the " [a-z]{1,8} " was " ("big" | "small") "."
+// independent of the grammar engine: whether s is a prefix of a sentence (complete: a whole sentence).
+bool answer_prefix(std::string_view s, bool complete = false) {
+  size_t i = 0;
+  // 1: all of lit read; 0: s ends inside lit; -1: s leaves lit.
+  auto literal = [&](std::string_view lit) {
+    const size_t n = std::min(lit.size(), s.size() - i);
+    if (s.substr(i, n) != lit.substr(0, n)) return -1;
+    i += n;
+    return n == lit.size() ? 1 : 0;
+  };
+  auto one_of = [&](std::string_view a, std::string_view b) {  // a and b differ in their first byte
+    const size_t at = i;
+    const int r = literal(a);
+    if (r >= 0) return r;
+    i = at;
+    return literal(b);
+  };
+  int r = one_of("Yes", "No");
+  if (r == 1) r = literal(", the ");
+  if (r != 1) return r == 0 && !complete;
+  size_t letters = 0;
+  while (i < s.size() && s[i] >= 'a' && s[i] <= 'z') {
+    ++i;
+    ++letters;
+  }
+  if (letters > 8) return false;
+  if (i == s.size()) return !complete;
+  if (letters == 0) return false;
+  r = literal(" was ");
+  if (r == 1) r = one_of("big", "small");
+  if (r == 1) r = literal(".");
+  if (r != 1) return r == 0 && !complete;
+  return i == s.size();
 }
 
 }  // namespace
@@ -337,6 +376,18 @@ TEST_CASE("grammar: JSON Schema keywords that are not supported are refused by n
   CHECK_THAT(schema_error("false"), Catch::Contains("matches nothing"));
 }
 
+TEST_CASE("grammar: the hand-written reference of the stories260K answer grammar agrees with the engine", "[grammar]") {
+  const auto g = grammar::parse(R"(root ::= ("Yes" | "No") ", the " [a-z]{1,8} " was " ("big" | "small") "." )");
+  for (std::string_view text : {"", "Y", "No", "No,", "Yes, the ", "Yes, the c", "Yes, the abcdefgh", "Yes, the abcdefghi",
+                                "No, the cat", "No, the cat ", "No, the cat w", "No, the cat was s", "No, the cat was small",
+                                "No, the cat was small.", "No, the cat was small..", "No, the  cat", "No, the Cat",
+                                "Yes, the dog was big.", "Yes, the dog was bigs", "Maybe", " Yes", "Yes the"}) {
+    INFO("'" << text << "'");
+    CHECK(answer_prefix(text) == grammar_matcher(g).accepts(text));
+    CHECK(answer_prefix(text, true) == matches(g, text));
+  }
+}
+
 TEST_CASE("grammar: answers sampled under a grammar are in its language and end with it (stories260K)", "[grammar][models]") {
   const auto path = test::model_path("stories260K.gguf");
   if (!path) return;
@@ -346,6 +397,23 @@ TEST_CASE("grammar: answers sampled under a grammar are in its language and end 
   const char* gbnf = R"(root ::= ("Yes" | "No") ", the " [a-z]{1,8} " was " ("big" | "small") "." )";
   const auto g = grammar::parse(gbnf);
   const auto prompt = v.tokenize("Once upon a time", true);
+  // The log-probabilities are those of the constrained distribution: every top candidate is a token the
+  // grammar allows after the text so far (the pieces of the tokens before it), by the hand-written
+  // reference above; an end-of-generation token only once the sentence is complete.
+  size_t n_candidates = 0;
+  auto check_candidates = [&](const generate_result& r) {
+    std::string text;
+    for (const token_logprob& lp : r.logprobs) {
+      for (const token_prob& c : lp.top) {
+        INFO("after '" << text << "': candidate " << c.token << " '" << c.text << "', log-probability " << c.logprob);
+        CHECK(c.logprob > -INFINITY);
+        if (v.is_eog(c.token)) CHECK(answer_prefix(text, true));
+        else CHECK((!c.text.empty() && answer_prefix(text + c.text)));
+        ++n_candidates;
+      }
+      text += lp.text;
+    }
+  };
   for (uint32_t seed = 1; seed <= 6; ++seed) {
     generator gen(ctx, v, 0);
     gen.reset();  // the sequence's cells from the previous answer
@@ -354,24 +422,28 @@ TEST_CASE("grammar: answers sampled under a grammar are in its language and end 
     p.seed = seed;
     p.max_tokens = 64;
     p.grammar = gbnf;
-    p.logprobs = 2;
+    p.logprobs = generate_params::max_logprobs;
     const generate_result r = gen.generate(prompt, p);
     INFO("seed " << seed << ": '" << r.text << "'");
     CHECK(r.finish == "stop");
     CHECK(matches(g, r.text));
-    // The log-probabilities are those of the constrained distribution: every top candidate is allowed.
-    for (const token_logprob& lp : r.logprobs) {
-      for (const token_prob& c : lp.top) CHECK(c.logprob > -INFINITY);
-    }
+    check_candidates(r);
   }
-  // Greedy: the same text twice, and a grammar error before anything is decoded.
+  // Greedy: the same text twice, and a grammar error before anything is decoded. Its log-probabilities
+  // are those of every token the mask left (no top-k / top-p / min-p filter removes any), so a banned token
+  // that kept a finite logit would be among the top 20 wherever the grammar allows fewer.
   generator gen(ctx, v, 0);
   gen.reset();
   generate_params p = generate_params::greedy(64);
   p.grammar = gbnf;
-  const std::string first = gen.generate(prompt, p).text;
+  p.logprobs = generate_params::max_logprobs;
+  const generate_result greedy = gen.generate(prompt, p);
+  INFO("greedy: '" << greedy.text << "'");
+  CHECK(matches(g, greedy.text));
+  check_candidates(greedy);
+  CHECK(n_candidates > 100);
   gen.reset();
-  CHECK(gen.generate(prompt, p).text == first);
+  CHECK(gen.generate(prompt, p).text == greedy.text);
   p.grammar = "root ::= nothing";
   CHECK_THROWS_AS(gen.generate(prompt, p), grammar_error);
 }

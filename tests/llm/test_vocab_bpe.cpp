@@ -30,7 +30,10 @@ struct tokenization_case {
 // and merges: models.BPE(vocab, merges) with the pre-tokenizer Sequence([Digits(individual_digits=True),
 // ByteLevel(add_prefix_space=False, use_regex=True)]) (SmolLM2's tokenizer.json), the 17 control tokens
 // added as special tokens, encode(text, add_special_tokens=False). Vocabulary and merges were read with the
-// PyPI `gguf` package; the ids were computed offline, so nothing here needs the network.
+// PyPI `gguf` package; the ids were computed offline, so nothing here needs the network. The script that
+// computes them is scripts/reference/hf_tokenizer_ids.py (versions pinned in scripts/reference/requirements.txt:
+// tokenizers 0.23.3, gguf 0.19.0); `scripts/reference/run` recomputes them and checks that this file holds
+// exactly those ids, and those of the parse_special case below.
 const std::vector<tokenization_case> smollm2_reference = {
     {"Hello world", {19556, 905}},
     {" Hello world", {38699, 905}},

@@ -4,6 +4,7 @@
 // inputs that parse must round-trip through the writer.
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <random>
 
 #include "loader/gguf.h"
@@ -19,7 +20,15 @@ struct fuzz_stats {
   int parsed = 0;
   int rejected = 0;
   int round_trips = 0;  // parsed inputs written again and compared
+  int realigned = 0;    // of those, written with the default alignment (theirs is above max_written_alignment)
 };
+
+// The largest alignment a round trip writes as it is. A file with a larger one parses only if its tensors
+// still lie inside it (with no tensors, the data section may start past the end of the file), but writing it
+// pads the header to the alignment: up to 2 GiB of zeros for 2^31. Such a file is written with the default
+// alignment instead, which changes only the general.alignment value and where the data section starts
+// (checked on its own).
+constexpr uint32_t max_written_alignment = 65536;
 
 // Values that tend to reach edge cases when written over a length, count, type or offset field.
 uint64_t interesting(std::mt19937_64& rng, uint64_t file_size) {
@@ -49,17 +58,45 @@ void mutate(std::vector<std::byte>& bytes, size_t region, std::mt19937_64& rng) 
   }
 }
 
-// Parses, and on success checks that the writer reproduces the model.
+// Parses, and on success checks that the writer reproduces the model: the same metadata, the same tensors
+// (names, types, shapes and data), and the written file written again byte for byte.
 void try_parse(std::span<const std::byte> bytes, fuzz_stats& stats) {
   try {
     const gguf_file f = parse_gguf(bytes);
     ++stats.parsed;
-    if (f.alignment() > 65536) return;
-    const std::vector<std::byte> written = gguf_writer::from(f, bytes).write();
+    gguf_writer w = gguf_writer::from(f, bytes);
+    std::vector<gguf_kv> metadata = f.metadata();
+    const bool realign = f.alignment() > max_written_alignment;
+    if (realign) {
+      w.set_alignment(gguf_default_alignment);
+      for (gguf_kv& kv : metadata) {
+        if (kv.key == gguf_alignment_key) kv.value = gguf_default_alignment;
+      }
+    }
+    const std::vector<std::byte> written = w.write();
     const gguf_file g = parse_gguf(written);
-    REQUIRE(g.metadata() == f.metadata());
+    REQUIRE(g.metadata() == metadata);
     REQUIRE(g.tensors().size() == f.tensors().size());
+    for (size_t i = 0; i < f.tensors().size(); ++i) {
+      const gguf_tensor_info& a = f.tensors()[i];
+      const gguf_tensor_info& b = g.tensors()[i];
+      REQUIRE(b.name == a.name);
+      REQUIRE(b.type == a.type);
+      REQUIRE(b.n_dims == a.n_dims);
+      REQUIRE(b.ne == a.ne);
+      REQUIRE(b.n_bytes == a.n_bytes);
+      REQUIRE(std::memcmp(written.data() + b.file_offset, bytes.data() + a.file_offset, a.n_bytes) == 0);
+    }
     REQUIRE(gguf_writer::from(g, written).write() == written);
+    if (realign) {
+      // The two headers hold the same fields at the same sizes (the alignment's value is a uint32 either
+      // way), so f's data section starts where g's does (the header's end rounded up to 32), rounded up to
+      // f's alignment.
+      REQUIRE(g.alignment() == gguf_default_alignment);
+      const uint64_t a = f.alignment();
+      REQUIRE(f.data_offset() == (g.data_offset() + a - 1) / a * a);
+      ++stats.realigned;
+    }
     ++stats.round_trips;
   } catch (const gguf_error&) {
     ++stats.rejected;
@@ -82,7 +119,8 @@ void fuzz(std::vector<std::byte> original, size_t region, int iterations, uint64
   }
   // Both outcomes were reached: the mutations hit fields the parser checks, and some inputs still parsed and
   // went through the writer (a parser that rejected everything, or a round trip never tried, fails here).
-  INFO("parsed " << stats.parsed << ", rejected " << stats.rejected << ", round trips " << stats.round_trips);
+  INFO("parsed " << stats.parsed << ", rejected " << stats.rejected << ", round trips " << stats.round_trips
+                  << " (realigned " << stats.realigned << ")");
   CHECK(stats.rejected > 0);
   CHECK(stats.parsed > 0);
   CHECK(stats.round_trips > 0);
@@ -117,4 +155,23 @@ TEST_CASE("gguf fuzz: mutations of stories260K's header region", "[gguf][fuzz][m
   const std::vector<std::byte> bytes = test::read_file_bytes(*path);
   const gguf_file f = parse_gguf(bytes);
   fuzz(bytes, static_cast<size_t>(f.data_offset()), 2000, 2);
+}
+
+TEST_CASE("gguf fuzz: files whose alignment is above 64 KiB round-trip too", "[gguf][fuzz]") {
+  // 2^31, the largest uint32 power of two, and no tensors: the data section starts past the end of the file.
+  test::raw_gguf none;
+  none.header(0, 2).kv_str("general.architecture", "llama").kv_u32("general.alignment", 0x80000000u);
+  // 2^17 and one f32 tensor at the start of a data section inside the file.
+  test::raw_gguf one;
+  one.header(1, 1).kv_u32("general.alignment", 1u << 17).tensor("t", {8}, 0, 0).pad(size_t{1} << 17);
+  for (int i = 1; i <= 8; ++i) one.f32(static_cast<float>(i));
+  const gguf_file f = parse_gguf(one.span());
+  REQUIRE(f.data_offset() == (1u << 17));
+  REQUIRE(f.tensor("t").file_offset == (1u << 17));
+  fuzz_stats stats;
+  try_parse(none.span(), stats);
+  try_parse(one.span(), stats);
+  CHECK(stats.parsed == 2);
+  CHECK(stats.realigned == 2);
+  CHECK(stats.round_trips == 2);
 }

@@ -1,5 +1,9 @@
 // Quantized formats against ggml's and gguf-py's references: quantizers byte for byte, dequantizers against
 // an independent decoder on patterned blocks (mxfp4 included), and the i-quant grids.
+//
+// Every hex string and checksum below is printed, as these initializers, by scripts/reference/gguf_quants.py
+// (gguf-py and numpy at the versions pinned in scripts/reference/requirements.txt); `scripts/reference/run`
+// recomputes them and checks that this file holds exactly those values.
 #include <catch2/catch.hpp>
 
 #include <algorithm>

@@ -167,7 +167,7 @@ TEST_CASE("every matrix product case matches the CPU reference with each of the 
       REQUIRE(got.has_value());
       const auto ref = testing::run_case(c, ci, *reference, nullptr);
       REQUIRE(ref.has_value());
-      CHECK(testing::nmse(*got, *ref) <= c.max_nmse);
+      testing::check_result(c, *got, *ref, testing::element_bounds(c, ci, *ref));  // NMSE and every element
       ++compared;
     }
     CHECK(compared > 150);
