@@ -25,7 +25,13 @@ std::unique_lock<std::mutex> client::impl::enter() {
 
 void client::impl::fail(const std::string& what) {
   const bool was_up = established;
-  const std::string msg = "peer " + who + ": " + what;
+  std::string msg = "peer " + who + ": " + what;
+  if (down.load(std::memory_order_acquire)) {
+    // Marked down under this request (mark_down shut its socket): that is the news, not the closed socket.
+    std::lock_guard l(down_mu);
+    msg = "peer " + who + " is down" + (down_reason.empty() ? std::string() : ": " + down_reason) +
+          " (the request in flight was cut off)";
+  }
   closing_reason = msg;
   close_locked();
   if (was_up) notify_lost(msg);
@@ -99,6 +105,8 @@ void client::impl::connect_locked() {
   }
   epoch += 1;
   st.connects += 1;
+  heard = {};
+  drop_control(false);  // the peer may be another process now: its control connection is made anew
   last_graph.clear();
   ticket_failures.clear();  // tickets of the old connection fail by their epoch
   established = true;
@@ -134,11 +142,22 @@ void client::impl::handshake_locked() {
   w.u16(opts.client_version.major);
   w.u16(opts.client_version.minor);
   w.u16(opts.client_version.patch);
-  w.u32(0);
+  w.u32(opts.control ? uint32_t{hello_control} : 0u);
   w.bytes(cn.data(), cn.size());
   const mac proof = opts.key.empty() ? mac{} : client_proof(opts.key, server_nonce, cn, opts.client_version);
   w.bytes(proof.data(), proof.size());
-  const std::vector<uint8_t> rep = call(command::hello, hello, 64);
+  std::vector<uint8_t> rep;
+  try {
+    rep = call(command::hello, hello, 64);
+  } catch (const remote_error& e) {
+    if (e.code() != status::version_mismatch) throw;
+    // (The peer closed the connection.) Say which side is older.
+    const bool peer_older = server_ver.major < opts.client_version.major ||
+                            (server_ver.major == opts.client_version.major && server_ver.minor < opts.client_version.minor);
+    throw remote_error(e.code(), std::string(e.what()) + "; the peer speaks protocol " + to_string(server_ver) +
+                                     " and this troupe " + to_string(opts.client_version) +
+                                     (peer_older ? ": run a troupe as new as this one on the peer" : ": upgrade troupe here"));
+  }
   try {
     reader r(rep);
     const version v = read_version(r);
@@ -181,8 +200,11 @@ void client::connect() {
 }
 
 void client::close() {
-  std::lock_guard lock(impl_->mu);
-  impl_->close_locked();
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->close_locked();
+  }
+  impl_->drop_control(false);
 }
 
 bool client::connected() const { return impl_->up.load() && !impl_->down.load(); }
@@ -196,8 +218,9 @@ void client::mark_down(const std::string& reason) {
     impl_->down = true;
   }
   // Wakes a request blocked on the socket (its poll sees the hang-up, the read fails): it throws, and
-  // closes the connection, on its own thread.
+  // closes the connection, on its own thread. The same for a question on the control connection.
   impl_->io.interrupt();
+  impl_->drop_control(true);
   // Nothing in flight: close now.
   std::unique_lock lock(impl_->mu, std::try_to_lock);
   if (lock.owns_lock()) impl_->close_locked();
@@ -212,10 +235,11 @@ bool client::health_check(std::chrono::milliseconds timeout) {
   if (impl_->down.load()) return false;
   std::unique_lock lock(impl_->mu, std::try_to_lock);
   if (!lock.owns_lock() || !impl_->queued.empty()) {
-    // A request is in flight, or graphs are queued (a graph may compute for long): ask the peer on a
-    // connection of its own whether it still answers, so that a hung peer is found while they wait.
+    // A request is in flight, or graphs are queued (a graph may compute for long): ask on the control
+    // connection, which the peer serves on a thread of its own, so that a busy peer answers and a hung
+    // one is found while they wait.
     if (lock.owns_lock()) lock.unlock();
-    return probe(timeout);
+    return impl_->control_ping(timeout);
   }
   if (!impl_->up) return false;
   const auto saved = impl_->opts.io_timeout;
@@ -230,20 +254,7 @@ bool client::health_check(std::chrono::milliseconds timeout) {
   return ok;
 }
 
-bool client::probe(std::chrono::milliseconds timeout) {
-  client_options o = impl_->initial_opts;
-  o.connect_timeout = timeout;
-  o.io_timeout = timeout;
-  o.auto_reconnect = false;
-  client c(std::move(o));
-  try {
-    c.connect();
-    c.impl_->call(command::device_count, {}, max_small_payload * 256);
-    return true;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
+bool client::probe(std::chrono::milliseconds timeout) { return impl::probe_once(impl_->initial_opts, timeout); }
 
 uint64_t client::epoch() const { return impl_->epoch.load(); }
 
@@ -257,6 +268,7 @@ version client::server_version() const {
 client_stats client::stats() const {
   std::lock_guard lock(impl_->mu);
   client_stats s = impl_->st;
+  s.op_questions = impl_->op_questions.load();
   std::lock_guard out_lock(impl_->outputs_mu);
   s.outputs_served = impl_->outputs_served;
   return s;
@@ -267,6 +279,7 @@ void client::reset_stats() {
   const uint64_t connects = impl_->st.connects;
   impl_->st = {};
   impl_->st.connects = connects;
+  impl_->op_questions = 0;
   std::lock_guard out_lock(impl_->outputs_mu);
   impl_->outputs_served = 0;
 }

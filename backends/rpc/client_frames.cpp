@@ -147,16 +147,48 @@ void client::impl::drop_outputs_in(const std::vector<uint64_t>& handles) {
   });
 }
 
-frame_header client::impl::read_header(std::optional<poll_window> window) {
+frame_header client::impl::read_any_header(std::optional<poll_window> window) {
   uint8_t hdr[frame_header_size];
   read_exact(hdr, sizeof hdr, window);
-  st.round_trips += 1;
   return decode_header(hdr);
 }
 
-void client::impl::read_queued() {
+void client::impl::take_progress(const frame_header& h) {
+  if (h.size > max_progress_payload) fail("a progress frame of " + std::to_string(h.size) + " bytes (at most " + std::to_string(max_progress_payload) + ")");
+  uint8_t body[max_progress_payload];
+  read_exact(body, static_cast<size_t>(h.size));
+  heard = std::chrono::steady_clock::now();
+  st.progress_frames += 1;
+}
+
+frame_header client::impl::read_header(std::optional<poll_window> window) {
+  for (;;) {
+    const frame_header h = read_any_header(window);
+    if (h.code != static_cast<uint8_t>(status::progress)) {
+      st.round_trips += 1;
+      return h;
+    }
+    // The peer is at work: the reply comes later (no point polling for it now), and the next read's timeout
+    // starts afresh.
+    take_progress(h);
+    const auto now = std::chrono::steady_clock::now();
+    window = poll_window{now, now};
+  }
+}
+
+void client::impl::read_queued(bool progress_only_ok) {
   const queued_graph& q = queued.front();
-  const frame_header h = read_header();
+  frame_header h;
+  if (progress_only_ok) {
+    h = read_any_header(std::nullopt);
+    if (h.code == static_cast<uint8_t>(status::progress)) {
+      take_progress(h);
+      return;
+    }
+    st.round_trips += 1;
+  } else {
+    h = read_header();
+  }
   const auto s = static_cast<status>(h.code);
   if (s == status::ok) {
     receive_outputs(h.size, q.out_bytes, q.outputs, q.drops_from);

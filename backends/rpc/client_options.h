@@ -33,6 +33,10 @@ struct client_options {
   bool auto_reconnect = true;
   uint64_t hash_threshold = rpc::hash_threshold;      // cacheable uploads from this size go by hash first
   version client_version = protocol_version;          // tests: pretend another version
+  // A control connection (the hello's control flag): the peer serves it on a thread that never runs a graph,
+  // for health probes and capability questions only (no buffers, no graphs). A client makes one of its own
+  // when it needs one (health_check while busy, supports_op); set here only by that client and by tests.
+  bool control = false;
 };
 
 // An address split into host and port. The brackets of "[v6 address]:port" are not part of host.

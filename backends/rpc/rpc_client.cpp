@@ -310,15 +310,16 @@ bool client::wait(ticket t, std::chrono::microseconds timeout, int wake_fd) {
       // Its reply, or one before it, is to come: read what has arrived.
       if (impl_->io.wait_readable(std::chrono::microseconds(0))) {
         try {
-          impl_->read_queued();
+          impl_->read_queued(true);
         } catch (...) {
           impl_->ticket_failures.erase(t.id);  // the same failure is thrown here
           throw;
         }
         continue;
       }
-      if (std::chrono::steady_clock::now() - impl_->queued.front().sent > impl_->opts.io_timeout) {
-        impl_->fail("graph_compute: no reply within " + std::to_string(impl_->opts.io_timeout.count()) + " ms");
+      // No reply, and no progress frame either, within io_timeout: the peer is not at work on it.
+      if (std::chrono::steady_clock::now() - std::max(impl_->queued.front().sent, impl_->heard) > impl_->opts.io_timeout) {
+        impl_->fail("graph_compute: no reply and no progress within " + std::to_string(impl_->opts.io_timeout.count()) + " ms");
       }
       if (std::chrono::steady_clock::now() >= deadline) return false;
       // Unlocked below: another thread may send meanwhile, or read the reply; a reply read after this check

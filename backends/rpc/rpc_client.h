@@ -14,6 +14,12 @@
 // reconnects once by itself (auto_reconnect), and requests naming a buffer of an earlier connection throw
 // ("buffer lost when the connection dropped"): handles carry the connection's epoch, so a stale handle can
 // never reach a buffer of the new connection. One request at a time per client (a mutex serialises them).
+//
+// A request that runs long on the peer (a big graph) is judged by the peer's progress: the peer sends
+// progress frames while it works, and each restarts the reply's timeout (io_timeout), so a slow peer is not
+// a dead one. Health probes and capability questions go on a control connection of the client's own, which
+// the peer serves on a thread that never runs a graph: they are answered however long a graph runs, and a
+// hung peer (stopped, deadlocked) fails them within their timeout.
 #pragma once
 
 #include <chrono>
@@ -45,6 +51,8 @@ struct client_stats {
   uint64_t outputs_served = 0;    // get_tensor answered from a graph reply's outputs
   uint64_t polled_reads = 0;      // reads that busy polling answered (no sleep on the socket)
   uint64_t connects = 0;
+  uint64_t progress_frames = 0;   // the peer's "still at it" frames read while waiting for a reply
+  uint64_t op_questions = 0;      // supports_op questions asked on the control connection
 };
 
 // The peer answered with an error status.
@@ -76,11 +84,13 @@ class client {
   bool connected() const;
   // A new connection (the old one's buffers are gone on the peer).
   void reconnect();
-  // Whether the peer answers a cheap request (device_count) within timeout; never throws, never reconnects.
-  // While another request holds the connection, asks on a short-lived connection of its own (probe).
+  // Whether the peer answers a cheap request (device_count) within timeout; never throws, never reconnects
+  // this connection. While another request holds the connection or graphs are queued on it (a graph may
+  // compute for long), asks on the control connection instead (connected first when needed, within the
+  // same timeout), which the peer answers whatever it computes.
   bool health_check(std::chrono::milliseconds timeout);
-  // Connects anew with the same options (hello included), asks device_count and closes: whether the peer
-  // answers within timeout. Independent of this client's connection; never throws.
+  // Connects anew with the same options as a control connection (hello included), asks device_count and
+  // closes: whether the peer answers within timeout. Independent of this client's connections; never throws.
   bool probe(std::chrono::milliseconds timeout);
   // Increments with every successful connect.
   uint64_t epoch() const;
@@ -144,6 +154,12 @@ class client {
   bool can_queue() const;
   void init_tensor(const wire_tensor& t);
   uint64_t alloc_size(uint32_t device, const wire_tensor& t);
+  // Whether the peer's device would compute the node a supports_op question describes (its sources as leafs,
+  // then the node: rpc_device.h, op_question): the peer's own device answers. Asked on the control
+  // connection, so it never waits behind a graph. Throws unavailable_error when the peer is down or does not
+  // answer (within connect_timeout), remote_error when it refuses the question, both naming the peer and
+  // the command.
+  bool supports_op(uint32_t device, std::span<const uint8_t> question);
 
   client_stats stats() const;
   void reset_stats();

@@ -10,6 +10,7 @@
 #include "backends/rpc/rpc.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
+#include "runtime/ops.h"
 
 namespace troupe::rpc {
 namespace {
@@ -201,9 +202,39 @@ bool rpc_device::supports_op(const tensor& t) const {
   // flash_attn reads the CPU's own KV layout and is not in the wire protocol (a peer's layers keep the
   // unfused graph); the protocol's ops are the ones the peer can rebuild (backends/rpc/wire/validate.cpp).
   if (t.op == op::count || t.op == op::flash_attn) return false;
-  // A remote CPU runs troupe's CPU kernels: ask them here rather than cross the network for every node.
+  // Layout ops compute nothing: every device takes them.
+  if (t.op == op::none || is_view_op(t.op)) return true;
+  // A remote CPU runs troupe's CPU kernels (of the same protocol version): ask them here rather than cross
+  // the network.
   if (info_.type == device_type::cpu) return cpu::cpu_device().supports_op(t);
-  return true;
+  // Any other device answers for itself, once per distinct question (the peer's own supports_op, on the
+  // control connection): the scheduler places work on a remote GPU exactly as on a local one.
+  const std::vector<uint8_t> q = op_question(t);
+  std::string key(reinterpret_cast<const char*>(q.data()), q.size());
+  const uint64_t epoch = client_->epoch();
+  {
+    std::lock_guard l(answers_mu_);
+    if (answers_epoch_ != epoch) {
+      answers_.clear();
+      answers_epoch_ = epoch;
+    }
+    if (const auto it = answers_.find(key); it != answers_.end()) return it->second;
+  }
+  bool yes = false;
+  try {
+    yes = client_->supports_op(index_, q);
+  } catch (const remote_error& e) {
+    // The peer could not read the question (a node its builders do not make): not on this device.
+    TROUPE_LOG(warn, "rpc: " << name_ << " cannot say whether it computes " << describe(t) << " (" << op_name(t.op)
+                             << "); placing it elsewhere: " << e.what());
+    yes = false;
+  }
+  std::lock_guard l(answers_mu_);
+  if (answers_epoch_ == epoch) {
+    if (answers_.size() >= 65536) answers_.clear();
+    answers_.emplace(std::move(key), yes);
+  }
+  return yes;
 }
 
 // ---- peers ----

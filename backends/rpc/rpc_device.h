@@ -7,8 +7,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backends/rpc/rpc_client.h"
@@ -79,6 +81,13 @@ class rpc_device final : public device_i {
   const device_info& info() const { return info_; }
 
  private:
+  // The peer's answers to supports_op, per distinct question (the op, its parameters, the types, shapes and
+  // strides of the node and its sources), for the current connection (a reconnect may reach another
+  // process, and clears them).
+  mutable std::mutex answers_mu_;
+  mutable std::unordered_map<std::string, bool> answers_;
+  mutable uint64_t answers_epoch_ = 0;
+
   std::shared_ptr<client> client_;
   uint32_t index_;
   device_info info_;
@@ -92,5 +101,10 @@ class rpc_device final : public device_i {
 std::vector<uint8_t> serialize_graph(const graph& g, const rpc_device& dev);
 // A tensor's wire description (shape, strides, op, parameters, place); sources are not set.
 wire_tensor to_wire(const tensor& t, const rpc_buffer* buf);
+// The supports_op question for a node (after the device index): u32 entry count, then its distinct sources
+// as leafs without a place (type, shape, strides), then the node (op, type, shape, strides, parameters,
+// sources by entry index). Everything a device's supports_op looks at, and nothing of where the tensors live:
+// equal questions get equal answers.
+std::vector<uint8_t> op_question(const tensor& node);
 
 }  // namespace troupe::rpc

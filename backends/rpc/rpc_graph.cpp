@@ -57,6 +57,11 @@ class serializer {
   // A node of the graph: its sources first (leafs, or views rebuilt on the peer), then itself.
   void node(const tensor* t) {
     if (index_.find(t) >= 0) return;
+    // A layout node (a view, reshape, permute, transpose) over memory that is not on this peer: the scheduler
+    // may place one here next to its neighbours when the node it views was computed elsewhere (a product
+    // this device refused, run on the CPU). It computes nothing, and its users here read a copy of it (the
+    // scheduler's split inputs), so it is not sent.
+    if ((t->op == op::none || is_view_op(t->op)) && t->buffer != nullptr && !on_this_peer(*t)) return;
     for (const tensor* s : t->src) {
       if (s != nullptr && index_.find(s) < 0) outside(s);
     }
@@ -77,6 +82,11 @@ class serializer {
       return;
     }
     add(t, wire_tensor::kind::leaf);
+  }
+
+  bool on_this_peer(const tensor& t) const {
+    const auto* b = dynamic_cast<const rpc_buffer*>(t.buffer);
+    return b != nullptr && &b->owner() == &dev_.conn();
   }
 
   const rpc_buffer& buffer_of(const tensor& t) {
@@ -141,6 +151,41 @@ wire_tensor to_wire(const tensor& t, const rpc_buffer* buf) {
     w.offset = buf->offset_of(t);
   }
   return w;
+}
+
+std::vector<uint8_t> op_question(const tensor& node) {
+  std::vector<uint8_t> out;
+  out.reserve(4 + max_query_entries * wire_tensor::wire_size);
+  writer w(out);
+  std::array<const tensor*, max_src> distinct{};
+  std::array<int32_t, max_src> index{-1, -1, -1, -1};
+  uint32_t n = 0;
+  for (size_t k = 0; k < max_src; ++k) {
+    const tensor* s = node.src[k];
+    if (s == nullptr) continue;
+    for (uint32_t j = 0; j < n; ++j) {
+      if (distinct[j] == s) index[k] = static_cast<int32_t>(j);
+    }
+    if (index[k] < 0) {
+      distinct[n] = s;
+      index[k] = static_cast<int32_t>(n++);
+    }
+  }
+  w.u32(n + 1);
+  for (uint32_t j = 0; j < n; ++j) {
+    wire_tensor leaf = to_wire(*distinct[j], nullptr);
+    leaf.k = wire_tensor::kind::leaf;
+    leaf.op = static_cast<uint8_t>(op::none);
+    leaf.op_params = {};
+    leaf.flags = 0;
+    leaf.write(w);
+  }
+  wire_tensor x = to_wire(node, nullptr);
+  x.k = wire_tensor::kind::node;
+  x.flags = 0;
+  for (size_t k = 0; k < max_src; ++k) x.src[k] = index[k];
+  x.write(w);
+  return out;
 }
 
 std::vector<uint8_t> serialize_graph(const graph& g, const rpc_device& dev) {

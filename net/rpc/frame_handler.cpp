@@ -6,6 +6,7 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <thread>
 
 #include "backends/rpc/wire/auth.h"
 #include "runtime/log.h"
@@ -103,6 +104,14 @@ reply frame_handler::handle(uint8_t code, std::span<const uint8_t> payload) {
     if (debugging()) debug_set_tensor(payload.first(std::min(payload.size(), set_tensor_prefix)), payload.size() - std::min(payload.size(), set_tensor_prefix), false);
     return r;
   }
+  if (control_ && !control_command(c)) {
+    reply r = error_reply(status::bad_request, std::string(command_name(c)) +
+                                                   ": not served on a control connection (probes and capability "
+                                                   "questions only; buffers and graphs need a connection of their own)");
+    count(&peer_server_stats::error_replies, 1);
+    if (debugging()) debug_line(describe(c, payload, r));
+    return r;
+  }
   if (pending_error_) {
     reply r = error_reply(status::bad_request, "an earlier set_tensor failed: " + *pending_error_);
     pending_error_.reset();
@@ -162,9 +171,10 @@ reply frame_handler::hello(std::span<const uint8_t> payload) {
   version v;
   nonce cn{};
   mac proof{};
+  uint32_t flags = 0;
   try {
     v = read_version(r);
-    (void)r.u32();  // flags: none defined yet
+    flags = r.u32();
     std::memcpy(cn.data(), r.bytes(cn.size()).data(), cn.size());
     std::memcpy(proof.data(), r.bytes(proof.size()).data(), proof.size());
     r.done("hello");
@@ -184,7 +194,12 @@ reply frame_handler::hello(std::span<const uint8_t> payload) {
     TROUPE_LOG(error, "rpc " << peer_ << ": authentication failed");
     return error_reply(status::auth_failed, "authentication failed: this peer requires the shared key", true);
   }
+  if ((flags & ~uint32_t{hello_control}) != 0) {
+    return error_reply(status::protocol, "hello: unknown flags " + std::to_string(flags), true);
+  }
   hello_done_ = true;
+  control_ = (flags & hello_control) != 0;
+  if (control_) count(&peer_server_stats::control_connections, 1);
   reply out;
   writer w(out.body);
   w.u16(cfg_.server_version.major);
@@ -241,6 +256,7 @@ reply frame_handler::dispatch(command c, std::span<const uint8_t> payload) {
     }
     case command::init_tensor: return init_tensor(r);
     case command::get_alloc_size: return get_alloc_size(r);
+    case command::supports_op: return supports_op(r);
     case command::hello:
     case command::set_tensor:
     case command::count: break;
@@ -496,6 +512,7 @@ reply frame_handler::graph_compute(reader& r) {
   const std::vector<output_range> outs = read_outputs(r, "graph_compute");
   last_graph_.erase(d);
   device_i& dev = *cfg_.devices[d];
+  if (cfg_.graph_delay.count() > 0) std::this_thread::sleep_for(cfg_.graph_delay);
   decoded_graph g = decode_graph(entries, dev, [this](uint64_t h) -> buffer_i* {
     const auto it = buffers_.find(h);
     return it == buffers_.end() ? nullptr : it->second.buf.get();
@@ -510,6 +527,7 @@ reply frame_handler::graph_recompute(reader& r) {
   const std::vector<output_range> outs = read_outputs(r, "graph_recompute");
   const auto it = last_graph_.find(d);
   if (it == last_graph_.end()) return error_reply(status::no_graph, "graph_recompute: no graph to run again");
+  if (cfg_.graph_delay.count() > 0) std::this_thread::sleep_for(cfg_.graph_delay);
   backend_for(d).graph_compute(*it->second.g);
   return outputs_reply(outs);
 }
@@ -544,6 +562,30 @@ reply frame_handler::get_alloc_size(reader& r) {
   reply out;
   writer wr(out.body);
   wr.u64(cfg_.devices[d]->buffer_type().alloc_size(x));
+  return out;
+}
+
+}  // namespace troupe::rpc
+
+namespace troupe::rpc {
+
+// Whether the device would compute a node: the peer's own device answers (device_i::supports_op), so a
+// client places work on a remote device exactly as on a local one.
+reply frame_handler::supports_op(reader& r) {
+  const uint32_t d = device_index(r);
+  const uint32_t n = r.u32();
+  if (n == 0 || n > max_query_entries) {
+    throw protocol_error("supports_op: " + std::to_string(n) + " entries (1 to " + std::to_string(max_query_entries) + ")");
+  }
+  std::vector<wire_tensor> entries;
+  for (uint32_t i = 0; i < n; ++i) entries.push_back(wire_tensor::read(r));
+  r.done("supports_op");
+  context ctx({.max_tensors = 16, .no_alloc = true});
+  const tensor* x = decode_query(ctx, entries, "supports_op");
+  const bool yes = cfg_.devices[d]->supports_op(*x);
+  count(&peer_server_stats::op_questions, 1);
+  reply out;
+  out.body.push_back(yes ? 1 : 0);
   return out;
 }
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -44,6 +45,9 @@ struct peer_server_stats {
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> polled_reads{0};       // requests that arrived while the connection polled (busy_poll)
   std::atomic<uint64_t> debug_lines{0};        // command lines formatted (frame_handler_config::debug)
+  std::atomic<uint64_t> control_connections{0}; // hellos with the control flag
+  std::atomic<uint64_t> op_questions{0};       // supports_op answered
+  std::atomic<uint64_t> progress_frames{0};    // sent while a command ran long
 };
 
 struct frame_handler_config {
@@ -57,6 +61,9 @@ struct frame_handler_config {
   bool debug = false;                                    // log every command (TROUPE_RPC_DEBUG)
   version server_version = protocol_version;
   peer_server_stats* stats = nullptr;                         // null: not counted
+  // Tests only: every graph_compute / graph_recompute sleeps this long first, on the thread that runs it (a
+  // slow graph whatever the machine; `troupe peer --test-graph-delay-ms`).
+  std::chrono::milliseconds graph_delay{0};
 };
 
 struct reply {
@@ -101,6 +108,9 @@ class frame_handler {
   void debug_set_tensor(std::span<const uint8_t> prefix, uint64_t data_size, bool streamed);
   // Whether frames may be streamed (hello done, nothing pending that closes the connection).
   bool ready() const { return hello_done_; }
+  // Whether the hello asked for a control connection (hello_control): only the commands control_command()
+  // names are served; the server runs it on its control thread.
+  bool control() const { return control_; }
 
   const std::string& peer() const { return peer_; }
 
@@ -123,6 +133,7 @@ class frame_handler {
   reply graph_recompute(reader& r);
   reply init_tensor(reader& r);
   reply get_alloc_size(reader& r);
+  reply supports_op(reader& r);
 
   // Byte ranges whose contents a graph reply carries back (the graph's outputs, read right after it ran).
   struct output_range {
@@ -149,6 +160,7 @@ class frame_handler {
   std::string peer_;
   nonce server_nonce_{};
   bool hello_done_ = false;
+  bool control_ = false;
   std::optional<std::string> pending_error_;  // a failed set_tensor, reported by the next reply
   std::unordered_map<uint64_t, buffer_entry> buffers_;
   uint64_t next_handle_ = 1;

@@ -120,6 +120,17 @@ std::string frame_handler::describe(command c, std::span<const uint8_t> payload,
            << w.ne[3] << "]";
         break;
       }
+      case command::supports_op: {
+        const uint32_t d = r.u32();
+        const uint32_t n = r.u32();
+        os << " device " << d << ", " << n << " entries";
+        if (n >= 1 && n <= max_query_entries && r.remaining() == static_cast<size_t>(n) * wire_tensor::wire_size) {
+          (void)r.bytes(static_cast<size_t>(n - 1) * wire_tensor::wire_size);
+          const wire_tensor w = wire_tensor::read(r);
+          os << ", op id " << int(w.op) << ", type " << w.type;
+        }
+        break;
+      }
       case command::device_count:
       case command::set_tensor:
       case command::count: break;
@@ -152,6 +163,7 @@ std::string frame_handler::describe(command c, std::span<const uint8_t> payload,
         break;
       }
       case command::set_tensor_hash: os << (out.u8() != 0 ? "hit" : "miss"); break;
+      case command::supports_op: os << (out.u8() != 0 ? "supported" : "not supported"); break;
       case command::get_tensor:
       case command::graph_compute:
       case command::graph_recompute: os << "ok, " << rep.size() << " bytes back"; break;

@@ -1,8 +1,6 @@
 #include "net/rpc/peer_server.h"
 
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
+#include <unistd.h>
 
 #include <asio.hpp>
 #include <asio/ssl.hpp>
@@ -13,12 +11,11 @@
 #include <cstdlib>
 #include <mutex>
 #include <optional>
-#include <type_traits>
 #include <thread>
 #include <unordered_map>
 
-#include "backends/rpc/wire/busy_poll.h"
 #include "net/rpc/cache.h"
+#include "net/rpc/detail/connection.h"
 #include "runtime/error.h"
 #include "runtime/log.h"
 
@@ -28,40 +25,7 @@ namespace {
 using asio::awaitable;
 using asio::use_awaitable;
 using asio::ip::tcp;
-
-// set_tensor frames larger than this are received straight into their buffer.
-constexpr uint64_t stream_threshold = 1u << 20;
-
-void tune(tcp::socket& s) {
-  std::error_code ec;
-  s.set_option(tcp::no_delay(true), ec);
-  s.set_option(asio::socket_base::keep_alive(true), ec);
-  s.set_option(asio::socket_base::send_buffer_size(4 << 20), ec);
-  s.set_option(asio::socket_base::receive_buffer_size(4 << 20), ec);
-  // A peer that vanishes without closing (a machine lost) is found in about two minutes.
-  const int fd = s.native_handle();
-  const int idle = 60, interval = 10, probes = 6;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
-}
-
-// What one connection shares with its watchdog and with server::stop(), all on the connection's strand.
-struct conn_state {
-  explicit conn_state(const asio::any_io_executor& ex) : timer(ex) {}
-  asio::steady_timer timer;
-  tcp::socket* socket = nullptr;  // the lowest layer, valid while alive
-  bool alive = true;
-  bool hello_done = false;
-
-  void close() {
-    if (alive && socket != nullptr) {
-      std::error_code ec;
-      socket->shutdown(tcp::socket::shutdown_both, ec);
-      socket->close(ec);
-    }
-  }
-};
+using namespace detail;
 
 // Closes a connection that has not completed its hello in time.
 awaitable<void> watchdog(std::shared_ptr<conn_state> st, std::chrono::steady_clock::time_point deadline) {
@@ -71,135 +35,6 @@ awaitable<void> watchdog(std::shared_ptr<conn_state> st, std::chrono::steady_clo
   if (!st->alive || st->hello_done) co_return;
   TROUPE_LOG(warn, "rpc: a connection did not complete its hello in time; closing it");
   st->close();
-}
-
-template <class Stream>
-awaitable<void> send_reply(Stream& stream, const reply& r, peer_server_stats& stats) {
-  uint8_t hdr[frame_header_size];
-  encode_header(hdr, static_cast<uint8_t>(r.st), r.size());
-  const std::array<asio::const_buffer, 3> bufs{asio::buffer(hdr), asio::buffer(r.body),
-                                               asio::buffer(r.tail.data(), r.tail.size())};
-  co_await asio::async_write(stream, bufs, use_awaitable);
-  stats.bytes_sent += frame_header_size + r.size();
-}
-
-// When a connection's reads poll the socket before sleeping on it (see busy_poll.h): for up to `window`,
-// and only while the connection is alone on its io thread (polling would hold up the others).
-struct poll_policy {
-  std::chrono::microseconds window{0};
-  const std::atomic<int>* conns_on_thread = nullptr;
-  std::atomic<uint64_t>* polled = nullptr;  // counts reads that polling answered
-  bool active() const { return window.count() > 0 && conns_on_thread != nullptr && conns_on_thread->load(std::memory_order_relaxed) == 1; }
-};
-
-// Bytes received ahead of the frame being read: one read usually brings a whole small frame (header and
-// payload), so a request costs one receive and one send.
-class read_ahead {
- public:
-  explicit read_ahead(poll_policy p) : poll_(p) {}
-
-  // Reads exactly n bytes into dst: what is buffered first, then from the stream (large reads go straight to
-  // dst).
-  template <class Stream>
-  awaitable<void> read(Stream& stream, uint8_t* dst, size_t n) {
-    const size_t take = std::min(n, end_ - begin_);
-    std::memcpy(dst, buf_.data() + begin_, take);
-    begin_ += take;
-    dst += take;
-    n -= take;
-    if (n == 0) co_return;
-    if (n >= buf_.size() / 2) {
-      co_await asio::async_read(stream, asio::buffer(dst, n), use_awaitable);
-      co_return;
-    }
-    begin_ = end_ = 0;
-    std::optional<std::chrono::steady_clock::time_point> poll_until;
-    while (end_ < n) {
-      if constexpr (std::is_same_v<Stream, tcp::socket>) {
-        // The socket is non-blocking (connection()); an error is left for async_read_some to report.
-        if (poll_.active()) {
-          if (!poll_until) poll_until = std::chrono::steady_clock::now() + poll_.window;
-          std::error_code ec;
-          size_t k = 0;
-          busy_poll(*poll_until, [&] {
-            k = stream.read_some(asio::buffer(buf_.data() + end_, buf_.size() - end_), ec);
-            return ec != asio::error::would_block && ec != asio::error::try_again;
-          });
-          if (!ec && k > 0) {
-            end_ += k;
-            if (poll_.polled != nullptr) poll_.polled->fetch_add(1, std::memory_order_relaxed);
-            continue;
-          }
-        }
-      }
-      end_ += co_await stream.async_read_some(asio::buffer(buf_.data() + end_, buf_.size() - end_), use_awaitable);
-    }
-    std::memcpy(dst, buf_.data(), n);
-    begin_ = n;
-  }
-
- private:
-  poll_policy poll_;
-  std::vector<uint8_t> buf_ = std::vector<uint8_t>(64u << 10);
-  size_t begin_ = 0;
-  size_t end_ = 0;
-};
-
-// The frame loop of one connection.
-template <class Stream>
-awaitable<void> serve_frames(Stream& stream, frame_handler& s, conn_state& st, peer_server_stats& stats, poll_policy poll) {
-  {
-    reply g;
-    g.body = s.greeting();
-    co_await send_reply(stream, g, stats);
-  }
-  uint8_t hdr[frame_header_size];
-  std::vector<uint8_t> payload;
-  std::vector<uint8_t> staging;
-  read_ahead in(poll);
-  for (;;) {
-    co_await in.read(stream, hdr, sizeof hdr);
-    const frame_header h = decode_header(hdr);
-    stats.bytes_received += frame_header_size + h.size;
-    if (auto bad = s.check_header(h.code, h.size)) {
-      co_await send_reply(stream, *bad, stats);
-      co_return;
-    }
-    if (h.code == static_cast<uint8_t>(command::set_tensor) && h.size > stream_threshold) {
-      // Streamed: the bytes go straight into the buffer once the prefix has been checked. (Smaller uploads
-      // go through session::handle, where a bad prefix is reported with the next reply.)
-      stats.frames += 1;
-      uint8_t prefix[set_tensor_prefix];
-      co_await in.read(stream, prefix, sizeof prefix);
-      frame_handler::set_target t;
-      try {
-        t = s.begin_set_tensor(prefix, h.size - set_tensor_prefix);
-      } catch (const std::exception& e) {
-        TROUPE_LOG(error, "rpc " << s.peer() << ": " << e.what() << "; closing the connection (the "
-                                 << h.size << " bytes that follow cannot be skipped safely)");
-        co_return;
-      }
-      if (t.host != nullptr) {
-        co_await in.read(stream, t.host, t.size);
-        s.end_set_tensor(t, {});
-      } else {
-        staging.resize(t.size);
-        co_await in.read(stream, staging.data(), staging.size());
-        s.end_set_tensor(t, staging);
-      }
-      s.debug_set_tensor(prefix, t.size, true);
-      continue;
-    }
-    payload.resize(h.size);  // bounded by check_header
-    co_await in.read(stream, payload.data(), payload.size());
-    const reply r = s.handle(h.code, payload);
-    if (s.ready() && !st.hello_done) {
-      st.hello_done = true;
-      st.timer.cancel();
-    }
-    if (r.send) co_await send_reply(stream, r, stats);
-    if (r.close) co_return;
-  }
 }
 
 }  // namespace
@@ -225,14 +60,25 @@ struct peer_server::impl {
   std::atomic<uint32_t> live{0};
   std::mutex mu;
   std::condition_variable cv;
-  std::unordered_map<conn_state*, std::pair<std::shared_ptr<conn_state>, asio::any_io_executor>> conns;
-  // One io_context per io thread, connections spread over them (each connection's work stays on one
-  // thread: no hand-off between threads per request). Declared after everything a connection uses, so that
-  // destroying them (which destroys any connection still pending) happens while those exist.
+  std::unordered_map<conn_state*, std::pair<std::shared_ptr<conn_state>, asio::any_io_executor>> conns;  // under mu
+  bool stopping = false;  // under mu: connections handed off from now on are closed
+  // The progress watches of the plain TCP data connections (the control thread's ticker walks them while
+  // there are any; `ticking` is the control thread's own).
+  std::mutex watch_mu;
+  std::vector<std::shared_ptr<compute_watch>> watches;
+  bool ticking = false;
+  // TLS data connections' commands (their streams stay on the control thread).
+  std::optional<asio::thread_pool> compute_pool;
+  // The control thread's io_context (the acceptor, greetings and hellos, control connections, TLS streams,
+  // the ticker), then one io_context per io thread, data connections spread over them (each connection's
+  // work stays on one thread: no hand-off between threads per request). Declared after everything a
+  // connection uses, so that destroying them (which destroys any connection still pending) happens while
+  // those exist.
+  std::unique_ptr<asio::io_context> control;
   std::vector<std::unique_ptr<asio::io_context>> iocs;
   std::unique_ptr<std::atomic<int>[]> conns_on_thread;  // per io thread: connections it runs
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards;
-  size_t next_ioc = 0;
+  size_t next_ioc = 0;  // the control thread's
   std::unique_ptr<tcp::acceptor> acceptor;
   uint16_t port = 0;
   std::vector<std::thread> threads;
@@ -240,16 +86,20 @@ struct peer_server::impl {
   bool stopped = false;
 
   awaitable<void> accept_loop();
-  awaitable<void> connection(tcp::socket sock, std::atomic<int>* on_thread);
-  template <class Stream>
-  awaitable<void> run_frames(Stream& stream, std::shared_ptr<conn_state> st, std::string peer, poll_policy poll);
+  awaitable<void> connection(tcp::socket sock);
+  awaitable<void> data_connection(tcp::socket sock, std::unique_ptr<frame_handler> s, read_ahead in,
+                                  std::shared_ptr<conn_state> st, std::shared_ptr<compute_watch> watch,
+                                  std::atomic<int>* on_thread);
+  // Moves a plain TCP connection whose hello is done to an io thread; false when it could not (closed).
+  bool hand_off(tcp::socket& sock, std::unique_ptr<frame_handler>& s, read_ahead& in, const std::shared_ptr<conn_state>& st);
+  awaitable<void> ticker();
+  void forget(const std::shared_ptr<conn_state>& st);
+  void log_end(const std::string& peer, const std::exception_ptr& e);
 };
 
 awaitable<void> peer_server::impl::accept_loop() {
   for (;;) {
-    const size_t thread = next_ioc++ % iocs.size();
-    auto strand = asio::make_strand(*iocs[thread]);
-    tcp::socket sock(strand);
+    tcp::socket sock(*control);
     std::error_code ec;
     co_await acceptor->async_accept(sock, asio::redirect_error(use_awaitable, ec));
     if (ec) {
@@ -263,18 +113,38 @@ awaitable<void> peer_server::impl::accept_loop() {
       continue;
     }
     live += 1;
-    asio::co_spawn(strand, connection(std::move(sock), &conns_on_thread[thread]), asio::detached);
+    asio::co_spawn(*control, connection(std::move(sock)), asio::detached);
   }
 }
 
-template <class Stream>
-awaitable<void> peer_server::impl::run_frames(Stream& stream, std::shared_ptr<conn_state> st, std::string peer, poll_policy poll) {
-  frame_handler s(cfg, std::move(peer));
-  co_await serve_frames(stream, s, *st, stats, poll);
+void peer_server::impl::forget(const std::shared_ptr<conn_state>& st) {
+  st->socket = nullptr;
+  st->alive = false;
+  st->timer.cancel();
+  {
+    std::lock_guard lock(mu);
+    conns.erase(st.get());
+    live -= 1;
+  }
+  cv.notify_all();
 }
 
-awaitable<void> peer_server::impl::connection(tcp::socket sock, std::atomic<int>* on_thread) {
-  on_thread->fetch_add(1, std::memory_order_relaxed);
+void peer_server::impl::log_end(const std::string& peer, const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::system_error& x) {
+    if (x.code() != asio::error::eof && x.code() != asio::error::connection_reset &&
+        x.code() != asio::error::operation_aborted && x.code() != asio::error::bad_descriptor) {
+      TROUPE_LOG(warn, "rpc " << peer << ": connection ended: " << x.what());
+    }
+  } catch (const std::exception& x) {
+    TROUPE_LOG(error, "rpc " << peer << ": connection ended: " << x.what());
+  }
+}
+
+// On the control thread: greeting, hello, then a control connection's frames here, a TLS data connection's
+// frames here with their commands on the compute pool, or a plain TCP data connection handed to an io thread.
+awaitable<void> peer_server::impl::connection(tcp::socket sock) {
   std::string peer = "?";
   {
     std::error_code ec;
@@ -289,39 +159,140 @@ awaitable<void> peer_server::impl::connection(tcp::socket sock, std::atomic<int>
     conns.emplace(st.get(), std::make_pair(st, ex));
   }
   asio::co_spawn(ex, watchdog(st, std::chrono::steady_clock::now() + opts.hello_timeout), asio::detached);
+  bool handed_off = false;
   try {
+    direct_runner direct;
+    read_ahead in;
     if (ssl) {
       asio::ssl::stream<tcp::socket> stream(std::move(sock), *ssl);
       st->socket = &stream.next_layer();
       co_await stream.async_handshake(asio::ssl::stream_base::server, use_awaitable);
-      co_await run_frames(stream, st, peer, poll_policy{});
-      st->socket = nullptr;
+      frame_handler s(cfg, peer);
+      co_await send_greeting(stream, s, stats);
+      co_await serve_frames(stream, s, *st, stats, in, direct, true);
+      if (s.ready() && s.control()) {
+        co_await serve_frames(stream, s, *st, stats, in, direct, false);
+      } else if (s.ready()) {
+        offload_runner off{compute_pool->get_executor(), opts.progress_interval, &stats};
+        co_await serve_frames(stream, s, *st, stats, in, off, false);
+      }
     } else {
       st->socket = &sock;
-      std::error_code ec;
-      sock.non_blocking(true, ec);  // for the busy polling of read_ahead (async operations are unaffected)
-      const poll_policy poll{ec ? std::chrono::microseconds(0) : opts.busy_poll, on_thread, &stats.polled_reads};
-      co_await run_frames(sock, st, peer, poll);
-      st->socket = nullptr;
+      auto s = std::make_unique<frame_handler>(cfg, peer);
+      co_await send_greeting(sock, *s, stats);
+      co_await serve_frames(sock, *s, *st, stats, in, direct, true);
+      if (s->ready() && s->control()) {
+        co_await serve_frames(sock, *s, *st, stats, in, direct, false);
+      } else if (s->ready()) {
+        handed_off = hand_off(sock, s, in, st);
+      }
     }
-  } catch (const std::system_error& e) {
-    if (e.code() != asio::error::eof && e.code() != asio::error::connection_reset &&
-        e.code() != asio::error::operation_aborted && e.code() != asio::error::bad_descriptor) {
-      TROUPE_LOG(warn, "rpc " << peer << ": connection ended: " << e.what());
-    }
-  } catch (const std::exception& e) {
-    TROUPE_LOG(error, "rpc " << peer << ": connection ended: " << e.what());
+  } catch (...) {
+    log_end(peer, std::current_exception());
   }
-  st->socket = nullptr;
-  st->alive = false;
-  on_thread->fetch_sub(1, std::memory_order_relaxed);
-  st->timer.cancel();
+  if (!handed_off) forget(st);
+}
+
+bool peer_server::impl::hand_off(tcp::socket& sock, std::unique_ptr<frame_handler>& s, read_ahead& in,
+                                 const std::shared_ptr<conn_state>& old) {
+  const size_t thread = next_ioc++ % iocs.size();
+  auto strand = asio::make_strand(*iocs[thread]);
+  std::error_code ec;
+  const tcp protocol = sock.local_endpoint(ec).protocol();
+  if (ec) return false;
+  old->socket = nullptr;
+  const int fd = sock.release(ec);
+  if (ec) return false;
+  tcp::socket moved(strand);
+  moved.assign(protocol, fd, ec);
+  if (ec) {
+    ::close(fd);
+    return false;
+  }
+  auto st = std::make_shared<conn_state>(strand);
+  st->hello_done = true;  // (its socket is set on its thread; until then stop() is seen by data_connection)
   {
     std::lock_guard lock(mu);
-    conns.erase(st.get());
-    live -= 1;
+    if (stopping) return false;  // (moved closes the descriptor)
+    conns.erase(old.get());
+    conns.emplace(st.get(), std::make_pair(st, asio::any_io_executor(strand)));
   }
-  cv.notify_all();
+  old->alive = false;
+  old->timer.cancel();
+  auto watch = std::make_shared<compute_watch>(moved.native_handle());
+  {
+    std::lock_guard lock(watch_mu);
+    watches.push_back(watch);
+  }
+  if (!ticking) {
+    ticking = true;
+    asio::co_spawn(*control, ticker(), asio::detached);
+  }
+  asio::co_spawn(strand, data_connection(std::move(moved), std::move(s), std::move(in), st, watch, &conns_on_thread[thread]),
+                 asio::detached);
+  return true;
+}
+
+// On an io thread: a plain TCP data connection's frames, each command run here (graphs included).
+awaitable<void> peer_server::impl::data_connection(tcp::socket sock, std::unique_ptr<frame_handler> s, read_ahead in,
+                                                   std::shared_ptr<conn_state> st, std::shared_ptr<compute_watch> watch,
+                                                   std::atomic<int>* on_thread) {
+  on_thread->fetch_add(1, std::memory_order_relaxed);
+  st->socket = &sock;
+  const std::string peer = s->peer();
+  {
+    std::lock_guard lock(mu);
+    if (stopping) {
+      std::error_code ec;
+      sock.close(ec);  // stop() may have come before this connection's socket was set
+    }
+  }
+  try {
+    std::error_code ec;
+    sock.non_blocking(true, ec);  // for the busy polling of read_ahead (async operations are unaffected)
+    in.set_poll({ec ? std::chrono::microseconds(0) : opts.busy_poll, on_thread, &stats.polled_reads});
+    watched_runner run{watch.get()};
+    co_await serve_frames(sock, *s, *st, stats, in, run, false);
+  } catch (...) {
+    log_end(peer, std::current_exception());
+  }
+  watch->detach();
+  {
+    std::lock_guard lock(watch_mu);
+    std::erase(watches, watch);
+  }
+  s.reset();  // the client's buffers, freed on this thread
+  st->socket = nullptr;
+  std::error_code ec;
+  sock.close(ec);
+  on_thread->fetch_sub(1, std::memory_order_relaxed);
+  forget(st);
+}
+
+// On the control thread while there are plain TCP data connections: their progress frames.
+awaitable<void> peer_server::impl::ticker() {
+  asio::steady_timer t(co_await asio::this_coro::executor);
+  const auto interval = std::max(opts.progress_interval, std::chrono::milliseconds(1));
+  const auto period = std::max(interval / 4, std::chrono::milliseconds(1));
+  std::vector<std::shared_ptr<compute_watch>> now;
+  for (;;) {
+    {
+      std::lock_guard lock(watch_mu);
+      if (watches.empty()) {
+        ticking = false;
+        co_return;
+      }
+    }
+    t.expires_after(period);
+    std::error_code ec;
+    co_await t.async_wait(asio::redirect_error(use_awaitable, ec));
+    {
+      std::lock_guard lock(watch_mu);
+      now = watches;
+    }
+    for (const auto& w : now) w->tick(interval, stats);
+    now.clear();
+  }
 }
 
 peer_server::peer_server(peer_server_options opts) : impl_(std::make_unique<impl>()) {
@@ -357,12 +328,16 @@ peer_server::peer_server(peer_server_options opts) : impl_(std::make_unique<impl
   m.cfg.server_version = m.opts.server_version;
   m.cfg.stats = &m.stats;
 
+  m.cfg.graph_delay = m.opts.graph_delay;
+
   const int n_io = std::max(1, m.opts.io_threads);
+  if (m.ssl) m.compute_pool.emplace(static_cast<size_t>(n_io));
+  m.control = std::make_unique<asio::io_context>(1);
   for (int i = 0; i < n_io; ++i) m.iocs.push_back(std::make_unique<asio::io_context>(1));
   m.conns_on_thread = std::make_unique<std::atomic<int>[]>(static_cast<size_t>(n_io));
-  m.acceptor = std::make_unique<tcp::acceptor>(*m.iocs[0]);
+  m.acceptor = std::make_unique<tcp::acceptor>(*m.control);
   std::error_code ec;
-  tcp::resolver res(*m.iocs[0]);
+  tcp::resolver res(*m.control);
   const auto results = res.resolve(m.opts.host, std::to_string(m.opts.port), ec);
   if (ec || results.empty()) throw error("rpc server: cannot resolve '" + m.opts.host + "': " + ec.message());
   const tcp::endpoint ep = results.begin()->endpoint();
@@ -382,10 +357,12 @@ void peer_server::start() {
   impl& m = *impl_;
   if (m.started) return;
   m.started = true;
-  asio::co_spawn(m.acceptor->get_executor(), m.accept_loop(), asio::detached);
-  for (auto& ioc : m.iocs) {
+  asio::co_spawn(*m.control, m.accept_loop(), asio::detached);
+  std::vector<asio::io_context*> all{m.control.get()};
+  for (auto& ioc : m.iocs) all.push_back(ioc.get());
+  for (asio::io_context* ioc : all) {
     m.guards.push_back(asio::make_work_guard(*ioc));
-    m.threads.emplace_back([ctx = ioc.get()] {
+    m.threads.emplace_back([ctx = ioc] {
       for (;;) {
         try {
           ctx->run();
@@ -403,12 +380,13 @@ void peer_server::stop() {
   if (m.stopped) return;
   m.stopped = true;
   if (!m.started) return;
-  asio::post(m.acceptor->get_executor(), [&m] {
+  asio::post(*m.control, [&m] {
     std::error_code ec;
     m.acceptor->close(ec);
   });
   {
     std::lock_guard lock(m.mu);
+    m.stopping = true;
     for (auto& [p, entry] : m.conns) {
       auto st = entry.first;
       asio::post(entry.second, [st] { st->close(); });
@@ -419,7 +397,9 @@ void peer_server::stop() {
     std::unique_lock lock(m.mu);
     m.cv.wait_for(lock, std::chrono::seconds(30), [&m] { return m.live.load() == 0; });
   }
+  if (m.compute_pool) m.compute_pool->join();  // a TLS connection's command still running
   m.guards.clear();
+  m.control->stop();
   for (auto& ioc : m.iocs) ioc->stop();
   for (auto& t : m.threads) t.join();
   m.threads.clear();

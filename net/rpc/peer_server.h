@@ -5,10 +5,16 @@
 //   ...                                // clients: rpc::add_peer("127.0.0.1:" + std::to_string(srv.port()))
 //   srv.stop();                        // closes every connection, frees every client's buffers
 //
-// Many clients at once: connections are spread over io threads (one io_context each, so a request never
-// changes threads), each runs as a coroutine on its own strand and owns its buffers (freed when it
-// disconnects). A graph being computed occupies its connection's thread. Binding to an address that is not loopback needs a shared key
-// unless `insecure` is set. The command-line front end is `troupe peer` (tools/troupe/peer.cpp).
+// Threads: a control thread accepts every connection and serves its greeting and hello, then the control
+// connections (hello_control: health probes, capability questions) for their whole life, and it never runs a
+// graph, so the peer answers a probe however long a graph runs. A plain TCP data connection is then handed
+// to one of the io threads (one io_context each, so a request never changes threads), where it runs as a
+// coroutine on its own strand and owns its buffers (freed when it disconnects); a graph being computed
+// occupies its connection's io thread, and while a command runs longer than progress_interval the control
+// thread sends the client progress frames. A TLS data connection's stream stays on the control thread and
+// its commands run on a pool of io_threads threads (its progress frames are sent between them). Binding to
+// an address that is not loopback needs a shared key unless `insecure` is set. The command-line front end is
+// `troupe peer` (tools/troupe/peer.cpp).
 #pragma once
 
 #include <chrono>
@@ -35,7 +41,7 @@ struct peer_server_options {
   std::filesystem::path cache_dir;                    // empty: no weight cache
   std::filesystem::path tls_cert;                     // PEM certificate chain; with tls_key: TLS
   std::filesystem::path tls_key;                      // PEM private key
-  int io_threads = 2;                                 // threads running connections (graphs run on them)
+  int io_threads = 2;                                 // threads running data connections (graphs run on them)
   // How long a connection that is alone on its io thread polls its socket for the next request before
   // sleeping on it (plain TCP; see busy_poll.h): covers the client's host work between two decode steps,
   // so the next step costs no wake-up. 0: never poll.
@@ -45,7 +51,11 @@ struct peer_server_options {
   uint64_t max_buffer_size = 0;                       // bytes per buffer; 0: the device's max_size
   uint64_t max_connection_bytes = 0;                  // bytes per connection; 0: no limit
   uint32_t max_buffers = 65536;                       // buffers per connection
+  // While a command runs longer than this, the client gets a progress frame this often (it restarts the
+  // client's timeout for the reply).
+  std::chrono::milliseconds progress_interval{500};
   version server_version = protocol_version;          // tests: pretend another version
+  std::chrono::milliseconds graph_delay{0};           // tests: each graph sleeps this long first (a slow graph)
   bool debug = debug_from_env();                      // a debug line per command (TROUPE_RPC_DEBUG / GGML_RPC_DEBUG)
 };
 

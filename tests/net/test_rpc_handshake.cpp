@@ -15,25 +15,39 @@ using namespace troupe::rpc::loopback_fixture;
 using namespace std::chrono_literals;
 
 TEST_CASE("incompatible versions are refused", "[rpc][version]") {
+  const version ours = protocol_version;
   SECTION("a server with a newer minor version") {
-    auto srv = testing::start_server({.server_version = {1, 1, 0}});
+    auto srv = testing::start_server({.server_version = {ours.major, static_cast<uint16_t>(ours.minor + 1), 0}});
     client c(local(srv->port()));
     try {
       c.connect();
       FAIL("connected");
     } catch (const remote_error& e) {
       CHECK(e.code() == status::version_mismatch);
-      CHECK_THAT(e.what(), Catch::Contains("incompatible"));
+      CHECK_THAT(e.what(), Catch::Contains("incompatible") && Catch::Contains("upgrade troupe here"));
+    }
+    CHECK_FALSE(c.connected());
+  }
+  SECTION("a peer of the protocol before progress frames and supports_op (1.0.0) is refused, saying so") {
+    auto srv = testing::start_server({.server_version = {1, 0, 0}});
+    client c(local(srv->port()));
+    try {
+      c.connect();
+      FAIL("connected");
+    } catch (const remote_error& e) {
+      CHECK(e.code() == status::version_mismatch);
+      CHECK_THAT(e.what(), Catch::Contains("127.0.0.1") && Catch::Contains("hello") && Catch::Contains("incompatible") &&
+                               Catch::Contains("1.0.0") && Catch::Contains("on the peer"));
     }
     CHECK_FALSE(c.connected());
   }
   SECTION("a client with another major version") {
     auto srv = testing::start_server();
     client_options o = local(srv->port());
-    o.client_version = {2, 0, 0};
+    o.client_version = {static_cast<uint16_t>(ours.major + 1), 0, 0};
     client c(o);
     CHECK_THROWS_AS(c.connect(), remote_error);
-    o.client_version = {1, 4, 2};  // a newer minor client talks to an older server
+    o.client_version = {ours.major, static_cast<uint16_t>(ours.minor + 4), 2};  // a newer minor client, an older server
     client ok(o);
     CHECK_NOTHROW(ok.connect());
   }

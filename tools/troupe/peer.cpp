@@ -33,6 +33,7 @@ rpc::peer_server_options server_options_for(const peer_options& o, const char* w
   };
   if (!o.key_file.empty()) so.key = rpc::load_key_file(o.key_file);
   so.busy_poll = std::chrono::microseconds(o.busy_poll_us);
+  so.graph_delay = std::chrono::milliseconds(o.test_graph_delay_ms);
   if (!so.insecure && so.key.empty() && !rpc::is_loopback_host(so.host)) {
     throw error(std::string(who) + ": refusing to listen on " + so.host + " without --auth-key-file: anyone who can "
                 "reach it could use this machine. Give --auth-key-file FILE (and, on a network you do not control, "
@@ -85,11 +86,15 @@ command_fn add_peer(CLI::App& app) {
   app.add_option("--tls-key", o->server.tls_key, "PEM private key for --tls-cert");
   app.add_flag("--insecure", o->server.insecure, "allow a non-loopback address without an auth key");
   app.add_option("-t,--threads", o->threads, "CPU threads per client graph (0: all)");
-  app.add_option("--io-threads", o->server.io_threads, "threads serving connections");
+  app.add_option("--io-threads", o->server.io_threads, "threads running client graphs (a control thread of its own answers health probes)");
   app.add_option("--busy-poll-us", o->busy_poll_us,
                  "poll a lone connection's socket this long for the next request before sleeping (0: never)")
       ->check(CLI::Range(0, 1000000));
   app.add_option("--max-connections", o->server.max_connections, "connections served at once");
+  // Tests only: a graph slower than any health timeout, whatever the machine (hidden from --help).
+  app.add_option("--test-graph-delay-ms", o->test_graph_delay_ms, "each graph sleeps this long first (tests)")
+      ->check(CLI::Range(0, 600000))
+      ->group("");
   return [o] { return run_peer(*o); };
 }
 

@@ -20,6 +20,7 @@ struct peer_options {
   std::string key_file;
   int threads = 0;
   int busy_poll_us = 2000;
+  int test_graph_delay_ms = 0;  // tests only (hidden flag): each graph sleeps this long first
   peer_options() { server.port = 50052; }
 };
 

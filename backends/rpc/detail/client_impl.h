@@ -37,6 +37,7 @@ struct client::impl {
   client_stats st;
   std::map<uint32_t, std::vector<uint8_t>> last_graph;  // per device: the last graph the peer holds
   latency_estimator recompute_latency;                  // per device: graph_recompute's reply times
+  std::chrono::steady_clock::time_point heard{};        // the last progress frame (under mu)
 
   // Down (mark_down): every request fails at once, without waiting for the mutex or reconnecting.
   std::atomic<bool> down{false};
@@ -61,6 +62,21 @@ struct client::impl {
   void ensure_up(bool may_reconnect);
   // b belongs to the current connection.
   void check(remote_buffer b) const;
+
+  // ---- the control connection (client_control.cpp) ----
+
+  // A client of its own with the control flag, made on first use (health checks while this connection is
+  // busy, supports_op); dropped when this connection is made anew or marked down, so that the next use
+  // connects to the peer as it is then.
+  std::mutex control_mu;
+  std::shared_ptr<client> control;
+  std::atomic<uint64_t> op_questions{0};
+  std::shared_ptr<client> control_client();
+  void drop_control(bool interrupt);
+  // device_count on the control connection (connecting it first when needed), all within timeout.
+  bool control_ping(std::chrono::milliseconds timeout);
+  // A fresh control connection, device_count, closed (client::probe).
+  static bool probe_once(const client_options& o, std::chrono::milliseconds timeout);
 
   // ---- frames (client_frames.cpp) ----
 
@@ -135,12 +151,18 @@ struct client::impl {
 
   // The first ticket whose reply has not been read.
   uint64_t first_unread() const { return queued.empty() ? next_ticket : queued.front().id; }
-  // Reads the oldest queued graph's reply (a failure goes to ticket_failures).
-  void read_queued();
+  // Reads the oldest queued graph's reply (a failure goes to ticket_failures). With progress_only_ok, a
+  // progress frame that comes first is read and nothing more (wait() must not block until the reply).
+  void read_queued(bool progress_only_ok = false);
   // Reads every queued graph's reply (before a reply of another request, or a write too large to queue).
   void drain_queued();
   // The header of the next reply (no queued reply may come first): what read_ok reads after drain_queued.
+  // Progress frames before it are read and skipped, each restarting the timeout (each read has its own).
   frame_header read_header(std::optional<poll_window> window = std::nullopt);
+  // The next frame's header as it comes (a progress frame included).
+  frame_header read_any_header(std::optional<poll_window> window);
+  // Reads a progress frame's payload and notes that the peer is at work.
+  void take_progress(const frame_header& h);
   // A frame of `bytes` may be written while replies are outstanding only if the socket takes it without the
   // peer reading (the peer may be blocked writing a reply this side is not reading yet).
   bool fits_while_queued(uint64_t bytes) const { return bytes <= io.send_buffer() / 4; }

@@ -45,6 +45,7 @@ std::string_view command_name(command c) {
     case command::get_device_memory: return "get_device_memory";
     case command::init_tensor: return "init_tensor";
     case command::get_alloc_size: return "get_alloc_size";
+    case command::supports_op: return "supports_op";
     case command::count: break;
   }
   return "unknown";
@@ -65,8 +66,24 @@ std::string_view status_name(status s) {
     case status::auth_failed: return "authentication failed";
     case status::no_graph: return "no graph";
     case status::protocol: return "protocol error";
+    case status::progress: return "progress";
   }
   return "unknown status";
+}
+
+bool control_command(command c) {
+  switch (c) {
+    case command::hello:
+    case command::device_count:
+    case command::get_alignment:
+    case command::get_max_size:
+    case command::get_device_memory:
+    case command::get_alloc_size:
+    case command::supports_op:
+      return true;
+    default:
+      return false;
+  }
 }
 
 void encode_header(uint8_t* out, uint8_t code, uint64_t size) {

@@ -6,6 +6,12 @@
 //   connect            server sends a greeting (status ok): magic, version, flags, 32-byte nonce
 //   hello              must be the first command: version, flags, client nonce, HMAC (see auth.h)
 //   alloc_buffer ...   one reply per command, except set_tensor (none: errors are reported by the next reply)
+//   progress           while a command runs long, the server sends progress frames (status progress) before its
+//                      reply; the client skips them, and each one restarts its timeout for the reply
+//
+// A hello with the control flag opens a control connection: the peer serves it on a thread that never runs a
+// graph, and it takes only the commands that touch no buffer (device_count, get_alignment, get_max_size,
+// get_device_memory, get_alloc_size, supports_op): health probes and capability questions.
 //
 // Payloads are written with `writer` and read with `reader`, which never read past the payload (a short or
 // over-long payload throws protocol_error). Tensors travel as `wire_tensor`: type, shape, strides, op,
@@ -43,7 +49,8 @@ struct version {
   uint16_t patch = 0;
   bool operator==(const version&) const = default;
 };
-inline constexpr version protocol_version{1, 0, 0};
+// 2.0.0: progress frames, control connections and supports_op (a 1.x peer cannot serve a 2.x client).
+inline constexpr version protocol_version{2, 0, 0};
 // Whether a server of version `server` may serve a client of version `client`: the same major version, and
 // the server's minor version not newer than the client's.
 bool compatible(const version& client, const version& server);
@@ -67,7 +74,8 @@ enum class command : uint8_t {
   get_device_memory = 14,
   init_tensor = 15,
   get_alloc_size = 16,
-  count = 17,
+  supports_op = 17,  // device u32, n u32, n entries (the node's sources as leafs, then the node): u8 answer
+  count = 18,
 };
 std::string_view command_name(command c);
 std::optional<command> command_from_code(uint8_t code);
@@ -86,6 +94,7 @@ enum class status : uint8_t {
   auth_failed = 5,       // hello refused: missing or wrong key
   no_graph = 6,          // graph_recompute without a previous graph on this device
   protocol = 7,          // a command before hello, or an unknown command (the server then closes)
+  progress = 8,          // not a reply: the command is still running (payload: u32 milliseconds since it began)
 };
 std::string_view status_name(status s);
 
@@ -113,6 +122,15 @@ constexpr uint64_t max_output_bytes = 64u << 20;     // their total size
 constexpr size_t output_range_size = 24;             // handle u64, offset u64, size u64
 constexpr int64_t max_ne = int64_t{1} << 40;         // elements in one dimension, and in a whole tensor
 constexpr uint64_t max_stride = uint64_t{1} << 48;   // bytes per step in one dimension
+constexpr uint64_t max_progress_payload = 64;        // a progress frame's payload (u32 today)
+constexpr uint32_t max_query_entries = 1 + max_src;  // supports_op: the sources and the node
+
+// Hello flags (the u32 after the version).
+enum hello_flags : uint32_t {
+  hello_control = 1u << 0,  // a control connection (see above)
+};
+// Whether a command may be sent on a control connection.
+bool control_command(command c);
 
 // The largest payload a command may carry (set_tensor: unbounded here; its bytes must fit the target buffer,
 // which the server checks before receiving them).

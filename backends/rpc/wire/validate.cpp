@@ -269,4 +269,65 @@ decoded_graph decode_graph(std::span<const wire_tensor> entries, device_i& dev, 
   return out;
 }
 
+tensor* decode_query(context& ctx, std::span<const wire_tensor> entries, std::string_view what) {
+  if (entries.empty() || entries.size() > max_query_entries) {
+    bad(what, std::to_string(entries.size()) + " entries (1 to " + std::to_string(max_query_entries) + ": the sources, then the node)");
+  }
+  std::vector<tensor*> made(entries.size(), nullptr);
+  for (size_t i = 0; i + 1 < entries.size(); ++i) {
+    const wire_tensor& w = entries[i];
+    const std::string where = std::string(what) + ": source entry " + std::to_string(i);
+    if (w.k != wire_tensor::kind::leaf || w.op != static_cast<uint8_t>(op::none)) bad(where, "a source must be a leaf with op none");
+    for (int32_t s : w.src) {
+      if (s != -1) bad(where, "a leaf has no sources");
+    }
+    if (w.buffer != 0 || w.offset != 0) bad(where, "a question places nothing: buffer and offset must be 0");
+    const type t = check_type(w.type, where);
+    check_shape(t, w.ne, where);
+    if (block_size(t) > 1 && w.nb[0] != type_size(t)) {
+      bad(where, "nb[0] = " + std::to_string(w.nb[0]) + " must be the block size in bytes (" + std::to_string(type_size(t)) +
+                     ") for a block type");
+    }
+    if (!checked_span(t, w.ne, w.nb)) bad(where, "strides out of range");
+    tensor* x = ctx.new_tensor(t, max_dims, w.ne.data());
+    x->nb = {w.nb[0], w.nb[1], w.nb[2], w.nb[3]};
+    made[i] = x;
+  }
+  const wire_tensor& w = entries.back();
+  const std::string where = std::string(what) + ": node (op id " + std::to_string(w.op) + ")";
+  if (w.k != wire_tensor::kind::node || w.op == static_cast<uint8_t>(op::none) || w.op >= static_cast<uint8_t>(op::count)) {
+    bad(where, "the last entry must be a node with a computable op");
+  }
+  if (w.buffer != 0 || w.offset != 0) bad(where, "a question places nothing: buffer and offset must be 0");
+  const type t = check_type(w.type, where);
+  check_shape(t, w.ne, where);
+  std::array<tensor*, max_src> srcs{};
+  for (size_t k = 0; k < max_src; ++k) {
+    const int32_t s = w.src[k];
+    if (s < -1 || s >= static_cast<int64_t>(entries.size()) - 1) {
+      bad(where, "source index " + std::to_string(s) + " does not name a source entry");
+    }
+    srcs[k] = s >= 0 ? made[static_cast<size_t>(s)] : nullptr;
+  }
+  tensor* x;
+  try {
+    x = rebuild(ctx, w, srcs, where);
+  } catch (const protocol_error&) {
+    throw;
+  } catch (const error& e) {
+    bad(where, e.what());
+  }
+  if (static_cast<uint8_t>(x->op) != w.op || static_cast<uint32_t>(x->type) != w.type || x->ne != w.ne) {
+    bad(where, "the node rebuilt from its sources is " + describe(*x) + ", not " + shape_str(w.ne) + " " +
+                   std::string(type_name(t)));
+  }
+  for (int k = 0; k < max_dims; ++k) {
+    if (x->nb[static_cast<size_t>(k)] != w.nb[static_cast<size_t>(k)]) bad(where, "strides differ from the rebuilt node's");
+  }
+  if (x->op_params != w.op_params) bad(where, "op parameters differ from the rebuilt node's");
+  if (x->src != srcs) bad(where, "sources do not match the op's");
+  if (!checked_span(x->type, x->ne, {x->nb[0], x->nb[1], x->nb[2], x->nb[3]})) bad(where, "the result's shape or strides are out of range");
+  return x;
+}
+
 }  // namespace troupe::rpc

@@ -52,4 +52,10 @@ struct decoded_graph {
 // Rebuilds a graph message (entries in dependency order: sources are earlier entries) for device dev.
 decoded_graph decode_graph(std::span<const wire_tensor> entries, device_i& dev, const buffer_lookup& find);
 
+// The node of a supports_op question, rebuilt in ctx (no_alloc): entries are the node's sources (leafs with
+// no memory: type, shape and strides checked as a leaf's, no buffer) and then the node, whose sources are
+// earlier entries; the node is rebuilt with its op's builder and must equal the entry (type, shape, strides,
+// parameters). Nothing is placed: the result is for device_i::supports_op only. Throws protocol_error.
+tensor* decode_query(context& ctx, std::span<const wire_tensor> entries, std::string_view what);
+
 }  // namespace troupe::rpc
