@@ -28,6 +28,7 @@
 #include "loader/quantize.h"
 #include "tests/net/test_server.h"
 #include "tests/support/greedy.h"
+#include "tests/support/peer_process.h"
 #include "tests/support/skip.h"
 #include "tests/test_models.h"
 
@@ -44,56 +45,7 @@ using test::greedy;
 using test::stories_prompt;
 using test::stories_ref;
 
-// `troupe peer` on an ephemeral port of 127.0.0.1; continued (if stopped), terminated and reaped with the object.
-class peer_process {
- public:
-  explicit peer_process(std::vector<std::string> extra = {}, const std::string& device = "cpu") {
-    int out[2];
-    REQUIRE(::pipe(out) == 0);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_addclose(&fa, out[0]);
-    std::vector<std::string> args = {TROUPE_PEER_BIN, "peer", "--host", "127.0.0.1", "--port", "0", "--threads", "2", "--device", device};
-    args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    REQUIRE(posix_spawn(&pid_, TROUPE_PEER_BIN, &fa, nullptr, argv.data(), environ) == 0);
-    posix_spawn_file_actions_destroy(&fa);
-    ::close(out[1]);
-    std::string line;  // "troupe peer: listening on 127.0.0.1:PORT (...)"
-    pollfd p{out[0], POLLIN, 0};
-    while (line.find('\n') == std::string::npos && ::poll(&p, 1, 20000) == 1) {
-      char buf[256];
-      const ssize_t n = ::read(out[0], buf, sizeof buf);
-      if (n <= 0) break;
-      line.append(buf, static_cast<size_t>(n));
-    }
-    out_ = out[0];
-    const auto at = line.rfind("127.0.0.1:");
-    REQUIRE(at != std::string::npos);
-    port_ = static_cast<uint16_t>(std::stoi(line.substr(at + 10)));
-  }
-  ~peer_process() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGCONT);
-      ::kill(pid_, SIGTERM);
-      int st = 0;
-      ::waitpid(pid_, &st, 0);
-    }
-    if (out_ >= 0) ::close(out_);
-  }
-  void stop_signal() { REQUIRE(::kill(pid_, SIGSTOP) == 0); }
-  void cont_signal() { REQUIRE(::kill(pid_, SIGCONT) == 0); }
-  uint16_t port() const { return port_; }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-
- private:
-  pid_t pid_ = -1;
-  int out_ = -1;
-  uint16_t port_ = 0;
-};
+using test::peer_process;
 
 std::shared_ptr<rpc::client> client_for(const peer_process& p, std::chrono::milliseconds io_timeout = 20s) {
   return std::make_shared<rpc::client>(rpc::client_options{.host = "127.0.0.1", .port = p.port(), .io_timeout = io_timeout});

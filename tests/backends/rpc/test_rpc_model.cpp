@@ -23,6 +23,7 @@
 #include "runtime/trace.h"
 #include "tests/net/test_server.h"
 #include "tests/support/greedy.h"
+#include "tests/support/peer_process.h"
 #include "tests/support/queued_trace.h"
 #include "tests/support/ring.h"
 #include "tests/support/failing_backend.h"
@@ -41,57 +42,7 @@ using test::greedy;
 using test::stories_prompt;
 using test::stories_ref;
 
-// `troupe peer` on an ephemeral port of 127.0.0.1, killed (SIGTERM) and reaped with the object.
-class peer_process {
- public:
-  explicit peer_process(std::vector<std::string> extra = {}, const std::string& device = "cpu") {
-    int out[2];
-    REQUIRE(::pipe(out) == 0);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_addclose(&fa, out[0]);
-    std::vector<std::string> args = {TROUPE_PEER_BIN, "peer", "--host", "127.0.0.1", "--port", "0", "--threads", "2", "--device", device};
-    args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    REQUIRE(posix_spawn(&pid_, TROUPE_PEER_BIN, &fa, nullptr, argv.data(), environ) == 0);
-    posix_spawn_file_actions_destroy(&fa);
-    ::close(out[1]);
-    // The first line names the address: "troupe peer: serving ... on 127.0.0.1:PORT".
-    std::string line;
-    pollfd p{out[0], POLLIN, 0};
-    while (line.find('\n') == std::string::npos && ::poll(&p, 1, 20000) == 1) {
-      char buf[256];
-      const ssize_t n = ::read(out[0], buf, sizeof buf);
-      if (n <= 0) break;
-      line.append(buf, static_cast<size_t>(n));
-    }
-    out_ = out[0];
-    const auto at = line.rfind("127.0.0.1:");
-    REQUIRE(at != std::string::npos);
-    port_ = static_cast<uint16_t>(std::stoi(line.substr(at + 10)));
-  }
-  ~peer_process() {
-    if (pid_ > 0) stop();
-    if (out_ >= 0) ::close(out_);
-  }
-  // SIGTERM; returns the exit status.
-  int stop() {
-    ::kill(pid_, SIGTERM);
-    int st = 0;
-    ::waitpid(pid_, &st, 0);
-    pid_ = -1;
-    return st;
-  }
-  uint16_t port() const { return port_; }
-
- private:
-  pid_t pid_ = -1;
-  int out_ = -1;
-  uint16_t port_ = 0;
-};
+using test::peer_process;
 
 // A prompt of 100 tokens spread over the vocabulary, every one an output: 7 micro-batches of 16.
 batch hundred_tokens(const model& m) {
