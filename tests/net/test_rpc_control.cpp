@@ -77,6 +77,15 @@ struct scaled {
   }
 };
 
+// A self-signed certificate in dir: the server serves TLS with it and the client trusts it.
+void use_tls(const std::filesystem::path& dir, peer_server_options& so, client_options& o) {
+  test::make_certificate(dir, "cert");
+  so.tls_cert = dir / "cert.pem";
+  so.tls_key = dir / "cert.key";
+  o.tls = true;
+  o.tls_ca_file = dir / "cert.pem";
+}
+
 }  // namespace
 
 TEST_CASE("a control connection: probes and capability questions on the peer's control thread, no buffers", "[rpc][loopback][control]") {
@@ -195,13 +204,7 @@ TEST_CASE("a graph longer than the client's timeout completes: the peer's progre
   INFO((tls ? "TLS" : "plain TCP"));
   peer_server_options so{.progress_interval = 100ms, .graph_delay = 1200ms};
   client_options o{.host = "127.0.0.1", .io_timeout = 500ms};
-  if (tls) {
-    test::make_certificate(dir.path(), "cert");
-    so.tls_cert = dir.path() / "cert.pem";
-    so.tls_key = dir.path() / "cert.key";
-    o.tls = true;
-    o.tls_ca_file = dir.path() / "cert.pem";
-  }
+  if (tls) use_tls(dir.path(), so, o);
   auto srv = testing::start_server(so);
   o.port = srv->port();
   auto c = std::make_shared<client>(o);
@@ -233,13 +236,7 @@ TEST_CASE("health checks are answered while a graph runs longer than their timeo
   INFO((tls ? "TLS" : "plain TCP"));
   peer_server_options so{.io_threads = 1, .graph_delay = 1500ms};
   client_options o{.host = "127.0.0.1", .io_timeout = 20s};
-  if (tls) {
-    test::make_certificate(dir.path(), "cert");
-    so.tls_cert = dir.path() / "cert.pem";
-    so.tls_key = dir.path() / "cert.key";
-    o.tls = true;
-    o.tls_ca_file = dir.path() / "cert.pem";
-  }
+  if (tls) use_tls(dir.path(), so, o);
   auto srv = testing::start_server(so);
   o.port = srv->port();
   auto c = std::make_shared<client>(o);
