@@ -37,11 +37,12 @@ kv_cache::kv_cache(const model& m, const kv_cache_params& p)
   std::map<buffer_type_i*, std::vector<tensor*>> by_buft;
   for (uint32_t il = 0; il < hp.n_layer; ++il) {
     buffer_type_i* bt = m.layers()[il].buft;
-    // A row per cell wherever troupe's CPU kernels compute the layer: host memory, and CPU devices of their
-    // own buffer type (CPU1...). Their product walks V's rows in cell order, so a sequence's sums do not
-    // depend on which cells it got; a dot product over a transposed row would group the cells into SIMD
-    // lanes by their index, and the same sequence decoded beside others would get different bits.
-    const bool cpu_layer = bt != nullptr && (bt->is_host() || bt->device().type() == device_type::cpu);
+    // A row per cell wherever troupe's CPU kernels compute the layer: host memory, CPU devices of their own
+    // buffer type (CPU1...) and a remote peer's CPU. Their product walks V's rows in cell order, so a
+    // sequence's sums do not depend on which cells it got; a dot product over a transposed row would group
+    // the cells into SIMD lanes by their index, and the same sequence decoded beside others would get
+    // different bits. A remote CPU keeps the local layout so that it gives the local CPU's bits.
+    const bool cpu_layer = bt != nullptr && (bt->is_host() || bt->device().cpu_kernels());
     const bool trans = !is_quantized(type_v_) && !cpu_layer;
     v_trans_.push_back(trans);
     tensor* k = ctx_->new_tensor_2d(type_k_, hp.n_embd_k_gqa(), n_ctx_);

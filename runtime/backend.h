@@ -154,6 +154,9 @@ class device_i {
   virtual std::string_view name() const = 0;         // unique: "CPU", "Vulkan0"
   virtual std::string description() const = 0;       // human-readable model name
   virtual device_type type() const = 0;
+  // Whether this device computes with troupe's CPU kernels (a CPU, or a remote peer's CPU): its layers keep
+  // the CPU's KV layout (a row per cell) and attention graph, so they give the local CPU's bits.
+  virtual bool cpu_kernels() const { return type() == device_type::cpu; }
   virtual device_memory memory() const = 0;
   virtual device_caps caps() const = 0;
   virtual backend_ptr init_backend() = 0;

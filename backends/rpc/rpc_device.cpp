@@ -180,6 +180,7 @@ rpc_device::rpc_device(std::shared_ptr<client> c, uint32_t index, device_info in
     : client_(std::move(c)),
       index_(index),
       info_(std::move(info)),
+      peer_version_(client_->server_version()),
       name_("RPC[" + client_->address() + "]#" + std::to_string(index)),
       buft_(*this, alignment, max_size) {}
 
@@ -198,10 +199,18 @@ device_memory rpc_device::memory() const {
 
 backend_ptr rpc_device::init_backend() { return std::make_unique<rpc_backend>(*this); }
 
+bool rpc_device::cpu_kernels() const {
+  if (info_.type != device_type::cpu) return false;
+  const version& v = peer_version_;
+  return v.major == cpu_attention_version.major && v.minor >= cpu_attention_version.minor;
+}
+
 bool rpc_device::supports_op(const tensor& t) const {
-  // flash_attn reads the CPU's own KV layout and is not in the wire protocol (a peer's layers keep the
-  // unfused graph); the protocol's ops are the ones the peer can rebuild (backends/rpc/wire/validate.cpp).
-  if (t.op == op::count || t.op == op::flash_attn) return false;
+  // The protocol's ops are the ones the peer can rebuild (backends/rpc/wire/validate.cpp). flash_attn reads
+  // the CPU's own KV layout: only a peer's CPU that keeps it computes it (other devices' layers keep the
+  // unfused graph over their own layout).
+  if (t.op == op::count) return false;
+  if (t.op == op::flash_attn) return cpu_kernels() && cpu::cpu_device().supports_op(t);
   // Layout ops compute nothing: every device takes them.
   if (t.op == op::none || is_view_op(t.op)) return true;
   // A remote CPU runs troupe's CPU kernels (of the same protocol version): ask them here rather than cross

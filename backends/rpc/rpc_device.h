@@ -68,6 +68,9 @@ class rpc_device final : public device_i {
   std::string_view name() const override { return name_; }
   std::string description() const override;
   device_type type() const override;
+  // A peer's CPU of protocol 2.1 or newer: its layers keep the CPU's KV layout and attention (flash_attn,
+  // masked products), so that they give the local CPU's bits. Older peers cannot rebuild those nodes.
+  bool cpu_kernels() const override;
   device_memory memory() const override;
   device_caps caps() const override { return {}; }
   backend_ptr init_backend() override;
@@ -91,6 +94,7 @@ class rpc_device final : public device_i {
   std::shared_ptr<client> client_;
   uint32_t index_;
   device_info info_;
+  version peer_version_;  // the peer's protocol when the device was found: what its graphs may hold
   std::string name_;
   rpc_buffer_type buft_;
 };

@@ -50,7 +50,11 @@ struct version {
   bool operator==(const version&) const = default;
 };
 // 2.0.0: progress frames, control connections and supports_op (a 1.x peer cannot serve a 2.x client).
-inline constexpr version protocol_version{2, 0, 0};
+// 2.1.0: a graph may hold flash_attn and mul_mat with a mask (mul_mat_masked): the attention a CPU computes
+// over its own KV layout, so that a peer's CPU gives the local CPU's bits (rpc_device::cpu_kernels).
+inline constexpr version protocol_version{2, 1, 0};
+// The first version whose peers rebuild flash_attn and masked products.
+inline constexpr version cpu_attention_version{2, 1, 0};
 // Whether a server of version `server` may serve a client of version `client`: the same major version, and
 // the server's minor version not newer than the client's.
 bool compatible(const version& client, const version& server);

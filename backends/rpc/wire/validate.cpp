@@ -64,7 +64,7 @@ tensor* rebuild(context& ctx, const wire_tensor& w, const std::array<tensor*, ma
     case op::cont: return cont(ctx, a, ne[0], ne[1], ne[2], ne[3]);
     case op::set_rows: return set_rows(ctx, a, b, c);
     case op::get_rows: return get_rows(ctx, a, b);
-    case op::mul_mat: return mul_mat(ctx, a, b);
+    case op::mul_mat: return c != nullptr ? mul_mat_masked(ctx, a, b, c) : mul_mat(ctx, a, b);
     case op::view: {
       if (a == nullptr) bad(what, "view without a source");
       const uint64_t offset = static_cast<uint64_t>(static_cast<uint32_t>(param_i32(w, 0))) |
@@ -85,8 +85,8 @@ tensor* rebuild(context& ctx, const wire_tensor& w, const std::array<tensor*, ma
     case op::mean: return mean(ctx, a);
     case op::sum_rows: return sum_rows(ctx, a);
     case op::argmax: return argmax(ctx, a);
+    case op::flash_attn: return flash_attn(ctx, a, b, c, s[3], param_f32(w, 0));
     case op::none:
-    case op::flash_attn:  // the CPU's own layout of the KV cache; never sent to a peer
     case op::count: break;
   }
   bad(what, "node with op id " + std::to_string(w.op) + ", which is not a computable op");

@@ -182,6 +182,49 @@ TEST_CASE("a prompt pipelined over the CPU and a real `troupe peer`: logits bit-
 
 namespace {
 
+// Every output's logits of a prompt of `n` tokens decoded in micro-batches of `n_ubatch`, then the next
+// token's: what the model's devices compute, as bits.
+std::vector<float> prompt_logits(const model& m, int32_t n, uint32_t n_ubatch) {
+  llm_context ctx(m, {.n_ctx = 512, .n_ubatch = n_ubatch, .n_threads = 1});
+  batch b;
+  for (int32_t i = 0; i < n; ++i) b.add(static_cast<int32_t>((i * 7919 + 13) % m.hp().n_vocab), i, 0, true);
+  ctx.decode(b);
+  std::vector<float> out;
+  for (size_t i = 0; i < ctx.n_outputs(); ++i) {
+    const auto l = ctx.logits(i);
+    out.insert(out.end(), l.begin(), l.end());
+  }
+  b.clear();
+  b.add(13, n, 0, true);
+  ctx.decode(b);
+  const auto l = ctx.logits(0);
+  out.insert(out.end(), l.begin(), l.end());
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A model with every layer on a real `troupe peer --device cpu` against the same file on this CPU: a peer's
+// CPU keeps the CPU's KV layout and attention (protocol 2.1), so the logits are the same bits, whatever the
+// prompt's length (a random-weight 1B model's greedy text flipped at 638 tokens when the peer's layers took
+// the transposed V cache and the unfused attention of a GPU).
+void check_cpu_peer_bits(const std::filesystem::path& path, int32_t n, uint32_t n_ubatch) {
+  peer_process peer;
+  const auto devs = rpc::add_peer("127.0.0.1:" + std::to_string(peer.port()));
+  REQUIRE(devs.size() == 1);
+  CHECK(devs[0]->cpu_kernels());
+  auto remote = model::load(path, {.devices = {{devs[0], 99}}});
+  auto local = model::load(path, {});
+  const auto want = prompt_logits(*local, n, n_ubatch);
+  REQUIRE(want.size() == static_cast<size_t>(n + 1) * local->hp().n_vocab);
+  auto c = rpc::client_of(*devs[0]);
+  c->reset_stats();
+  CHECK(same_bits(prompt_logits(*remote, n, n_ubatch), want));
+  CHECK(c->stats().graphs_sent > 0);
+}
+
 // Sequence groups as a ring over the CPU and a real `troupe peer` (its last `layers` layers and the output on
 // the peer): the tokens of one batch per step, the bits of the groups one after another.
 void check_ring_over_peer(const std::filesystem::path& path, int32_t layers, int n) {
@@ -204,6 +247,37 @@ TEST_CASE("SmolLM2: sequence groups as a ring over the CPU and a real `troupe pe
   const auto path = test::smollm2_path();
   if (!path) return;
   check_ring_over_peer(*path, 15, 8);
+}
+
+TEST_CASE("stories260K with every layer on a real `troupe peer --device cpu`: a prompt of several micro-batches gives this CPU's logits, bit for bit", "[rpc][llm][process][bits]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  check_cpu_peer_bits(*path, 150, 64);
+}
+
+TEST_CASE("SmolLM2 with every layer on a real `troupe peer --device cpu`: a prompt of several micro-batches gives this CPU's logits, bit for bit", "[rpc][llm][process][bits][smollm2]") {
+  const auto path = test::smollm2_path();
+  if (!path) return;
+  check_cpu_peer_bits(*path, 150, 64);
+}
+
+TEST_CASE("a peer of protocol 2.0 is not sent the CPU's attention (flash_attn, masked products) it cannot rebuild: its layers keep the transposed V cache", "[rpc][llm][version]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  for (const rpc::version v : {rpc::version{2, 0, 0}, rpc::protocol_version}) {
+    rpc::peer_server_options so;
+    so.server_version = v;
+    auto srv = rpc::testing::start_server(std::move(so));
+    const auto devs = rpc::add_peer("127.0.0.1:" + std::to_string(srv->port()));
+    REQUIRE(devs.size() == 1);
+    const bool new_peer = v.minor >= 1;
+    CHECK(devs[0]->cpu_kernels() == new_peer);
+    auto m = model::load(*path, {.devices = {{devs[0], 99}}});
+    llm_context ctx(*m, {.n_ctx = 256, .n_threads = 1});
+    CHECK(ctx.kv().v_trans(0) == !new_peer);
+    CHECK(greedy(ctx, stories_prompt, 16) == std::vector<int32_t>(stories_ref.begin(), stories_ref.begin() + 16));
+    CHECK(srv->stats().error_replies == 0);
+  }
 }
 
 TEST_CASE("a peer failing mid-pipeline fails the decode with its error, keeps the completed micro-batches, and the next decode works", "[rpc][llm][pipeline]") {
