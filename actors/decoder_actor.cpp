@@ -106,13 +106,18 @@ void job_done(decoder_ptr self, uint64_t id) {
   if (it == st.jobs.end()) return;
   decode_job job = std::move(it->second);
   st.jobs.erase(it);
-  if (job.outcome->error) {
+  const bool ok = !job.outcome->error;
+  if (st.prefixes) {
+    for (const waiting_step& w : job.steps) st.prefixes->step_done(w.step.seq, ok);
+  }
+  if (!ok) {
     const caf::error err = error_of(job.outcome->error);
     for (waiting_step& w : job.steps) w.promise.deliver(err);
   } else {
     const auto n = static_cast<uint32_t>(job.steps.size());
     for (size_t i = 0; i < job.steps.size(); ++i) {
-      job.steps[i].promise.deliver(step_logits{job.steps[i].step.seq, std::move(job.outcome->logits[i]), n});
+      job.steps[i].promise.deliver(
+          step_logits{job.steps[i].step.seq, std::move(job.outcome->logits[i]), n, job.steps[i].reused});
     }
   }
   report_compute(self);  // the compute buffers grow when a graph needs more than reserved
@@ -124,6 +129,18 @@ void job_done(decoder_ptr self, uint64_t id) {
     return;
   }
   try_batch(self);
+}
+
+// Forgets seq's cache positions in the pipeline's order, keeping them in the pool first (as a kept
+// conversation, llm/prefix_index.h) when they are worth it.
+void forget_sequence(decoder_ptr self, int32_t seq) {
+  auto& st = self->state;
+  if (!st.dec) return;
+  if (st.prefixes) {
+    const auto [kept, n] = st.prefixes->forget(seq);
+    if (kept >= 0) st.dec->submit_share(seq, kept, n, [p = st.prefixes.get(), kept = kept] { p->unpin(kept); });
+  }
+  st.dec->submit_forget(seq);
 }
 
 void drop_sequence(decoder_ptr self, int32_t seq) {
@@ -138,7 +155,7 @@ void drop_sequence(decoder_ptr self, int32_t seq) {
     }
   }
   st.waiting = std::move(keep);
-  if (st.dec) st.dec->submit_forget(seq);  // after the decodes before it (a step of seq in flight completes)
+  forget_sequence(self, seq);  // after the decodes before it (a step of seq in flight completes)
   if (seq >= 0 && static_cast<size_t>(seq) < st.seqs.size()) st.seqs[static_cast<size_t>(seq)] = caf::actor_addr{};
   try_batch(self);
 }
@@ -179,7 +196,7 @@ decoder_actor::behavior_type decoder_fn(decoder_ptr self, engine_env_ptr env, me
           return make_error(errc::busy, "model " + st.params.model + ": all " + std::to_string(st.seqs.size()) +
                                             " sequences are in use (raise n_seq_max)");
         }
-        st.dec->submit_forget(seq);
+        forget_sequence(self, seq);
         st.seqs[static_cast<size_t>(seq)] = session.address();
         if (session) self->monitor(session);
         if (!created) return seq;
@@ -207,6 +224,7 @@ decoder_actor::behavior_type decoder_fn(decoder_ptr self, engine_env_ptr env, me
         if (st.in_flight(dst) || st.generating.count(dst) != 0) {
           return make_error(errc::busy, "sequence " + std::to_string(dst) + " is decoding");
         }
+        if (st.prefixes) st.prefixes->shared(src, dst, n);
         st.dec->submit_share(src, dst, n);
         return true;
       },
@@ -227,8 +245,27 @@ decoder_actor::behavior_type decoder_fn(decoder_ptr self, engine_env_ptr env, me
         }
         if (!st.release_waiters.empty()) return make_error(errc::down, "model " + st.params.model + ": the context is being released");
         auto rp = self->make_response_promise<step_logits>();
+        int32_t reused = 0;
+        if (st.prefixes) {
+          // Prefix reuse across sequences: the positions this step drops are kept in the pool first, and the
+          // longest decoded prefix of its prompt that any sequence holds is shared in instead of decoded.
+          llm::prefix_index::step_plan plan;
+          try {
+            plan = st.prefixes->plan_step(s.seq, s.keep, s.tokens);
+          } catch (const std::exception& e) {
+            return error_from(e);
+          }
+          llm::prefix_index* ix = st.prefixes.get();
+          if (plan.keep_into >= 0) {
+            st.dec->submit_share(s.seq, plan.keep_into, plan.kept, [ix, r = plan.keep_into] { ix->unpin(r); });
+          }
+          if (plan.donor >= 0) st.dec->submit_share(plan.donor, s.seq, plan.n, [ix, d = plan.donor] { ix->unpin(d); });
+          s.keep = plan.keep;
+          s.tokens = std::move(plan.tokens);
+          reused = plan.reused;
+        }
         st.generating.insert(s.seq);
-        st.waiting.push_back({std::move(s), rp});
+        st.waiting.push_back({std::move(s), rp, reused});
         try_batch(self);
         return rp;
       },
@@ -272,6 +309,14 @@ decoder_actor::behavior_type decoder_fn(decoder_ptr self, engine_env_ptr env, me
           s.max_steps = d.max_steps;
           s.kv_bytes = st.ctx->kv().bytes();
           s.compute_bytes = st.ctx->compute_bytes();
+        }
+        if (st.prefixes) {
+          const llm::prefix_index_stats px = st.prefixes->stats();
+          s.reused_tokens = px.reused_tokens;
+          s.kept_conversations = px.kept_conversations;
+          s.kept_evictions = px.evictions;
+          s.kept_now = px.kept_now;
+          s.kept_tokens_now = px.kept_tokens_now;
         }
         for (const caf::actor_addr& a : st.seqs) s.n_sessions += a ? 1 : 0;
         s.n_in_flight = static_cast<uint32_t>(st.jobs.size());

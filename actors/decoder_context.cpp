@@ -92,11 +92,13 @@ void run_split_on_device(const caf::actor_addr& sched, const engine_env_ptr& env
 void create_context(decoder_ptr self) {
   auto& st = self->state;
   const model_settings& r = st.model->settings;
+  // The cache has every sequence it can: sessions use the first n_seq_max, the rest keep conversations
+  // that their sessions moved on from (llm/prefix_index.h). Logits are reserved for the sessions' steps.
   st.ctx = std::make_unique<llm::llm_context>(
       *st.model->model, llm::context_params{.n_ctx = r.n_ctx, .n_batch = r.n_batch, .n_ubatch = r.n_ubatch,
-                                            .n_seq_max = r.n_seq_max, .type_k = r.kv_cache_type(),
+                                            .n_seq_max = llm::kv_cache::max_seq, .type_k = r.kv_cache_type(),
                                             .type_v = r.kv_cache_type(), .n_threads = r.n_threads,
-                                            .n_pipeline = r.n_pipeline});
+                                            .n_pipeline = r.n_pipeline, .n_outputs_reserved = r.n_seq_max});
   if (st.params.dispatch_splits) {
     std::vector<std::string> names;
     for (int b = 0; b < st.ctx->sched().n_backends(); ++b) names.emplace_back(st.ctx->sched().backend(b).device().name());
@@ -106,7 +108,9 @@ void create_context(decoder_ptr self) {
     });
   }
   st.dec = std::make_unique<llm::batch_decoder>(*st.ctx);
-  st.seqs.assign(st.ctx->params().n_seq_max, caf::actor_addr{});
+  st.prefixes = std::make_unique<llm::prefix_index>(r.n_seq_max, llm::kv_cache::max_seq);
+  st.dec->set_evictor([p = st.prefixes.get()] { return p->evict_one(); });
+  st.seqs.assign(r.n_seq_max, caf::actor_addr{});
   for (const auto& [bt, bytes] : st.ctx->kv().bytes_by_buft()) {
     self->send(st.accountant, record_atom_v, event_for(*bt, memory_kind::context, static_cast<int64_t>(bytes), st.owner()));
   }
@@ -189,6 +193,7 @@ void release_context(decoder_ptr self, caf::typed_response_promise<bool> rp) {
     // The context (its pipeline, with forgets still queued) goes before the decoder they call.
     release_one(self, st.ctx, st.owner(), st.compute_reported, asked);
     st.dec.reset();
+    st.prefixes.reset();
     st.seqs.clear();
   }
   fan_in join(asked.size(), [rp]() mutable { rp.deliver(true); });

@@ -272,6 +272,7 @@ struct step_logits {
   int32_t seq = 0;
   std::vector<float> logits;  // [n_vocab] of the step's last token
   uint32_t batch_steps = 0;   // steps decoded in the same batch (1: alone)
+  int32_t reused = 0;         // prompt positions the step took from another sequence's cells, not decoded
   friend bool operator==(const step_logits&, const step_logits&) = default;
 };
 
@@ -286,6 +287,14 @@ struct decoder_stats {
   uint64_t compute_bytes = 0;
   uint32_t n_in_flight = 0;    // decodes in the context's pipeline now (the scheduler answers meanwhile)
   uint32_t max_in_flight = 0;  // most at once: 2 when sequence groups overlapped on a model over devices
+  // Prefix reuse across sequences (llm/prefix_index.h): prompt positions taken from other sequences' cells
+  // instead of decoded, conversations kept in the pool after their session moved on, those dropped for room,
+  // and the kept ones now with their positions.
+  uint64_t reused_tokens = 0;
+  uint64_t kept_conversations = 0;
+  uint64_t kept_evictions = 0;
+  uint32_t kept_now = 0;
+  uint64_t kept_tokens_now = 0;
   friend bool operator==(const decoder_stats&, const decoder_stats&) = default;
 };
 
@@ -479,12 +488,13 @@ typename Inspector::result_type inspect(Inspector& f, decode_step& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_logits& x) {
-  return f(caf::meta::type_name("step_logits"), x.seq, x.logits, x.batch_steps);
+  return f(caf::meta::type_name("step_logits"), x.seq, x.logits, x.batch_steps, x.reused);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decoder_stats& x) {
   return f(caf::meta::type_name("decoder_stats"), x.model, x.n_batches, x.n_steps, x.n_tokens, x.max_steps, x.n_sessions,
-           x.kv_bytes, x.compute_bytes, x.n_in_flight, x.max_in_flight);
+           x.kv_bytes, x.compute_bytes, x.n_in_flight, x.max_in_flight, x.reused_tokens, x.kept_conversations,
+           x.kept_evictions, x.kept_now, x.kept_tokens_now);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, actor_status& x) {

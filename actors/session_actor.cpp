@@ -59,6 +59,7 @@ void send_step(session_ptr self) {
               end_answer(self);
               return;
             }
+            s.current->reused(l.reused);
             llm::sequence_output out;
             try {
               out = s.current->advance(l.logits);

@@ -47,8 +47,19 @@ void batch_decoder::check(std::span<const seq_step> steps) const {
 
 void batch_decoder::begin(std::span<const seq_step> steps) {
   check(steps);
-  for (const seq_step& s : steps) ctx_.kv().seq_rm(s.seq, s.keep, -1);
+  kv_cache& kv = ctx_.kv();
+  for (const seq_step& s : steps) kv.seq_rm(s.seq, s.keep, -1);
+  if (!evict_) return;
+  size_t needed = 0;
+  for (const seq_step& s : steps) needed += s.tokens.size();
+  while (kv.size() - kv.used_cells() < needed) {
+    const int32_t victim = evict_();
+    if (victim < 0) break;
+    kv.seq_rm(victim, -1, -1);
+  }
 }
+
+void batch_decoder::set_evictor(std::function<int32_t()> evict) { evict_ = std::move(evict); }
 
 std::vector<std::vector<float>> batch_decoder::decode(std::span<const seq_step> steps) {
   begin(steps);
@@ -120,11 +131,12 @@ void batch_decoder::submit_forget(int32_t seq) {
   ctx_.submit([this, seq] { forget(seq); }, {}, {});
 }
 
-void batch_decoder::submit_share(int32_t src, int32_t dst, int32_t n) {
+void batch_decoder::submit_share(int32_t src, int32_t dst, int32_t n, std::function<void()> after) {
   ctx_.submit(
-      [this, src, dst, n] {
+      [this, src, dst, n, after = std::move(after)] {
         forget(dst);
         ctx_.kv().seq_cp(src, dst, 0, n);
+        if (after) after();
       },
       {}, {});
 }

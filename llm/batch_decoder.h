@@ -58,8 +58,13 @@ class batch_decoder {
   using decode_done = std::function<void(std::vector<std::vector<float>> logits, std::exception_ptr error)>;
   void submit(std::vector<seq_step> steps, decode_done done, int64_t group = -1);
   void submit_forget(int32_t seq);
-  // forget(dst), then dst shares positions [0, n) of src (kv_cache::seq_cp), in the same order.
-  void submit_share(int32_t src, int32_t dst, int32_t n);
+  // forget(dst), then dst shares positions [0, n) of src (kv_cache::seq_cp), in the same order; `after`
+  // (may be empty) runs on the pipeline's thread once it has.
+  void submit_share(int32_t src, int32_t dst, int32_t n, std::function<void()> after = {});
+  // Frees room in the cache before a decode: while fewer cells are free than the decode's tokens, `evict`
+  // names a sequence whose cells may go (-1: none left), which is then forgotten. The kept conversations of
+  // prefix reuse (prefix_index::evict_one). Runs on the pipeline's thread, in the decode's cache edits.
+  void set_evictor(std::function<int32_t()> evict);
 
   batch_decoder_stats stats() const;
 
@@ -69,6 +74,7 @@ class batch_decoder {
   void count(std::span<const seq_step> steps, uint64_t n_decodes);
 
   llm_context& ctx_;
+  std::function<int32_t()> evict_;
   mutable std::mutex mu_;  // stats_ (submit's are counted on the pipeline's thread)
   batch_decoder_stats stats_;
 };

@@ -85,11 +85,28 @@ bool kv_cache::any_v_trans() const {
   return std::find(v_trans_.begin(), v_trans_.end(), true) != v_trans_.end();
 }
 
-std::vector<uint32_t> kv_cache::find_slots(uint32_t n) const {
+std::vector<uint32_t> kv_cache::find_slots(uint32_t n, std::span<const int32_t> seqs) const {
+  uint64_t mask = 0;
+  for (int32_t s : seqs) {
+    if (s >= 0 && static_cast<uint32_t>(s) < max_seq) mask |= uint64_t{1} << s;
+  }
+  uint32_t floor = 0;  // above the highest cell the sequences hold
+  for (uint32_t c = n_ctx_; mask != 0 && c-- > 0;) {
+    if (cells_[c].seqs & mask) {
+      floor = c + 1;
+      break;
+    }
+  }
   std::vector<uint32_t> out;
   out.reserve(n);
-  for (uint32_t c = 0; c < n_ctx_ && out.size() < n; ++c) {
+  for (uint32_t c = floor; c < n_ctx_ && out.size() < n; ++c) {
     if (cells_[c].seqs == 0) out.push_back(c);
+  }
+  if (out.size() < n) {
+    out.clear();
+    for (uint32_t c = 0; c < n_ctx_ && out.size() < n; ++c) {
+      if (cells_[c].seqs == 0) out.push_back(c);
+    }
   }
   if (out.size() < n) {
     throw capacity_error("kv cache: no room for " + std::to_string(n) + " more tokens (" + std::to_string(used_cells()) +

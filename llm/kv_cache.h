@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "runtime/backend.h"
@@ -52,8 +53,11 @@ class kv_cache {
   tensor* k(uint32_t il) const { return k_[il]; }  // [n_embd_k_gqa, n_ctx]
   tensor* v(uint32_t il) const { return v_[il]; }  // v_trans(il): [n_ctx, n_embd_v_gqa]; else [n_embd_v_gqa, n_ctx]
 
-  // Free cells for n tokens (not necessarily contiguous). Throws capacity_error when the cache is full.
-  std::vector<uint32_t> find_slots(uint32_t n) const;
+  // Free cells for n tokens (not necessarily contiguous), in increasing order. When there are enough above
+  // every cell that the sequences `seqs` hold, those: each sequence's cells then stay in position order, and
+  // attention on the CPU sums them in the order a fresh cache would (the same bits, wherever a shared prefix
+  // lies). Else the lowest free ones. Throws capacity_error when the cache is full.
+  std::vector<uint32_t> find_slots(uint32_t n, std::span<const int32_t> seqs = {}) const;
   // Records that cells[i] holds position pos[i] of sequence seq[i].
   void commit(const std::vector<uint32_t>& cells, const std::vector<int32_t>& pos, const std::vector<int32_t>& seq);
   // Cells that attention must cover: one past the highest used cell (after adding `extra` cells), padded.

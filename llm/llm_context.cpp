@@ -198,7 +198,7 @@ void llm_context::prepare(ubatch& u, scheduler& s, const batch& b, size_t begin,
   if (u.discard) out_ids.push_back(static_cast<int32_t>(n_tokens - 1));
   u.n_out = out_ids.size();
 
-  u.cells = kv_->find_slots(n_tokens);
+  u.cells = kv_->find_slots(n_tokens, u.seq);
   const uint32_t n_kv = kv_->n_kv(u.cells);
 
   u.ctx = std::make_unique<troupe::context>(graph_ctx_params(hp));

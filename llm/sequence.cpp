@@ -40,6 +40,10 @@ sequence::sequence(const vocab& v, std::span<const token_id> cached, std::span<c
   t0_ = std::chrono::steady_clock::now();
 }
 
+void sequence::reused(int32_t n) {
+  if (n > 0) result_.n_prompt_decoded = std::max<int32_t>(1, result_.n_prompt_decoded - n);
+}
+
 sequence_output sequence::finish(std::string finish, bool flush) {
   sequence_output out;
   result_.finish = std::move(finish);

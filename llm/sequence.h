@@ -57,6 +57,9 @@ class sequence {
   sequence_output advance(std::span<const float> logits);
   // Ends the answer now with finish "cancelled" (nothing more is streamed).
   void cancel();
+  // The decoder took n of pending()'s prompt positions from another sequence's cells (prefix reuse across
+  // sequences) instead of decoding them: result().n_prompt_decoded says so.
+  void reused(int32_t n);
 
   const generate_result& result() const { return result_; }
   // Tokens the sequence holds in the cache after the last decoded step.

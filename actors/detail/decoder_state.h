@@ -20,12 +20,14 @@
 #include "actors/decoder_actor.h"
 #include "llm/batch_decoder.h"
 #include "llm/llm_context.h"
+#include "llm/prefix_index.h"
 
 namespace troupe::actors::detail {
 
 struct waiting_step {
   decode_step step;
   caf::typed_response_promise<step_logits> promise;
+  int32_t reused = 0;  // prompt positions taken from another sequence (prefix_index::step_plan::reused)
 };
 
 // A decode submitted to the context's pipeline: its steps' promises, and the outcome the pipeline's thread
@@ -61,6 +63,9 @@ struct decoder_state {
   std::shared_ptr<const loaded_model> model;
   std::unique_ptr<llm::llm_context> ctx;
   std::unique_ptr<llm::batch_decoder> dec;
+  // Prefix reuse across sequences: what each sequence holds, and the conversations kept in the pool. The
+  // pipeline's thread evicts through it (set_evictor), so it goes after ctx (reset first, below).
+  std::unique_ptr<llm::prefix_index> prefixes;
   std::vector<caf::actor_addr> seqs;  // the session attached to each sequence (empty: free)
   std::set<int32_t> generating;       // sequences whose next step the next batch waits for
   std::vector<waiting_step> waiting;

@@ -573,10 +573,13 @@ TEST_CASE("every message type crosses a middleman connection between two process
   const auto logits = ask<step_logits>(self, sched, step_atom_v, decode_step{*seq, 0, {1, 403, 407}});
   REQUIRE(logits);
   CHECK(logits->logits.size() == info->n_vocab);
-  // 3 tokens: 2 micro-batches, each a split on CPU, one on CPU1 (layers 3..4 and the output norm) and one
-  // more on CPU (the output), every one on the peer's device actor of its device.
-  CHECK(splits_on(cpu1) - cpu1_before == 2);
-  CHECK(splits_on(cpu) - cpu_before == 4);
+  // The session above holds "Once upon a time..." ([1, 403, 407, ...]): the step takes the first two
+  // positions from its cells (prefix reuse across sequences, crossing the network in step_logits::reused)
+  // and decodes one token: one micro-batch, a split on CPU, one on CPU1 (layers 3..4 and the output norm)
+  // and one more on CPU (the output), every one on the peer's device actor of its device.
+  CHECK(logits->reused == 2);
+  CHECK(splits_on(cpu1) - cpu1_before == 1);
+  CHECK(splits_on(cpu) - cpu_before == 2);
   tell(self, sched, end_atom_v, *seq);
   const auto stats = ask<decoder_stats>(self, sched, get_atom_v, stats_atom_v);
   REQUIRE(stats);

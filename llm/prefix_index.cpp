@@ -1,0 +1,231 @@
+#include "llm/prefix_index.h"
+
+#include <algorithm>
+#include <string>
+
+#include "runtime/error.h"
+
+namespace troupe::llm {
+
+namespace {
+
+size_t common_prefix(std::span<const token_id> a, std::span<const token_id> b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return i;
+}
+
+}  // namespace
+
+prefix_index::prefix_index(uint32_t n_live, uint32_t n_total, uint32_t min_kept)
+    : n_live_(n_live), n_total_(n_total), min_kept_(std::max<uint32_t>(1, min_kept)), e_(n_total) {
+  if (n_live == 0 || n_live > n_total) {
+    throw error("prefix index: " + std::to_string(n_live) + " live sequences of " + std::to_string(n_total));
+  }
+}
+
+void prefix_index::check(int32_t seq, const char* what) const {
+  if (seq < 0 || static_cast<uint32_t>(seq) >= n_total_) {
+    throw error(std::string("prefix index: ") + what + ": sequence " + std::to_string(seq) + " outside 0.." +
+                std::to_string(n_total_ - 1));
+  }
+}
+
+int32_t prefix_index::keep_slot(std::span<const token_id> tokens, int32_t except) {
+  // Already in the pool: another sequence holds every one of these positions.
+  for (uint32_t d = 0; d < n_total_; ++d) {
+    const entry& o = e_[d];
+    if (static_cast<int32_t>(d) == except || o.stable < tokens.size()) continue;
+    if (common_prefix(std::span(o.tokens).first(o.stable), tokens) == tokens.size()) {
+      e_[d].used = ++tick_;
+      return -1;
+    }
+  }
+  // A kept conversation these tokens continue (an earlier turn of the same one): its place.
+  int32_t slot = -1;
+  for (uint32_t r = n_live_; r < n_total_ && slot < 0; ++r) {
+    const entry& o = e_[r];
+    if (o.stable > 0 && common_prefix(std::span(o.tokens).first(o.stable), tokens) == o.stable) slot = static_cast<int32_t>(r);
+  }
+  // A free one.
+  for (uint32_t r = n_live_; r < n_total_ && slot < 0; ++r) {
+    if (e_[r].tokens.empty() && e_[r].pins == 0) slot = static_cast<int32_t>(r);
+  }
+  // The least recently used one that no share waits for (its conversation is dropped).
+  if (slot < 0) {
+    uint64_t oldest = UINT64_MAX;
+    for (uint32_t r = n_live_; r < n_total_; ++r) {
+      if (e_[r].pins == 0 && e_[r].used < oldest) {
+        oldest = e_[r].used;
+        slot = static_cast<int32_t>(r);
+      }
+    }
+    if (slot >= 0 && !e_[static_cast<size_t>(slot)].tokens.empty()) ++st_.evictions;
+  }
+  return slot;
+}
+
+prefix_index::step_plan prefix_index::plan_step(int32_t seq, int32_t keep, std::span<const token_id> tokens) {
+  std::lock_guard lock(mu_);
+  check(seq, "step");
+  if (!live(seq)) throw error("prefix index: a step of kept sequence " + std::to_string(seq));
+  entry& s = e_[static_cast<size_t>(seq)];
+  step_plan p;
+  p.keep = keep;
+  p.tokens.assign(tokens.begin(), tokens.end());
+  if (keep < 0 || static_cast<size_t>(keep) > s.tokens.size() || tokens.empty()) {
+    // The session holds more than this index knows (after a failed decode): never a donor until it forgets.
+    s.tokens.clear();
+    s.stable = 0;
+    return p;
+  }
+  const auto k = static_cast<size_t>(keep);
+  std::vector<token_id> full(s.tokens.begin(), s.tokens.begin() + keep);
+  full.insert(full.end(), tokens.begin(), tokens.end());
+  // The longest decoded prefix of the whole prompt that another sequence holds; the last token is always
+  // decoded (its logits are the step's answer). Pinned at once, so keeping what this step drops (below)
+  // does not evict it.
+  const size_t most = full.size() - 1;
+  size_t best = k;
+  int32_t donor = -1;
+  for (uint32_t d = 0; d < n_total_; ++d) {
+    const entry& o = e_[d];
+    if (static_cast<int32_t>(d) == seq || o.stable <= best) continue;
+    const size_t m = std::min(common_prefix(std::span(o.tokens).first(o.stable), full), most);
+    if (m > best) {
+      best = m;
+      donor = static_cast<int32_t>(d);
+    }
+  }
+  if (donor >= 0) {
+    entry& o = e_[static_cast<size_t>(donor)];
+    o.used = ++tick_;
+    ++o.pins;
+  }
+  // Positions this step drops: kept in the pool first, when worth it.
+  if (k < s.stable && s.stable - k >= min_kept_) {
+    const std::span<const token_id> decoded = std::span(s.tokens).first(s.stable);
+    const int32_t r = keep_slot(decoded, seq);
+    if (r >= 0) {
+      entry& kept = e_[static_cast<size_t>(r)];
+      kept.tokens.assign(decoded.begin(), decoded.end());
+      kept.stable = kept.tokens.size();
+      kept.used = ++tick_;
+      ++kept.pins;
+      p.keep_into = r;
+      p.kept = static_cast<int32_t>(kept.stable);
+      ++st_.kept_conversations;
+    }
+  }
+  if (donor >= 0) {
+    p.donor = donor;
+    p.n = static_cast<int32_t>(best);
+    p.keep = p.n;
+    p.tokens.assign(full.begin() + static_cast<std::ptrdiff_t>(best), full.end());
+    p.reused = static_cast<int32_t>(best - k);
+    st_.reused_tokens += best - k;
+    ++st_.reused_steps;
+  }
+  s.tokens = std::move(full);
+  s.stable = donor >= 0 ? best : std::min(s.stable, k);
+  s.used = ++tick_;
+  return p;
+}
+
+void prefix_index::step_done(int32_t seq, bool ok) {
+  std::lock_guard lock(mu_);
+  check(seq, "step_done");
+  entry& s = e_[static_cast<size_t>(seq)];
+  if (ok) {
+    s.stable = s.tokens.size();
+  } else {
+    s.tokens.resize(s.stable);
+  }
+}
+
+std::pair<int32_t, int32_t> prefix_index::forget(int32_t seq) {
+  std::lock_guard lock(mu_);
+  check(seq, "forget");
+  entry& s = e_[static_cast<size_t>(seq)];
+  std::pair<int32_t, int32_t> out{-1, 0};
+  if (live(seq) && s.stable >= min_kept_) {
+    const std::span<const token_id> decoded = std::span(s.tokens).first(s.stable);
+    const int32_t r = keep_slot(decoded, seq);
+    if (r >= 0) {
+      entry& kept = e_[static_cast<size_t>(r)];
+      kept.tokens.assign(decoded.begin(), decoded.end());
+      kept.stable = kept.tokens.size();
+      kept.used = ++tick_;
+      ++kept.pins;
+      out = {r, static_cast<int32_t>(kept.stable)};
+      ++st_.kept_conversations;
+    }
+  }
+  s.tokens.clear();
+  s.stable = 0;
+  return out;
+}
+
+void prefix_index::shared(int32_t src, int32_t dst, int32_t n) {
+  std::lock_guard lock(mu_);
+  check(src, "share");
+  check(dst, "share");
+  const entry& from = e_[static_cast<size_t>(src)];
+  entry& to = e_[static_cast<size_t>(dst)];
+  const size_t m = std::min(static_cast<size_t>(std::max(n, 0)), from.tokens.size());
+  to.tokens.assign(from.tokens.begin(), from.tokens.begin() + static_cast<std::ptrdiff_t>(m));
+  to.stable = std::min(m, from.stable);
+  to.used = ++tick_;
+}
+
+void prefix_index::unpin(int32_t seq) {
+  std::lock_guard lock(mu_);
+  check(seq, "unpin");
+  entry& s = e_[static_cast<size_t>(seq)];
+  if (s.pins > 0) --s.pins;
+}
+
+int32_t prefix_index::evict_one() {
+  std::lock_guard lock(mu_);
+  int32_t victim = -1;
+  uint64_t oldest = UINT64_MAX;
+  for (uint32_t r = n_live_; r < n_total_; ++r) {
+    const entry& o = e_[r];
+    if (!o.tokens.empty() && o.pins == 0 && o.used < oldest) {
+      oldest = o.used;
+      victim = static_cast<int32_t>(r);
+    }
+  }
+  if (victim >= 0) {
+    e_[static_cast<size_t>(victim)] = entry{};
+    ++st_.evictions;
+  }
+  return victim;
+}
+
+void prefix_index::clear() {
+  std::lock_guard lock(mu_);
+  for (entry& o : e_) o = entry{};
+}
+
+prefix_index_stats prefix_index::stats() const {
+  std::lock_guard lock(mu_);
+  prefix_index_stats s = st_;
+  s.kept_now = 0;
+  s.kept_tokens_now = 0;
+  for (uint32_t r = n_live_; r < n_total_; ++r) {
+    if (e_[r].tokens.empty()) continue;
+    ++s.kept_now;
+    s.kept_tokens_now += e_[r].tokens.size();
+  }
+  return s;
+}
+
+std::vector<token_id> prefix_index::tokens_of(int32_t seq) const {
+  std::lock_guard lock(mu_);
+  check(seq, "tokens_of");
+  return e_[static_cast<size_t>(seq)].tokens;
+}
+
+}  // namespace troupe::llm

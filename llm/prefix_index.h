@@ -1,0 +1,98 @@
+// Which cells of a model's KV cache a prompt can start from, and the conversations the cache keeps after
+// their sessions moved on: the bookkeeping of prefix reuse across sequences (no KV memory of its own).
+//
+// The cache is one pool of cells; a cell may belong to several sequences (kv_cache::seq_cp shares it, no copy).
+// Sequences [0, n_live) belong to sessions. Sequences [n_live, n_total) are *kept conversations*: when a
+// session's sequence is about to drop positions (a new conversation on that session, or the session
+// closes), those positions are first shared into a kept sequence, so they stay in the pool until its cells
+// are needed. A step whose prompt starts with tokens that another sequence (live or kept) holds takes that
+// sequence's cells for them and decodes only the rest. New tokens always go into free cells, so a shared
+// cell is never written: one sequence never sees another's later tokens.
+//
+//   prefix_index ix(4, 64);
+//   auto plan = ix.plan_step(seq, keep, tokens);  // on the scheduler's thread, when a step arrives
+//   // submit, in this order: share(seq -> plan.keep_into, plan.kept), share(plan.donor -> seq, plan.n),
+//   // then the step (seq, plan.keep, plan.tokens); unpin(donor) once that share ran
+//   ix.step_done(seq, ok);                         // when its decode completed (or failed)
+//   int32_t r = ix.evict_one();                    // on the pipeline's thread, when cells run short
+//
+// What it records for a sequence is what the cache will hold once every edit submitted so far has run;
+// `stable` is how many leading positions of that are decoded already and that no submitted edit removes: only
+// those are shared into another sequence. Thread-safe (the scheduler plans, the pipeline evicts).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "llm/vocab.h"
+
+namespace troupe::llm {
+
+struct prefix_index_stats {
+  uint64_t reused_tokens = 0;       // prompt positions taken from another sequence's cells instead of decoded
+  uint64_t reused_steps = 0;        // steps that took them
+  uint64_t kept_conversations = 0;  // times a sequence's positions were kept in the pool before being dropped
+  uint64_t evictions = 0;           // kept conversations dropped to make room
+  uint32_t kept_now = 0;            // kept conversations in the pool now
+  uint64_t kept_tokens_now = 0;     // their positions
+};
+
+class prefix_index {
+ public:
+  // n_live: the sessions' sequences; n_total: all sequences of the cache (kept ones are n_live..n_total-1);
+  // min_kept: fewer positions than this are not worth keeping.
+  prefix_index(uint32_t n_live, uint32_t n_total, uint32_t min_kept = 16);
+
+  struct step_plan {
+    int32_t keep_into = -1;  // first: this kept sequence takes seq's positions [0, kept) (forgetting its own)
+    int32_t kept = 0;
+    int32_t donor = -1;      // then: seq forgets its positions and takes positions [0, n) of donor
+    int32_t n = 0;
+    int32_t keep = 0;        // then the step: keep this many positions of seq, decode `tokens` after them
+    std::vector<token_id> tokens;
+    int32_t reused = 0;      // prompt positions the donor saved (n minus the step's own keep)
+  };
+  // A step of live sequence seq arrives: keep its first `keep` positions, decode `tokens`.
+  step_plan plan_step(int32_t seq, int32_t keep, std::span<const token_id> tokens);
+  // The step's decode completed (ok) or failed (then only its stable positions are known).
+  void step_done(int32_t seq, bool ok);
+  // Live sequence seq forgets everything (its session leaves, or a new one attaches): the kept sequence
+  // that should take its positions [0, n) first, or {-1, 0}.
+  std::pair<int32_t, int32_t> forget(int32_t seq);
+  // dst forgot its positions and took positions [0, n) of src (an explicit share).
+  void shared(int32_t src, int32_t dst, int32_t n);
+  // A share from seq that plan_step asked for has run: seq may be evicted again.
+  void unpin(int32_t seq);
+  // The least recently used kept conversation that no submitted share still needs, forgotten here; its
+  // cells are the caller's to free (kv_cache::seq_rm). -1: none.
+  int32_t evict_one();
+  // Forgets everything (the cache was cleared).
+  void clear();
+
+  prefix_index_stats stats() const;
+  // What the index records for seq (tests).
+  std::vector<token_id> tokens_of(int32_t seq) const;
+
+ private:
+  struct entry {
+    std::vector<token_id> tokens;
+    size_t stable = 0;
+    uint64_t used = 0;  // LRU stamp
+    int pins = 0;
+  };
+  bool live(int32_t seq) const { return seq >= 0 && static_cast<uint32_t>(seq) < n_live_; }
+  // The kept sequence that should take `tokens` (already covered: -1), stamping it.
+  int32_t keep_slot(std::span<const token_id> tokens, int32_t except);
+  void check(int32_t seq, const char* what) const;
+
+  uint32_t n_live_, n_total_, min_kept_;
+  mutable std::mutex mu_;
+  std::vector<entry> e_;
+  uint64_t tick_ = 0;
+  prefix_index_stats st_;
+};
+
+}  // namespace troupe::llm

@@ -1,0 +1,177 @@
+// Prefix reuse across a model's sessions (llm/prefix_index.h through the decoder actor): a prompt whose start
+// another session holds, or a conversation kept in the pool after its session moved on, is not decoded again,
+// and every answer is the one computed from scratch, bit for bit (tokens and log-probabilities) on the CPU.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "actors/engine.h"
+#include "llm/generator.h"
+#include "tests/test_models.h"
+
+using namespace troupe;
+using namespace troupe::actors;
+
+namespace {
+
+constexpr int n_top = 5;
+
+llm::generate_params greedy_with_logprobs(int32_t n) {
+  llm::generate_params p = llm::generate_params::greedy(n);
+  p.logprobs = n_top;
+  return p;
+}
+
+// The answer of a context that never saw anything else: the synchronous generator on a fresh context.
+llm::generate_result scratch(const llm::model& m, const std::string& prompt, int32_t n) {
+  llm::vocab v(m.meta());
+  llm::llm_context c(m, {.n_ctx = 512, .n_threads = 2});
+  llm::generator gen(c, v);
+  return gen.generate(v.tokenize(prompt, true), greedy_with_logprobs(n));
+}
+
+void check_same(const generate_reply& r, const llm::generate_result& want) {
+  CHECK(r.tokens == want.tokens);
+  CHECK(r.text == want.text);
+  CHECK(r.logprobs == want.logprobs);  // the floats, exactly
+  CHECK(r.n_prompt == want.n_prompt);
+}
+
+// The same tokens, and log-probabilities within `tol`: for a pool full of kept conversations, where a
+// sequence reaches the last cell and its next tokens take free cells below the ones it holds. Attention on
+// the CPU sums V's rows in cell order, so the same terms are then added in another order (the last bits).
+// Where the cells stay in position order (any offset, any gaps), the bits are the same (the cases above).
+void check_close(const generate_reply& r, const llm::generate_result& want, float tol) {
+  CHECK(r.tokens == want.tokens);
+  CHECK(r.text == want.text);
+  REQUIRE(r.logprobs.size() == want.logprobs.size());
+  float worst = 0;
+  for (size_t i = 0; i < r.logprobs.size(); ++i) {
+    CHECK(r.logprobs[i].token == want.logprobs[i].token);
+    worst = std::max(worst, std::fabs(r.logprobs[i].logprob - want.logprobs[i].logprob));
+    REQUIRE(r.logprobs[i].top.size() == want.logprobs[i].top.size());
+    for (size_t j = 0; j < r.logprobs[i].top.size(); ++j) {
+      CHECK(r.logprobs[i].top[j].token == want.logprobs[i].top[j].token);
+      worst = std::max(worst, std::fabs(r.logprobs[i].top[j].logprob - want.logprobs[i].top[j].logprob));
+    }
+  }
+  INFO("largest log-probability difference " << worst);
+  CHECK(worst <= tol);
+}
+
+decoder_stats stats_of(engine& eng) {
+  for (const decoder_stats& s : eng.decoding_stats()) {
+    if (s.model == "m") return s;
+  }
+  FAIL("no decoder stats for model m");
+  return {};
+}
+
+const std::string story = "Once upon a time, there was a little girl named Lily. She loved to play outside";
+
+}  // namespace
+
+TEST_CASE("a prompt that another session holds is not decoded again, and the answer is the one from scratch", "[actors][prefix]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  auto m = llm::model::load(*path);
+  engine eng({.n_threads = 2});
+  eng.load_model("m", path->string(), {.n_ctx = 512, .n_seq_max = 2, .n_threads = 2});
+  session a = eng.open_session("m");
+  session b = eng.open_session("m");
+
+  const generate_reply first = a.generate(story, greedy_with_logprobs(24));
+  check_same(first, scratch(*m, story, 24));
+  // Session b's prompt starts with everything session a holds (its prompt and answer but the last token).
+  const std::string longer = story + first.text + " The sun was";
+  const generate_reply second = b.generate(longer, greedy_with_logprobs(16));
+  check_same(second, scratch(*m, longer, 16));
+  const int32_t held = first.n_prompt + 24 - 1;
+  INFO("n_prompt " << second.n_prompt << ", decoded " << second.n_prompt_decoded);
+  CHECK(second.n_prompt - second.n_prompt_decoded >= held - 2);  // a BPE merge may differ at the seam
+  CHECK(second.n_prompt_decoded <= second.n_prompt - held + 2);
+  CHECK(stats_of(eng).reused_tokens == static_cast<uint64_t>(second.n_prompt - second.n_prompt_decoded));
+
+  // The same prompt again on session a, which holds another conversation's start: its last token only.
+  const generate_reply again = a.generate(longer, greedy_with_logprobs(16));
+  check_same(again, scratch(*m, longer, 16));
+  CHECK(again.n_prompt_decoded == 1);
+}
+
+TEST_CASE("two sessions diverging inside a shared prefix never see each other's tokens", "[actors][prefix]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  auto m = llm::model::load(*path);
+  engine eng({.n_threads = 2});
+  eng.load_model("m", path->string(), {.n_ctx = 512, .n_seq_max = 2, .n_threads = 2});
+  session a = eng.open_session("m");
+  session b = eng.open_session("m");
+  const std::string common = story + " in the park with her friends. One day,";
+  const generate_reply r0 = a.generate(common, greedy_with_logprobs(8));
+  check_same(r0, scratch(*m, common, 8));
+  // b shares a's cells up to the divergence, then both go on writing their own: each answer is its own.
+  const std::vector<std::string> endings = {" she found a red ball", " a big dog ran", " the sky was dark"};
+  for (size_t i = 0; i < endings.size(); ++i) {
+    session& s = i % 2 == 0 ? b : a;
+    const std::string p = common + endings[i];
+    const generate_reply r = s.generate(p, greedy_with_logprobs(12));
+    INFO("ending " << i);
+    check_same(r, scratch(*m, p, 12));
+    CHECK(r.n_prompt - r.n_prompt_decoded >= 10);  // the common part came from the other session or itself
+  }
+  // And a's first conversation was kept in the pool when a moved on: it comes back without decoding.
+  const generate_reply back = b.generate(common, greedy_with_logprobs(8));
+  check_same(back, scratch(*m, common, 8));
+  CHECK(back.n_prompt_decoded == 1);
+}
+
+TEST_CASE("a conversation its session moved on from is kept in the pool, and its next turn decodes only what is new", "[actors][prefix]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  auto m = llm::model::load(*path);
+  engine eng({.n_threads = 2});
+  // One session: every new conversation takes the sequence of the one before.
+  eng.load_model("m", path->string(), {.n_ctx = 512, .n_seq_max = 1, .n_threads = 2});
+  session s = eng.open_session("m");
+  const std::string x = story;
+  const std::string y = "The little dog wanted to play with the ball, but the cat said no and";
+  const generate_reply x1 = s.generate(x, greedy_with_logprobs(16));
+  const generate_reply y1 = s.generate(y, greedy_with_logprobs(16));
+  check_same(y1, scratch(*m, y, 16));
+  CHECK(stats_of(eng).kept_conversations >= 1);
+  CHECK(stats_of(eng).kept_now >= 1);
+  // Conversation x, turn 2: what it held comes back from the kept sequence.
+  const std::string x2 = x + x1.text + " Then";
+  const generate_reply r = s.generate(x2, greedy_with_logprobs(16));
+  check_same(r, scratch(*m, x2, 16));
+  CHECK(r.n_prompt - r.n_prompt_decoded >= x1.n_prompt + 16 - 3);
+}
+
+TEST_CASE("kept conversations make room when cells run short, and no live sequence loses a token", "[actors][prefix]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  auto m = llm::model::load(*path);
+  engine eng({.n_threads = 2});
+  // 256 cells: every conversation below takes 60-90; after a few, the pool must drop kept ones to go on.
+  eng.load_model("m", path->string(), {.n_ctx = 256, .n_seq_max = 2, .n_threads = 2});
+  session a = eng.open_session("m");
+  session b = eng.open_session("m");
+  const std::vector<std::string> topics = {"a little girl", "a big red dog", "a small blue bird", "an old man",
+                                           "a happy cat", "a tall tree", "a funny frog", "a brave boy"};
+  for (size_t i = 0; i < topics.size(); ++i) {
+    const std::string p = "Once upon a time, there was " + topics[i] + " who lived in a house near the forest. Every day";
+    session& s = i % 2 == 0 ? a : b;
+    const generate_reply r = s.generate(p, greedy_with_logprobs(40));
+    INFO("conversation " << i);
+    check_close(r, scratch(*m, p, 40), 1e-3f);
+    CHECK(r.finish == "length");
+  }
+  const decoder_stats st = stats_of(eng);
+  CHECK(st.kept_conversations >= 6);
+  CHECK(st.kept_evictions >= 1);
+  CHECK(st.kept_tokens_now <= 256);
+}
+
