@@ -242,7 +242,9 @@ bool daemon::write_answer(answer_state& st, front::body_sink& sink) {
     }
     // A timeout or a shutdown: the answer so far, finish "length".
   }
-  metrics_.tokens(static_cast<uint64_t>(std::max(0, reply.n_prompt)), reply.tokens.size(), reply.gen_seconds);
+  metrics_.tokens(static_cast<uint64_t>(std::max(0, reply.n_prompt)),
+                  static_cast<uint64_t>(std::max(0, reply.n_prompt - reply.n_prompt_decoded)), reply.tokens.size(),
+                  reply.gen_seconds);
   // Before the answer's last bytes: a client that has them finds its session free and its request counted.
   st.claim.reset();
   count_request(endpoint, 200);
@@ -370,7 +372,9 @@ bool daemon::write_choices(answer_state& st, front::body_sink& sink) {
   }
   uint64_t generated = 0;
   for (const actors::generate_reply& r : replies) generated += r.tokens.size();
-  metrics_.tokens(static_cast<uint64_t>(std::max(0, replies[0].n_prompt)), generated, replies[0].gen_seconds);
+  metrics_.tokens(static_cast<uint64_t>(std::max(0, replies[0].n_prompt)),
+                  static_cast<uint64_t>(std::max(0, replies[0].n_prompt - replies[0].n_prompt_decoded)), generated,
+                  replies[0].gen_seconds);
   st.claim.reset();
   st.more.clear();
   count_request(endpoint, 200);

@@ -42,9 +42,10 @@ void daemon_metrics::request_done(const std::string& endpoint, int status, doubl
   }
 }
 
-void daemon_metrics::tokens(uint64_t prompt, uint64_t generated, double gen_seconds) {
+void daemon_metrics::tokens(uint64_t prompt, uint64_t cached, uint64_t generated, double gen_seconds) {
   std::lock_guard l(mutex_);
   prompt_tokens_ += prompt;
+  prompt_cached_ += std::min(cached, prompt);
   generated_tokens_ += generated;
   gen_seconds_ += gen_seconds;
   const auto now = clock::now();
@@ -79,6 +80,12 @@ std::string daemon_metrics::render(const std::vector<model_gauges>& models, cons
   os << "# HELP troupe_prompt_tokens_total Prompt tokens of finished answers.\n"
      << "# TYPE troupe_prompt_tokens_total counter\n"
      << "troupe_prompt_tokens_total " << prompt_tokens_ << "\n";
+  os << "# HELP troupe_prompt_tokens_cached_total Prompt tokens whose KV came from the cache (the session's own, another session's or a kept conversation's), not decoded.\n"
+     << "# TYPE troupe_prompt_tokens_cached_total counter\n"
+     << "troupe_prompt_tokens_cached_total " << prompt_cached_ << "\n"
+     << "# HELP troupe_prompt_tokens_computed_total Prompt tokens decoded.\n"
+     << "# TYPE troupe_prompt_tokens_computed_total counter\n"
+     << "troupe_prompt_tokens_computed_total " << (prompt_tokens_ - prompt_cached_) << "\n";
   os << "# HELP troupe_generated_tokens_total Tokens generated.\n"
      << "# TYPE troupe_generated_tokens_total counter\n"
      << "troupe_generated_tokens_total " << generated_tokens_ << "\n";
@@ -153,6 +160,18 @@ std::string daemon_metrics::render(const std::vector<model_gauges>& models, cons
   os << "# HELP troupe_decode_batch_max Most session steps decoded in one batch so far.\n"
      << "# TYPE troupe_decode_batch_max gauge\n";
   for (const actors::decoder_stats& s : decoders) os << "troupe_decode_batch_max{model=\"" << label(s.model) << "\"} " << s.max_steps << "\n";
+  os << "# HELP troupe_prefix_reused_tokens_total Prompt positions a session took from another sequence's KV cells (a live session's or a kept conversation's) instead of decoding them.\n"
+     << "# TYPE troupe_prefix_reused_tokens_total counter\n";
+  for (const actors::decoder_stats& s : decoders) os << "troupe_prefix_reused_tokens_total{model=\"" << label(s.model) << "\"} " << s.reused_tokens << "\n";
+  os << "# HELP troupe_kept_conversations Conversations kept in a model's KV cache after their session moved on.\n"
+     << "# TYPE troupe_kept_conversations gauge\n";
+  for (const actors::decoder_stats& s : decoders) os << "troupe_kept_conversations{model=\"" << label(s.model) << "\"} " << s.kept_now << "\n";
+  os << "# HELP troupe_kept_tokens Positions those kept conversations hold (cells they may share with live sessions).\n"
+     << "# TYPE troupe_kept_tokens gauge\n";
+  for (const actors::decoder_stats& s : decoders) os << "troupe_kept_tokens{model=\"" << label(s.model) << "\"} " << s.kept_tokens_now << "\n";
+  os << "# HELP troupe_kept_evictions_total Kept conversations dropped to make room in the KV cache.\n"
+     << "# TYPE troupe_kept_evictions_total counter\n";
+  for (const actors::decoder_stats& s : decoders) os << "troupe_kept_evictions_total{model=\"" << label(s.model) << "\"} " << s.kept_evictions << "\n";
   return os.str();
 }
 

@@ -3,6 +3,11 @@
 //   troupe_requests_total{endpoint="chat",status="200"}   requests answered, by endpoint and HTTP status
 //   troupe_requests_cancelled_total                         answers cut short (client gone, shutdown)
 //   troupe_prompt_tokens_total / troupe_generated_tokens_total
+//   troupe_prompt_tokens_cached_total / troupe_prompt_tokens_computed_total
+//                                                           prompt tokens reused from the KV cache / decoded
+//   troupe_prefix_reused_tokens_total{model}, troupe_kept_conversations{model},
+//   troupe_kept_tokens{model}, troupe_kept_evictions_total{model}
+//                                                           prefix reuse across sessions (llm/prefix_index.h)
 //   troupe_generation_seconds_total                         time spent generating (all answers together)
 //   troupe_tokens_per_second                                generated tokens over the last 10 s / 10
 //   troupe_request_duration_seconds{quantile="0.5"|"0.99"}  over the last 1024 completion requests
@@ -46,7 +51,8 @@ class daemon_metrics {
   using clock = std::chrono::steady_clock;
 
   void request_done(const std::string& endpoint, int status, double seconds);
-  void tokens(uint64_t prompt, uint64_t generated, double gen_seconds);
+  // An answer's prompt tokens (of which `cached` came from the KV cache, not decoded) and generated tokens.
+  void tokens(uint64_t prompt, uint64_t cached, uint64_t generated, double gen_seconds);
   void cancelled() { cancelled_.fetch_add(1, std::memory_order_relaxed); }
   // A model placed and loaded again after it lost its placement (a cluster node went down), in `seconds`.
   void recovered(double seconds) {
@@ -69,7 +75,7 @@ class daemon_metrics {
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   std::deque<double> durations_;                          // completion requests, newest last
   std::deque<std::pair<clock::time_point, uint64_t>> recent_;  // generated tokens per finished answer
-  uint64_t prompt_tokens_ = 0, generated_tokens_ = 0;
+  uint64_t prompt_tokens_ = 0, prompt_cached_ = 0, generated_tokens_ = 0;
   double gen_seconds_ = 0;
   std::atomic<uint64_t> cancelled_{0};
   uint64_t recoveries_ = 0;

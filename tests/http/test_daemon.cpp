@@ -532,3 +532,34 @@ TEST_CASE("daemon: load test, 16 clients and 200 requests on stories260K, none f
   httplib::Client c("127.0.0.1", d.port());
   CHECK(metric(c, "troupe_requests_total{endpoint=\"chat\",status=\"200\"}") == 200);
 }
+
+TEST_CASE("daemon: a conversation another one pushed out of the only session comes back from the KV cache, with cached_tokens and the metrics saying so", "[http][daemon][prefix]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  test::daemon_process d(stories_config(model->string(), "", 1024, 1));
+  httplib::Client c("127.0.0.1", d.port());
+  c.set_read_timeout(60, 0);
+  const auto complete = [&](const std::string& prompt) {
+    const json req{{"model", "stories"}, {"prompt", prompt}, {"temperature", 0}, {"max_tokens", 24}};
+    auto r = c.Post("/v1/completions", req.dump(), "application/json");
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+    return json::parse(r->body);
+  };
+  const std::string x = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
+  const std::string y = "The little dog wanted to play with the ball, but the cat said no.";
+  const json x1 = complete(x);  // from scratch
+  CHECK(x1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
+  const json y1 = complete(y);  // takes the only session (its BOS from x's): x is kept in the pool
+  CHECK(y1["usage"]["prompt_tokens_details"]["cached_tokens"] == 1);
+  const json x2 = complete(x);  // x again: every prompt token but the last from the kept conversation
+  const int n_prompt = x1["usage"]["prompt_tokens"];
+  const int n_y = y1["usage"]["prompt_tokens"];
+  CHECK(x2["usage"]["prompt_tokens_details"]["cached_tokens"] == n_prompt - 1);
+  CHECK(x2["choices"][0]["text"] == x1["choices"][0]["text"]);
+  CHECK(metric(c, "troupe_prompt_tokens_cached_total") == 1 + n_prompt - 1);
+  CHECK(metric(c, "troupe_prompt_tokens_computed_total") == n_prompt + n_y - 1 + 1);
+  // The session kept its own BOS; the other n_prompt - 2 came from the kept conversation's cells.
+  CHECK(metric(c, "troupe_prefix_reused_tokens_total{model=\"stories\"}") == n_prompt - 2);
+  CHECK(metric(c, "troupe_kept_conversations{model=\"stories\"}") >= 1);
+}
