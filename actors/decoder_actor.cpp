@@ -30,11 +30,12 @@ caf::error error_of(const std::exception_ptr& p) {
 size_t max_jobs(const decoder_state& st) { return st.ctx && st.ctx->pipelines() ? 2 : 1; }
 
 // Submits steps as one decode to the context's pipeline; its completion comes back as (decoded_atom, id).
-void submit_job(decoder_ptr self, std::vector<waiting_step> steps) {
+void submit_job(decoder_ptr self, std::vector<waiting_step> steps, bool retried = false) {
   auto& st = self->state;
   const uint64_t id = st.next_job++;
   decode_job& job = st.jobs[id];
   job.steps = std::move(steps);
+  job.retried = retried;
   job.outcome = std::make_shared<decode_outcome>();
   for (int64_t g = 0;; ++g) {  // the lowest group id no other job in flight has (a trace's ring rows)
     bool taken = false;
@@ -106,6 +107,31 @@ void job_done(decoder_ptr self, uint64_t id) {
   if (it == st.jobs.end()) return;
   decode_job job = std::move(it->second);
   st.jobs.erase(it);
+  // A share or restore planned for a step found no room in the cache (kept conversations it would have
+  // evicted were pinned by later steps' shares): nothing was decoded, so the steps go again, each decoding
+  // its whole prompt.
+  if (job.outcome->error && st.prefixes && st.dec && !job.retried) {
+    bool missing = false;
+    try {
+      std::rethrow_exception(job.outcome->error);
+    } catch (const llm::missing_positions_error&) {
+      missing = true;
+    } catch (...) {
+    }
+    if (missing) {
+      std::vector<waiting_step> again = std::move(job.steps);
+      for (waiting_step& w : again) {
+        st.prefixes->retry_plain(w.step.seq);
+        st.dec->submit_forget(w.step.seq);
+        const std::vector<llm::token_id> whole = st.prefixes->tokens_of(w.step.seq);
+        w.step.keep = 0;
+        w.step.tokens.assign(whole.begin(), whole.end());
+        w.reused = 0;
+      }
+      submit_job(self, std::move(again), true);
+      return;
+    }
+  }
   const bool ok = !job.outcome->error;
   if (st.prefixes) {
     for (const waiting_step& w : job.steps) st.prefixes->step_done(w.step.seq, ok);
@@ -121,6 +147,7 @@ void job_done(decoder_ptr self, uint64_t id) {
     }
   }
   report_compute(self);  // the compute buffers grow when a graph needs more than reserved
+  report_prompt_cache(self);
   if (st.jobs.empty() && !st.release_waiters.empty()) {
     std::vector<caf::typed_response_promise<bool>> waiters = std::move(st.release_waiters);
     st.release_waiters.clear();
@@ -260,6 +287,7 @@ decoder_actor::behavior_type decoder_fn(decoder_ptr self, engine_env_ptr env, me
             st.dec->submit_share(s.seq, plan.keep_into, plan.kept, [ix, r = plan.keep_into] { ix->unpin(r); });
           }
           if (plan.donor >= 0) st.dec->submit_share(plan.donor, s.seq, plan.n, [ix, d = plan.donor] { ix->unpin(d); });
+          if (plan.restore) st.dec->submit_restore(s.seq, plan.restore, plan.restore_saved, plan.n);
           s.keep = plan.keep;
           s.tokens = std::move(plan.tokens);
           reused = plan.reused;
@@ -317,6 +345,10 @@ decoder_actor::behavior_type decoder_fn(decoder_ptr self, engine_env_ptr env, me
           s.kept_evictions = px.evictions;
           s.kept_now = px.kept_now;
           s.kept_tokens_now = px.kept_tokens_now;
+          s.restored_tokens = px.restored_tokens;
+          s.saved_conversations = px.saved_conversations;
+          s.host_entries = px.host_entries;
+          s.host_bytes = px.host_bytes;
         }
         for (const caf::actor_addr& a : st.seqs) s.n_sessions += a ? 1 : 0;
         s.n_in_flight = static_cast<uint32_t>(st.jobs.size());

@@ -108,12 +108,36 @@ void create_context(decoder_ptr self) {
     });
   }
   st.dec = std::make_unique<llm::batch_decoder>(*st.ctx);
-  st.prefixes = std::make_unique<llm::prefix_index>(r.n_seq_max, llm::kv_cache::max_seq);
-  st.dec->set_evictor([p = st.prefixes.get()] { return p->evict_one(); });
+  st.prefixes = std::make_unique<llm::prefix_index>(r.n_seq_max, llm::kv_cache::max_seq, 16,
+                                                    static_cast<uint64_t>(r.prompt_cache_mib) << 20);
+  // A kept conversation evicted for room goes to host memory first (when the model has a prompt cache).
+  st.dec->set_evictor([p = st.prefixes.get()](llm::kv_cache& kv) {
+    std::vector<llm::token_id> tokens;
+    const int32_t victim = p->evict_one(p->saves() ? &tokens : nullptr);
+    if (victim >= 0 && !tokens.empty()) {
+      try {
+        p->store(tokens, kv.save(victim, static_cast<int32_t>(tokens.size())));
+      } catch (const std::exception& e) {
+        TROUPE_LOG(warn, "prompt cache: a conversation of " << tokens.size() << " positions not saved: " << e.what());
+      }
+    }
+    return victim;
+  });
   st.seqs.assign(r.n_seq_max, caf::actor_addr{});
   for (const auto& [bt, bytes] : st.ctx->kv().bytes_by_buft()) {
     self->send(st.accountant, record_atom_v, event_for(*bt, memory_kind::context, static_cast<int64_t>(bytes), st.owner()));
   }
+}
+
+void report_prompt_cache(decoder_ptr self, bool release) {
+  auto& st = self->state;
+  const uint64_t now = release || !st.prefixes ? 0 : st.prefixes->stats().host_bytes;
+  if (now == st.prompt_cache_reported) return;
+  const int64_t delta = static_cast<int64_t>(now) - static_cast<int64_t>(st.prompt_cache_reported);
+  st.prompt_cache_reported = now;
+  self->send(st.accountant, record_atom_v,
+             memory_event{"Host (prompt cache)", "Host", true, static_cast<uint8_t>(memory_kind::context), delta,
+                          st.prompt_cache_owner()});
 }
 
 void create_embed_context(decoder_ptr self) {
@@ -193,6 +217,7 @@ void release_context(decoder_ptr self, caf::typed_response_promise<bool> rp) {
     // The context (its pipeline, with forgets still queued) goes before the decoder they call.
     release_one(self, st.ctx, st.owner(), st.compute_reported, asked);
     st.dec.reset();
+    report_prompt_cache(self, true);
     st.prefixes.reset();
     st.seqs.clear();
   }

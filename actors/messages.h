@@ -295,6 +295,12 @@ struct decoder_stats {
   uint64_t kept_evictions = 0;
   uint32_t kept_now = 0;
   uint64_t kept_tokens_now = 0;
+  // The host-RAM prompt cache: prompt positions written back from it instead of decoded, conversations
+  // saved to it, and those it holds now with their bytes.
+  uint64_t restored_tokens = 0;
+  uint64_t saved_conversations = 0;
+  uint32_t host_entries = 0;
+  uint64_t host_bytes = 0;
   friend bool operator==(const decoder_stats&, const decoder_stats&) = default;
 };
 
@@ -432,7 +438,7 @@ typename Inspector::result_type inspect(Inspector& f, tensor_override& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_settings& x) {
   return f(caf::meta::type_name("model_settings"), x.name, x.path, x.devices, x.use_mmap, x.huge_pages, x.parallel, x.n_ctx, x.n_batch,
-           x.n_ubatch, x.n_pipeline, x.n_seq_max, x.n_threads, x.n_ctx_seq, x.kv_type, x.chat_template, x.overrides,
+           x.n_ubatch, x.n_pipeline, x.n_seq_max, x.n_threads, x.n_ctx_seq, x.prompt_cache_mib, x.kv_type, x.chat_template, x.overrides,
            x.placement, x.min_nodes);
 }
 
@@ -494,7 +500,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decoder_stats& x) {
   return f(caf::meta::type_name("decoder_stats"), x.model, x.n_batches, x.n_steps, x.n_tokens, x.max_steps, x.n_sessions,
            x.kv_bytes, x.compute_bytes, x.n_in_flight, x.max_in_flight, x.reused_tokens, x.kept_conversations,
-           x.kept_evictions, x.kept_now, x.kept_tokens_now);
+           x.kept_evictions, x.kept_now, x.kept_tokens_now, x.restored_tokens, x.saved_conversations, x.host_entries,
+           x.host_bytes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, actor_status& x) {

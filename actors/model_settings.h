@@ -58,6 +58,10 @@ struct model_settings {
   int32_t n_threads = 0;               // CPU threads for decoding; 0: all
   uint32_t n_ctx_seq = 0;              // most cells one session may use (prompt + answer); 0: n_ctx / n_seq_max,
                                        // so that no session can starve another
+  // Host memory for the conversations prefix reuse evicts from the KV cache (llm/prefix_index.h): a prompt
+  // that starts with one has its positions written back instead of decoded (llama-server's --cache-ram).
+  // 0: none are saved.
+  uint32_t prompt_cache_mib = 8192;
   std::string kv_type = "f16";         // KV cache element type: "f16", "f32" or "q8_0"
   std::string chat_template;           // a template family overriding the model's own ("raw" for base models);
                                        // "": the model's

@@ -38,9 +38,10 @@ void batch_decoder::check(std::span<const seq_step> steps) const {
     seen[static_cast<size_t>(s.seq)] = true;
     if (s.tokens.empty()) throw error(at + ": no tokens");
     const int32_t held = ctx_.kv().seq_pos_max(s.seq) + 1;
-    if (s.keep < 0 || s.keep > held) {
-      throw error(at + ": keeps " + std::to_string(s.keep) + " positions of sequence " + std::to_string(s.seq) +
-                  ", which holds " + std::to_string(held));
+    if (s.keep < 0) throw error(at + ": keeps " + std::to_string(s.keep) + " positions");
+    if (s.keep > held) {
+      throw missing_positions_error(at + ": keeps " + std::to_string(s.keep) + " positions of sequence " +
+                                    std::to_string(s.seq) + ", which holds " + std::to_string(held));
     }
   }
 }
@@ -49,17 +50,38 @@ void batch_decoder::begin(std::span<const seq_step> steps) {
   check(steps);
   kv_cache& kv = ctx_.kv();
   for (const seq_step& s : steps) kv.seq_rm(s.seq, s.keep, -1);
-  if (!evict_) return;
   size_t needed = 0;
   for (const seq_step& s : steps) needed += s.tokens.size();
+  make_room(needed);
+}
+
+void batch_decoder::make_room(size_t needed) {
+  if (!evict_) return;
+  kv_cache& kv = ctx_.kv();
   while (kv.size() - kv.used_cells() < needed) {
-    const int32_t victim = evict_();
+    const int32_t victim = evict_(kv);
     if (victim < 0) break;
     kv.seq_rm(victim, -1, -1);
   }
 }
 
-void batch_decoder::set_evictor(std::function<int32_t()> evict) { evict_ = std::move(evict); }
+void batch_decoder::set_evictor(std::function<int32_t(kv_cache&)> evict) { evict_ = std::move(evict); }
+
+void batch_decoder::submit_restore(int32_t seq, std::shared_ptr<const std::vector<uint8_t>> saved, int32_t n_saved,
+                                   int32_t n, std::function<void()> after) {
+  ctx_.submit(
+      [this, seq, saved = std::move(saved), n_saved, n, after = std::move(after)] {
+        forget(seq);
+        try {
+          make_room(static_cast<size_t>(n));
+          ctx_.kv().restore(seq, *saved, n_saved, n);
+        } catch (const std::exception&) {
+          // No room: seq stays empty and its step fails for keeping positions it does not hold.
+        }
+        if (after) after();
+      },
+      {}, {});
+}
 
 std::vector<std::vector<float>> batch_decoder::decode(std::span<const seq_step> steps) {
   begin(steps);

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "llm/generator.h"
 #include "llm/llm_context.h"
 #include "llm/sequence.h"
+#include "runtime/error.h"
 
 namespace troupe::llm {
 
@@ -29,6 +31,13 @@ struct seq_step {
   int32_t seq = 0;                // sequence id, below the context's n_seq_max
   int32_t keep = 0;               // cache positions of seq to keep; later ones are removed first
   std::vector<token_id> tokens;   // decoded at positions keep, keep + 1, ...; not empty
+};
+
+// A step keeps positions its sequence does not hold (a share or restore before it found no room): thrown
+// before anything is decoded, so the caller may decode the step's whole prompt instead.
+class missing_positions_error : public error {
+ public:
+  using error::error;
 };
 
 struct batch_decoder_stats {
@@ -61,10 +70,16 @@ class batch_decoder {
   // forget(dst), then dst shares positions [0, n) of src (kv_cache::seq_cp), in the same order; `after`
   // (may be empty) runs on the pipeline's thread once it has.
   void submit_share(int32_t src, int32_t dst, int32_t n, std::function<void()> after = {});
-  // Frees room in the cache before a decode: while fewer cells are free than the decode's tokens, `evict`
-  // names a sequence whose cells may go (-1: none left), which is then forgotten. The kept conversations of
-  // prefix reuse (prefix_index::evict_one). Runs on the pipeline's thread, in the decode's cache edits.
-  void set_evictor(std::function<int32_t()> evict);
+  // Frees room in the cache before a decode or a restore: while fewer cells are free than needed, `evict`
+  // names a sequence whose cells may go (-1: none left; it may save them first), which is then forgotten.
+  // The kept conversations of prefix reuse (prefix_index::evict_one). Runs on the pipeline's thread, in the
+  // decode's cache edits.
+  void set_evictor(std::function<int32_t(kv_cache&)> evict);
+  // forget(seq), then seq takes positions [0, n) of saved bytes (kv_cache::save of n_saved positions) in
+  // free cells, in the pipeline's order; `after` (may be empty) runs once it has. A restore that finds no
+  // room leaves seq empty (its step then fails, as decoding those positions would have).
+  void submit_restore(int32_t seq, std::shared_ptr<const std::vector<uint8_t>> saved, int32_t n_saved, int32_t n,
+                      std::function<void()> after = {});
 
   batch_decoder_stats stats() const;
 
@@ -74,7 +89,8 @@ class batch_decoder {
   void count(std::span<const seq_step> steps, uint64_t n_decodes);
 
   llm_context& ctx_;
-  std::function<int32_t()> evict_;
+  void make_room(size_t needed);
+  std::function<int32_t(kv_cache&)> evict_;
   mutable std::mutex mu_;  // stats_ (submit's are counted on the pipeline's thread)
   batch_decoder_stats stats_;
 };

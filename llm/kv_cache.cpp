@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "runtime/error.h"
@@ -169,6 +170,108 @@ void kv_cache::seq_cp(int32_t src, int32_t dst, int32_t p0, int32_t p1) {
 
 void kv_cache::clear() {
   for (cell& c : cells_) c = cell{};
+}
+
+size_t kv_cache::bytes_per_token() const {
+  size_t n = 0;
+  for (size_t il = 0; il < k_.size(); ++il) n += row_size(k_[il]->type, k_[il]->ne[0]) + row_size(v_[il]->type, v_trans_[il] ? v_[il]->ne[1] : v_[il]->ne[0]);
+  return n;
+}
+
+namespace {
+
+// Calls f(first_index, cell, run) for each run of consecutive cells in `cells` (index i of cells[i]).
+template <class F>
+void for_runs(const std::vector<uint32_t>& cells, F f) {
+  size_t i = 0;
+  while (i < cells.size()) {
+    size_t j = i + 1;
+    while (j < cells.size() && cells[j] == cells[j - 1] + 1) ++j;
+    f(i, cells[i], j - i);
+    i = j;
+  }
+}
+
+}  // namespace
+
+std::vector<uint8_t> kv_cache::save(int32_t seq, int32_t n) const {
+  check_seq(seq, "save");
+  std::vector<uint32_t> at(static_cast<size_t>(std::max(n, 0)), UINT32_MAX);
+  for (uint32_t c = 0; c < n_ctx_; ++c) {
+    if ((cells_[c].seqs >> seq & 1) && cells_[c].pos >= 0 && cells_[c].pos < n) at[static_cast<size_t>(cells_[c].pos)] = c;
+  }
+  for (size_t p = 0; p < at.size(); ++p) {
+    if (at[p] == UINT32_MAX) throw error("kv cache: save: sequence " + std::to_string(seq) + " lacks position " + std::to_string(p));
+  }
+  const auto nt = static_cast<size_t>(std::max(n, 0));
+  std::vector<uint8_t> out(nt * bytes_per_token());
+  uint8_t* dst = out.data();
+  for (size_t il = 0; il < k_.size(); ++il) {
+    const tensor& k = *k_[il];
+    const tensor& v = *v_[il];
+    const size_t kr = row_size(k.type, k.ne[0]);
+    for_runs(at, [&](size_t i, uint32_t c, size_t run) { tensor_get(k, dst + i * kr, c * kr, run * kr); });
+    dst += nt * kr;
+    if (!v_trans_[il]) {
+      const size_t vr = row_size(v.type, v.ne[0]);
+      for_runs(at, [&](size_t i, uint32_t c, size_t run) { tensor_get(v, dst + i * vr, c * vr, run * vr); });
+      dst += nt * vr;
+    } else {
+      // V is [n_ctx, n_embd_v]: element (cell, d) at d * n_ctx + cell. A row per position, gathered.
+      const size_t esz = type_size(v.type);
+      const auto n_embd = static_cast<size_t>(v.ne[1]);
+      const size_t vr = n_embd * esz;
+      std::vector<uint8_t> tmp;
+      for (size_t d = 0; d < n_embd; ++d) {
+        for_runs(at, [&](size_t i, uint32_t c, size_t run) {
+          tmp.resize(run * esz);
+          tensor_get(v, tmp.data(), (d * n_ctx_ + c) * esz, run * esz);
+          for (size_t r = 0; r < run; ++r) std::memcpy(dst + (i + r) * vr + d * esz, tmp.data() + r * esz, esz);
+        });
+      }
+      dst += nt * vr;
+    }
+  }
+  return out;
+}
+
+void kv_cache::restore(int32_t seq, std::span<const uint8_t> saved, int32_t n_saved, int32_t n) {
+  check_seq(seq, "restore");
+  if (n < 0 || n > n_saved || saved.size() != static_cast<size_t>(n_saved) * bytes_per_token()) {
+    throw error("kv cache: restore: " + std::to_string(n) + " of " + std::to_string(n_saved) + " saved positions in " +
+                std::to_string(saved.size()) + " bytes");
+  }
+  const std::vector<uint32_t> cells = find_slots(static_cast<uint32_t>(n), std::span<const int32_t>(&seq, 1));
+  const auto ns = static_cast<size_t>(n_saved);
+  const uint8_t* src = saved.data();
+  for (size_t il = 0; il < k_.size(); ++il) {
+    tensor& k = *k_[il];
+    tensor& v = *v_[il];
+    const size_t kr = row_size(k.type, k.ne[0]);
+    for_runs(cells, [&](size_t i, uint32_t c, size_t run) { tensor_set(k, src + i * kr, c * kr, run * kr); });
+    src += ns * kr;
+    if (!v_trans_[il]) {
+      const size_t vr = row_size(v.type, v.ne[0]);
+      for_runs(cells, [&](size_t i, uint32_t c, size_t run) { tensor_set(v, src + i * vr, c * vr, run * vr); });
+      src += ns * vr;
+    } else {
+      const size_t esz = type_size(v.type);
+      const auto n_embd = static_cast<size_t>(v.ne[1]);
+      const size_t vr = n_embd * esz;
+      std::vector<uint8_t> tmp;
+      for (size_t d = 0; d < n_embd; ++d) {
+        for_runs(cells, [&](size_t i, uint32_t c, size_t run) {
+          tmp.resize(run * esz);
+          for (size_t r = 0; r < run; ++r) std::memcpy(tmp.data() + r * esz, src + (i + r) * vr + d * esz, esz);
+          tensor_set(v, tmp.data(), (d * n_ctx_ + c) * esz, run * esz);
+        });
+      }
+      src += ns * vr;
+    }
+  }
+  std::vector<int32_t> pos(cells.size()), seqs(cells.size(), seq);
+  for (size_t i = 0; i < cells.size(); ++i) pos[i] = static_cast<int32_t>(i);
+  commit(cells, pos, seqs);
 }
 
 int32_t kv_cache::seq_pos_max(int32_t seq) const {

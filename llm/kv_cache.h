@@ -70,6 +70,17 @@ class kv_cache {
   // Makes positions [p0, p1) of src visible to dst as well (shared cells, no copy).
   void seq_cp(int32_t src, int32_t dst, int32_t p0, int32_t p1);
   void clear();
+
+  // A sequence's positions as host bytes, and back (the host-RAM prompt cache, llm/prefix_index.h). The
+  // layout, per layer: K of positions 0..n-1 (a row each), then V of the same (a row each, whatever the
+  // cache's own V layout); bytes_per_token() per position over all layers.
+  size_t bytes_per_token() const;
+  // Positions [0, n) of seq; throws error when seq lacks one of them.
+  std::vector<uint8_t> save(int32_t seq, int32_t n) const;
+  // Writes positions [0, n) of a saved sequence of n_saved positions (n <= n_saved) into free cells and gives
+  // them to seq (which should hold nothing). Throws capacity_error when fewer than n cells are free.
+  void restore(int32_t seq, std::span<const uint8_t> saved, int32_t n_saved, int32_t n);
+
   // Highest position of seq, or -1 when it holds none.
   int32_t seq_pos_max(int32_t seq) const;
   uint32_t used_cells() const;

@@ -18,8 +18,8 @@ size_t common_prefix(std::span<const token_id> a, std::span<const token_id> b) {
 
 }  // namespace
 
-prefix_index::prefix_index(uint32_t n_live, uint32_t n_total, uint32_t min_kept)
-    : n_live_(n_live), n_total_(n_total), min_kept_(std::max<uint32_t>(1, min_kept)), e_(n_total) {
+prefix_index::prefix_index(uint32_t n_live, uint32_t n_total, uint32_t min_kept, uint64_t host_limit)
+    : n_live_(n_live), n_total_(n_total), min_kept_(std::max<uint32_t>(1, min_kept)), host_limit_(host_limit), e_(n_total) {
   if (n_live == 0 || n_live > n_total) {
     throw error("prefix index: " + std::to_string(n_live) + " live sequences of " + std::to_string(n_total));
   }
@@ -98,6 +98,21 @@ prefix_index::step_plan prefix_index::plan_step(int32_t seq, int32_t keep, std::
       donor = static_cast<int32_t>(d);
     }
   }
+  // Host memory, when it holds more of the prompt than the pool.
+  saved* from_host = nullptr;
+  for (saved& h : host_) {
+    const size_t m = std::min(common_prefix(h.tokens, full), most);
+    if (m > best) {
+      best = m;
+      from_host = &h;
+    }
+  }
+  if (from_host != nullptr) {
+    donor = -1;
+    from_host->used = ++tick_;
+    p.restore = from_host->bytes;
+    p.restore_saved = static_cast<int32_t>(from_host->tokens.size());
+  }
   if (donor >= 0) {
     entry& o = e_[static_cast<size_t>(donor)];
     o.used = ++tick_;
@@ -118,6 +133,14 @@ prefix_index::step_plan prefix_index::plan_step(int32_t seq, int32_t keep, std::
       ++st_.kept_conversations;
     }
   }
+  if (from_host != nullptr) {
+    p.n = static_cast<int32_t>(best);
+    p.keep = p.n;
+    p.tokens.assign(full.begin() + static_cast<std::ptrdiff_t>(best), full.end());
+    p.reused = static_cast<int32_t>(best - k);
+    st_.restored_tokens += best - k;
+    ++st_.reused_steps;
+  }
   if (donor >= 0) {
     p.donor = donor;
     p.n = static_cast<int32_t>(best);
@@ -128,7 +151,7 @@ prefix_index::step_plan prefix_index::plan_step(int32_t seq, int32_t keep, std::
     ++st_.reused_steps;
   }
   s.tokens = std::move(full);
-  s.stable = donor >= 0 ? best : std::min(s.stable, k);
+  s.stable = donor >= 0 || from_host != nullptr ? best : std::min(s.stable, k);
   s.used = ++tick_;
   return p;
 }
@@ -142,6 +165,12 @@ void prefix_index::step_done(int32_t seq, bool ok) {
   } else {
     s.tokens.resize(s.stable);
   }
+}
+
+void prefix_index::retry_plain(int32_t seq) {
+  std::lock_guard lock(mu_);
+  check(seq, "retry_plain");
+  e_[static_cast<size_t>(seq)].stable = 0;
 }
 
 std::pair<int32_t, int32_t> prefix_index::forget(int32_t seq) {
@@ -186,7 +215,7 @@ void prefix_index::unpin(int32_t seq) {
   if (s.pins > 0) --s.pins;
 }
 
-int32_t prefix_index::evict_one() {
+int32_t prefix_index::evict_one(std::vector<token_id>* tokens) {
   std::lock_guard lock(mu_);
   int32_t victim = -1;
   uint64_t oldest = UINT64_MAX;
@@ -198,15 +227,42 @@ int32_t prefix_index::evict_one() {
     }
   }
   if (victim >= 0) {
+    if (tokens != nullptr) *tokens = std::move(e_[static_cast<size_t>(victim)].tokens);
     e_[static_cast<size_t>(victim)] = entry{};
     ++st_.evictions;
   }
   return victim;
 }
 
+void prefix_index::store(std::vector<token_id> tokens, std::vector<uint8_t> bytes) {
+  std::lock_guard lock(mu_);
+  if (host_limit_ == 0 || tokens.empty() || bytes.size() > host_limit_) return;
+  // Already there as the start of a longer one: nothing new.
+  for (const saved& h : host_) {
+    if (h.tokens.size() >= tokens.size() && common_prefix(h.tokens, tokens) == tokens.size()) return;
+  }
+  // Earlier turns of this conversation: replaced by it.
+  for (size_t i = host_.size(); i-- > 0;) {
+    if (common_prefix(host_[i].tokens, tokens) == host_[i].tokens.size()) {
+      host_bytes_ -= host_[i].bytes->size();
+      host_.erase(host_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+  while (!host_.empty() && host_bytes_ + bytes.size() > host_limit_) {
+    const auto oldest = std::min_element(host_.begin(), host_.end(), [](const saved& a, const saved& b) { return a.used < b.used; });
+    host_bytes_ -= oldest->bytes->size();
+    host_.erase(oldest);
+  }
+  host_bytes_ += bytes.size();
+  host_.push_back({std::move(tokens), std::make_shared<const std::vector<uint8_t>>(std::move(bytes)), ++tick_});
+  ++st_.saved_conversations;
+}
+
 void prefix_index::clear() {
   std::lock_guard lock(mu_);
   for (entry& o : e_) o = entry{};
+  host_.clear();
+  host_bytes_ = 0;
 }
 
 prefix_index_stats prefix_index::stats() const {
@@ -219,6 +275,8 @@ prefix_index_stats prefix_index::stats() const {
     ++s.kept_now;
     s.kept_tokens_now += e_[r].tokens.size();
   }
+  s.host_entries = static_cast<uint32_t>(host_.size());
+  s.host_bytes = host_bytes_;
   return s;
 }
 

@@ -16,12 +16,17 @@
 //   ix.step_done(seq, ok);                         // when its decode completed (or failed)
 //   int32_t r = ix.evict_one();                    // on the pipeline's thread, when cells run short
 //
+// A kept conversation evicted for room is saved to host memory first (kv_cache::save; `host_limit` bytes
+// at most, least recently used dropped): a later prompt that starts with it has those positions written back
+// (kv_cache::restore) instead of decoded, as llama-server's --cache-ram does.
+//
 // What it records for a sequence is what the cache will hold once every edit submitted so far has run;
 // `stable` is how many leading positions of that are decoded already and that no submitted edit removes: only
 // those are shared into another sequence. Thread-safe (the scheduler plans, the pipeline evicts).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <utility>
@@ -38,27 +43,39 @@ struct prefix_index_stats {
   uint64_t evictions = 0;           // kept conversations dropped to make room
   uint32_t kept_now = 0;            // kept conversations in the pool now
   uint64_t kept_tokens_now = 0;     // their positions
+  uint64_t restored_tokens = 0;     // prompt positions written back from host memory instead of decoded
+  uint64_t saved_conversations = 0; // evicted kept conversations saved to host memory
+  uint32_t host_entries = 0;        // saved conversations in host memory now
+  uint64_t host_bytes = 0;          // their bytes
 };
 
 class prefix_index {
  public:
   // n_live: the sessions' sequences; n_total: all sequences of the cache (kept ones are n_live..n_total-1);
   // min_kept: fewer positions than this are not worth keeping.
-  prefix_index(uint32_t n_live, uint32_t n_total, uint32_t min_kept = 16);
+  // host_limit: bytes of host memory for evicted conversations (0: none are saved).
+  prefix_index(uint32_t n_live, uint32_t n_total, uint32_t min_kept = 16, uint64_t host_limit = 0);
 
   struct step_plan {
     int32_t keep_into = -1;  // first: this kept sequence takes seq's positions [0, kept) (forgetting its own)
     int32_t kept = 0;
     int32_t donor = -1;      // then: seq forgets its positions and takes positions [0, n) of donor
     int32_t n = 0;
+    // or (restore set, donor -1): seq forgets its positions and takes positions [0, n) of these saved bytes
+    // (kv_cache::save of restore_saved positions)
+    std::shared_ptr<const std::vector<uint8_t>> restore;
+    int32_t restore_saved = 0;
     int32_t keep = 0;        // then the step: keep this many positions of seq, decode `tokens` after them
     std::vector<token_id> tokens;
-    int32_t reused = 0;      // prompt positions the donor saved (n minus the step's own keep)
+    int32_t reused = 0;      // prompt positions the donor or the restore saved (n minus the step's own keep)
   };
   // A step of live sequence seq arrives: keep its first `keep` positions, decode `tokens`.
   step_plan plan_step(int32_t seq, int32_t keep, std::span<const token_id> tokens);
   // The step's decode completed (ok) or failed (then only its stable positions are known).
   void step_done(int32_t seq, bool ok);
+  // The step's share or restore found no room: seq holds nothing, and the step decodes `tokens_of(seq)`
+  // whole (a step from position 0, nothing shared).
+  void retry_plain(int32_t seq);
   // Live sequence seq forgets everything (its session leaves, or a new one attaches): the kept sequence
   // that should take its positions [0, n) first, or {-1, 0}.
   std::pair<int32_t, int32_t> forget(int32_t seq);
@@ -68,7 +85,12 @@ class prefix_index {
   void unpin(int32_t seq);
   // The least recently used kept conversation that no submitted share still needs, forgotten here; its
   // cells are the caller's to free (kv_cache::seq_rm). -1: none.
-  int32_t evict_one();
+  int32_t evict_one(std::vector<token_id>* tokens = nullptr);
+  // Whether evicted conversations are saved to host memory (host_limit > 0).
+  bool saves() const { return host_limit_ > 0; }
+  // An evicted conversation's positions as saved bytes (kv_cache::save), kept in host memory within the
+  // limit (least recently used dropped first; one that an entry continues replaces it).
+  void store(std::vector<token_id> tokens, std::vector<uint8_t> bytes);
   // Forgets everything (the cache was cleared).
   void clear();
 
@@ -83,12 +105,20 @@ class prefix_index {
     uint64_t used = 0;  // LRU stamp
     int pins = 0;
   };
+  struct saved {
+    std::vector<token_id> tokens;
+    std::shared_ptr<const std::vector<uint8_t>> bytes;
+    uint64_t used = 0;
+  };
   bool live(int32_t seq) const { return seq >= 0 && static_cast<uint32_t>(seq) < n_live_; }
   // The kept sequence that should take `tokens` (already covered: -1), stamping it.
   int32_t keep_slot(std::span<const token_id> tokens, int32_t except);
   void check(int32_t seq, const char* what) const;
 
   uint32_t n_live_, n_total_, min_kept_;
+  uint64_t host_limit_;
+  std::vector<saved> host_;
+  uint64_t host_bytes_ = 0;
   mutable std::mutex mu_;
   std::vector<entry> e_;
   uint64_t tick_ = 0;

@@ -40,6 +40,7 @@ struct decode_job {
   std::vector<waiting_step> steps;
   std::shared_ptr<decode_outcome> outcome;
   int64_t group = 0;
+  bool retried = false;  // the steps already went again after a missing_positions_error
 };
 
 // The decode splits the context's pipeline threads have handed over and wait for; closed when the
@@ -66,6 +67,7 @@ struct decoder_state {
   // Prefix reuse across sequences: what each sequence holds, and the conversations kept in the pool. The
   // pipeline's thread evicts through it (set_evictor), so it goes after ctx (reset first, below).
   std::unique_ptr<llm::prefix_index> prefixes;
+  uint64_t prompt_cache_reported = 0;  // host bytes of saved conversations on the memory record
   std::vector<caf::actor_addr> seqs;  // the session attached to each sequence (empty: free)
   std::set<int32_t> generating;       // sequences whose next step the next batch waits for
   std::vector<waiting_step> waiting;
@@ -83,6 +85,7 @@ struct decoder_state {
   static inline const char* name = "troupe.scheduler";
 
   std::string owner() const { return "context:" + params.model; }
+  std::string prompt_cache_owner() const { return "prompt-cache:" + params.model; }
   std::string embed_owner() const { return "embeddings:" + params.model; }
   // Whether a step of seq is in one of the jobs in the pipeline.
   bool in_flight(int32_t seq) const {
@@ -122,6 +125,9 @@ void create_embed_context(decoder_ptr self);
 // Tells the allocator actors (or the accountant, for a buffer type without one) the compute memory per
 // buffer type of both contexts; `done` runs once every allocator asked has answered (at once when none was).
 void report_compute(decoder_ptr self, std::function<void()> done = {});
+// Puts the host bytes of the conversations prefix reuse saved (prefix_index::store) on the memory record, as
+// their own buffer type ("Host (prompt cache)", context memory); all of them when `release`.
+void report_prompt_cache(decoder_ptr self, bool release = false);
 // Releases both contexts' memory; replies through rp once every allocator has answered. Waits for the
 // decodes in the pipeline first.
 void release_context(decoder_ptr self, caf::typed_response_promise<bool> rp);

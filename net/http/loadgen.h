@@ -1,7 +1,15 @@
-// A bounded HTTP load test against a running daemon (loopback): `clients` threads, each with its own
-// keep-alive connection, send completion requests until `requests` have been sent in all; every answer is
-// checked (status 200, a JSON body with choices and usage, at least one token). Reports latency
-// percentiles and throughput.
+// A bounded HTTP load test against a running daemon, or any OpenAI-compatible server (llama-server):
+// `clients` threads, each with its own keep-alive connection; every answer is checked (status 200, a JSON
+// body with choices and usage, at least one token). Workloads:
+//   load           `requests` completions of one short prompt: latency percentiles and throughput.
+//   turns          `conversations` chats of `turns` turns each, every conversation with its own system text
+//                  of about `system_words` words; turn t of every conversation, then turn t + 1 (so with
+//                  more conversations than the server's sequences, a conversation comes back after others
+//                  took its slot). Streamed: time to the first piece of turn 1 and of the later turns.
+//   shared-prefix  `clients` chats at once behind one common system text of `system_words` words, each
+//                  with its own question: time to the first piece.
+// Both report the prompt tokens the server took from its cache (usage.prompt_tokens_details.cached_tokens)
+// and, for turns, the tokens that no earlier request had.
 //
 //   load_result r = run_load({.port = 8080, .model = "stories", .clients = 16, .requests = 200});
 //   std::cout << format_load_result(r);     // requests, failures, p50 / p99 latency, tokens/s
@@ -26,6 +34,10 @@ struct load_params {
   float temperature = 0.8f;  // request i uses seed i
   std::string prompt = "Once upon a time";
   int timeout_s = 300;       // per request
+  std::string workload = "load";  // "load", "turns" or "shared-prefix"
+  int conversations = 8;     // turns
+  int turns = 4;             // turns
+  int system_words = 900;    // turns (each conversation's), shared-prefix (the common one)
 };
 
 struct load_result {
@@ -39,6 +51,13 @@ struct load_result {
   uint64_t prompt_tokens = 0;
   double tokens_per_second = 0;               // completion tokens / wall time
   double requests_per_second = 0;
+  // turns and shared-prefix (streamed): time to the first piece
+  double ttft_first_mean = 0;   // turns: turn 1 (the system text is new)
+  double ttft_later_mean = 0;   // turns: turns 2.. ; shared-prefix: every request
+  double ttft_later_p50 = 0, ttft_later_p95 = 0;
+  uint64_t prompt_tokens_cached = 0;  // the server's usage.prompt_tokens_details.cached_tokens, summed
+  uint64_t prompt_tokens_new = 0;     // turns: tokens no earlier request had (turn 1's prompt, then each
+                                      // turn's prompt minus the previous turn's prompt and answer)
 };
 
 load_result run_load(const load_params& p);

@@ -169,6 +169,15 @@ std::string daemon_metrics::render(const std::vector<model_gauges>& models, cons
   os << "# HELP troupe_kept_tokens Positions those kept conversations hold (cells they may share with live sessions).\n"
      << "# TYPE troupe_kept_tokens gauge\n";
   for (const actors::decoder_stats& s : decoders) os << "troupe_kept_tokens{model=\"" << label(s.model) << "\"} " << s.kept_tokens_now << "\n";
+  os << "# HELP troupe_prompt_cache_restored_tokens_total Prompt positions written back from the host-RAM prompt cache instead of decoded.\n"
+     << "# TYPE troupe_prompt_cache_restored_tokens_total counter\n";
+  for (const actors::decoder_stats& s : decoders) os << "troupe_prompt_cache_restored_tokens_total{model=\"" << label(s.model) << "\"} " << s.restored_tokens << "\n";
+  os << "# HELP troupe_prompt_cache_bytes Host memory the prompt cache holds (conversations evicted from the KV cache).\n"
+     << "# TYPE troupe_prompt_cache_bytes gauge\n";
+  for (const actors::decoder_stats& s : decoders) os << "troupe_prompt_cache_bytes{model=\"" << label(s.model) << "\"} " << s.host_bytes << "\n";
+  os << "# HELP troupe_prompt_cache_entries Conversations the host-RAM prompt cache holds.\n"
+     << "# TYPE troupe_prompt_cache_entries gauge\n";
+  for (const actors::decoder_stats& s : decoders) os << "troupe_prompt_cache_entries{model=\"" << label(s.model) << "\"} " << s.host_entries << "\n";
   os << "# HELP troupe_kept_evictions_total Kept conversations dropped to make room in the KV cache.\n"
      << "# TYPE troupe_kept_evictions_total counter\n";
   for (const actors::decoder_stats& s : decoders) os << "troupe_kept_evictions_total{model=\"" << label(s.model) << "\"} " << s.kept_evictions << "\n";

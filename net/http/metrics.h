@@ -8,6 +8,8 @@
 //   troupe_prefix_reused_tokens_total{model}, troupe_kept_conversations{model},
 //   troupe_kept_tokens{model}, troupe_kept_evictions_total{model}
 //                                                           prefix reuse across sessions (llm/prefix_index.h)
+//   troupe_prompt_cache_restored_tokens_total{model}, troupe_prompt_cache_bytes{model},
+//   troupe_prompt_cache_entries{model}                      the host-RAM prompt cache
 //   troupe_generation_seconds_total                         time spent generating (all answers together)
 //   troupe_tokens_per_second                                generated tokens over the last 10 s / 10
 //   troupe_request_duration_seconds{quantile="0.5"|"0.99"}  over the last 1024 completion requests

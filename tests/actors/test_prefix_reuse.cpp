@@ -175,3 +175,53 @@ TEST_CASE("kept conversations make room when cells run short, and no live sequen
   CHECK(st.kept_tokens_now <= 256);
 }
 
+
+TEST_CASE("a conversation evicted from the KV cache comes back from the host-RAM prompt cache, bit for bit, its bytes on the memory record", "[actors][prefix][prompt-cache]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  auto m = llm::model::load(*path);
+  // 256 cells and one session: each conversation below takes about 100, so after two more the first one
+  // has been evicted from the cache.
+  const std::string x = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends.";
+  const std::vector<std::string> others = {"The little dog wanted to play with the ball, but the cat said no and ran away.",
+                                           "One day, a big bird flew over the house and sang a happy song to the sun.",
+                                           "Tom had a red car. He drove it to the shop to buy some milk and bread for mom."};
+  for (const uint32_t mib : {64u, 0u}) {
+    INFO("prompt_cache_mib " << mib);
+    engine eng({.n_threads = 2});
+    model_settings ms{.n_ctx = 256, .n_seq_max = 1, .n_threads = 2};
+    ms.prompt_cache_mib = mib;
+    eng.load_model("m", path->string(), ms);
+    session s = eng.open_session("m");
+    const generate_reply first = s.generate(x, greedy_with_logprobs(48));
+    for (const std::string& o : others) s.generate(o, greedy_with_logprobs(48));
+    decoder_stats st = stats_of(eng);
+    CHECK(st.kept_evictions >= 1);
+    const generate_reply back = s.generate(x, greedy_with_logprobs(48));
+    check_same(back, scratch(*m, x, 48));
+    CHECK(back.text == first.text);
+    st = stats_of(eng);
+    if (mib > 0) {
+      CHECK(st.saved_conversations >= 1);
+      CHECK(back.n_prompt_decoded == 1);  // every prompt position but the last written back from host memory
+      CHECK(st.restored_tokens >= static_cast<uint64_t>(back.n_prompt - 2));
+      CHECK(st.host_entries >= 1);
+      CHECK(st.host_bytes > 0);
+      CHECK(st.host_bytes <= 64u << 20);
+      // On the memory record as its own buffer type, context memory.
+      bool found = false;
+      for (const buft_usage& u : eng.memory().entries) {
+        if (u.buft == "Host (prompt cache)") {
+          found = true;
+          CHECK(u.context == st.host_bytes);
+        }
+      }
+      CHECK(found);
+    } else {
+      CHECK(st.saved_conversations == 0);
+      CHECK(back.n_prompt_decoded == back.n_prompt - 1);  // nothing saved: all computed again but the BOS it holds
+    }
+    const memory_breakdown end = eng.shutdown();
+    CHECK(end.context == 0);
+  }
+}
