@@ -100,6 +100,8 @@ void try_batch(decoder_ptr self) {
   }
 }
 
+void release_deferred(decoder_ptr self, int32_t leader);
+
 // A decode in the pipeline completed: its steps get their logits (or its error), and the next batch may go.
 void job_done(decoder_ptr self, uint64_t id) {
   auto& st = self->state;
@@ -148,6 +150,7 @@ void job_done(decoder_ptr self, uint64_t id) {
   }
   report_compute(self);  // the compute buffers grow when a graph needs more than reserved
   report_prompt_cache(self);
+  for (const waiting_step& w : job.steps) release_deferred(self, w.step.seq);
   if (st.jobs.empty() && !st.release_waiters.empty()) {
     std::vector<caf::typed_response_promise<bool>> waiters = std::move(st.release_waiters);
     st.release_waiters.clear();
@@ -156,6 +159,53 @@ void job_done(decoder_ptr self, uint64_t id) {
     return;
   }
   try_batch(self);
+}
+
+// Prompt positions a step must gain by waiting for another sequence's step in progress (leader_for).
+constexpr size_t min_shared_gain = 64;
+
+// A step goes into the next batch: the positions its sequence drops are kept in the pool first, and the
+// longest decoded prefix of its prompt that any sequence (or the host-RAM prompt cache) holds is shared in
+// (or written back) instead of decoded.
+void accept_step(decoder_ptr self, decode_step s, caf::typed_response_promise<step_logits> rp) {
+  auto& st = self->state;
+  int32_t reused = 0;
+  if (st.prefixes && st.dec) {
+    llm::prefix_index::step_plan plan;
+    try {
+      plan = st.prefixes->plan_step(s.seq, s.keep, s.tokens);
+    } catch (const std::exception& e) {
+      rp.deliver(error_from(e));
+      return;
+    }
+    llm::prefix_index* ix = st.prefixes.get();
+    if (plan.keep_into >= 0) {
+      st.dec->submit_share(s.seq, plan.keep_into, plan.kept, [ix, r = plan.keep_into] { ix->unpin(r); });
+    }
+    if (plan.donor >= 0) st.dec->submit_share(plan.donor, s.seq, plan.n, [ix, d = plan.donor] { ix->unpin(d); });
+    if (plan.restore) st.dec->submit_restore(s.seq, plan.restore, plan.restore_saved, plan.n);
+    s.keep = plan.keep;
+    s.tokens = std::move(plan.tokens);
+    reused = plan.reused;
+  }
+  st.generating.insert(s.seq);
+  st.waiting.push_back({std::move(s), rp, reused});
+  try_batch(self);
+}
+
+// The deferred steps whose leader is `leader` (-1: every one) are planned now.
+void release_deferred(decoder_ptr self, int32_t leader) {
+  auto& st = self->state;
+  std::vector<waiting_step> go;
+  for (size_t i = 0; i < st.deferred.size();) {
+    if (leader < 0 || st.deferred[i].first == leader) {
+      go.push_back(std::move(st.deferred[i].second));
+      st.deferred.erase(st.deferred.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  for (waiting_step& w : go) accept_step(self, std::move(w.step), std::move(w.promise));
 }
 
 // Forgets seq's cache positions in the pipeline's order, keeping them in the pool first (as a kept
@@ -182,6 +232,15 @@ void drop_sequence(decoder_ptr self, int32_t seq) {
     }
   }
   st.waiting = std::move(keep);
+  for (size_t i = 0; i < st.deferred.size();) {
+    if (st.deferred[i].second.step.seq == seq) {
+      st.deferred[i].second.promise.deliver(make_error(errc::cancelled, "sequence " + std::to_string(seq) + " detached"));
+      st.deferred.erase(st.deferred.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  release_deferred(self, seq);
   forget_sequence(self, seq);  // after the decodes before it (a step of seq in flight completes)
   if (seq >= 0 && static_cast<size_t>(seq) < st.seqs.size()) st.seqs[static_cast<size_t>(seq)] = caf::actor_addr{};
   try_batch(self);
@@ -272,29 +331,16 @@ decoder_actor::behavior_type decoder_fn(decoder_ptr self, engine_env_ptr env, me
         }
         if (!st.release_waiters.empty()) return make_error(errc::down, "model " + st.params.model + ": the context is being released");
         auto rp = self->make_response_promise<step_logits>();
-        int32_t reused = 0;
+        // Several clients behind one new long prefix: a step whose prompt's start another sequence is
+        // decoding now waits for it and then shares it, instead of decoding the same positions beside it.
         if (st.prefixes) {
-          // Prefix reuse across sequences: the positions this step drops are kept in the pool first, and the
-          // longest decoded prefix of its prompt that any sequence holds is shared in instead of decoded.
-          llm::prefix_index::step_plan plan;
-          try {
-            plan = st.prefixes->plan_step(s.seq, s.keep, s.tokens);
-          } catch (const std::exception& e) {
-            return error_from(e);
+          const int32_t leader = st.prefixes->leader_for(s.seq, s.keep, s.tokens, min_shared_gain);
+          if (leader >= 0) {
+            st.deferred.push_back({leader, waiting_step{std::move(s), rp, 0}});
+            return rp;
           }
-          llm::prefix_index* ix = st.prefixes.get();
-          if (plan.keep_into >= 0) {
-            st.dec->submit_share(s.seq, plan.keep_into, plan.kept, [ix, r = plan.keep_into] { ix->unpin(r); });
-          }
-          if (plan.donor >= 0) st.dec->submit_share(plan.donor, s.seq, plan.n, [ix, d = plan.donor] { ix->unpin(d); });
-          if (plan.restore) st.dec->submit_restore(s.seq, plan.restore, plan.restore_saved, plan.n);
-          s.keep = plan.keep;
-          s.tokens = std::move(plan.tokens);
-          reused = plan.reused;
         }
-        st.generating.insert(s.seq);
-        st.waiting.push_back({std::move(s), rp, reused});
-        try_batch(self);
+        accept_step(self, std::move(s), rp);
         return rp;
       },
       [self](embed_atom, const embed_request& r) -> caf::result<embed_reply> {

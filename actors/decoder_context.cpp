@@ -206,6 +206,8 @@ void release_context(decoder_ptr self, caf::typed_response_promise<bool> rp) {
   auto& st = self->state;
   for (waiting_step& w : st.waiting) w.promise.deliver(make_error(errc::down, "the model's context was released"));
   st.waiting.clear();
+  for (auto& [leader, w] : st.deferred) w.promise.deliver(make_error(errc::down, "the model's context was released"));
+  st.deferred.clear();
   st.generating.clear();
   if (!st.jobs.empty()) {  // the last one to complete releases
     st.release_waiters.push_back(std::move(rp));

@@ -167,6 +167,35 @@ void prefix_index::step_done(int32_t seq, bool ok) {
   }
 }
 
+int32_t prefix_index::leader_for(int32_t seq, int32_t keep, std::span<const token_id> tokens, size_t min_gain) const {
+  std::lock_guard lock(mu_);
+  check(seq, "leader_for");
+  const entry& s = e_[static_cast<size_t>(seq)];
+  if (keep < 0 || static_cast<size_t>(keep) > s.tokens.size() || tokens.empty()) return -1;
+  std::vector<token_id> full(s.tokens.begin(), s.tokens.begin() + keep);
+  full.insert(full.end(), tokens.begin(), tokens.end());
+  size_t decoded = static_cast<size_t>(keep);  // the most of the prompt held decoded anywhere now
+  for (uint32_t d = 0; d < n_total_; ++d) {
+    const entry& o = e_[d];
+    if (static_cast<int32_t>(d) != seq && o.stable > decoded) {
+      decoded = std::max(decoded, common_prefix(std::span(o.tokens).first(o.stable), full));
+    }
+  }
+  for (const saved& h : host_) decoded = std::max(decoded, common_prefix(h.tokens, full));
+  int32_t leader = -1;
+  size_t most = decoded + min_gain;
+  for (uint32_t d = 0; d < n_live_; ++d) {
+    const entry& o = e_[d];
+    if (static_cast<int32_t>(d) == seq || o.tokens.size() <= o.stable) continue;  // nothing in progress
+    const size_t m = std::min(common_prefix(o.tokens, full), full.size() - 1);
+    if (m >= most) {
+      most = m;
+      leader = static_cast<int32_t>(d);
+    }
+  }
+  return leader;
+}
+
 void prefix_index::retry_plain(int32_t seq) {
   std::lock_guard lock(mu_);
   check(seq, "retry_plain");

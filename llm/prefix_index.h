@@ -71,6 +71,10 @@ class prefix_index {
   };
   // A step of live sequence seq arrives: keep its first `keep` positions, decode `tokens`.
   step_plan plan_step(int32_t seq, int32_t keep, std::span<const token_id> tokens);
+  // A live sequence whose step in progress is decoding at least min_gain more of this step's prompt than
+  // any sequence holds decoded now (several clients behind one new long prefix): the step is better
+  // planned once that one is done, sharing its positions instead of decoding them beside it. -1: none.
+  int32_t leader_for(int32_t seq, int32_t keep, std::span<const token_id> tokens, size_t min_gain) const;
   // The step's decode completed (ok) or failed (then only its stable positions are known).
   void step_done(int32_t seq, bool ok);
   // The step's share or restore found no room: seq holds nothing, and the step decodes `tokens_of(seq)`

@@ -71,6 +71,9 @@ struct decoder_state {
   std::vector<caf::actor_addr> seqs;  // the session attached to each sequence (empty: free)
   std::set<int32_t> generating;       // sequences whose next step the next batch waits for
   std::vector<waiting_step> waiting;
+  // Steps held until the step of another sequence (the first value) that decodes their prompt's start is
+  // done: then planned, sharing it (prefix_index::leader_for).
+  std::vector<std::pair<int32_t, waiting_step>> deferred;
   std::map<uint64_t, decode_job> jobs;  // in the context's pipeline
   uint64_t next_job = 1;
   uint32_t max_in_flight = 0;
@@ -104,6 +107,7 @@ struct decoder_state {
     ctx.reset();
     const caf::error down = make_error(errc::down, "scheduler of " + params.model + " terminated");
     for (waiting_step& w : waiting) w.promise.deliver(down);
+    for (auto& [leader, w] : deferred) w.promise.deliver(down);
     for (auto& [id, j] : jobs) {
       for (waiting_step& w : j.steps) w.promise.deliver(down);
     }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "actors/engine.h"
@@ -224,4 +225,35 @@ TEST_CASE("a conversation evicted from the KV cache comes back from the host-RAM
     const memory_breakdown end = eng.shutdown();
     CHECK(end.context == 0);
   }
+}
+
+TEST_CASE("clients arriving together behind one new long prefix: it is decoded once, the others share it, every answer the one from scratch", "[actors][prefix]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  auto m = llm::model::load(*path);
+  engine eng({.n_threads = 2});
+  eng.load_model("m", path->string(), {.n_ctx = 1024, .n_seq_max = 3, .n_threads = 2});
+  std::string common = "Once upon a time, there was a little girl named Lily.";
+  for (int i = 0; i < 6; ++i) common += " She loved to play outside in the park with her friends and her dog.";
+  const std::vector<std::string> questions = {" One day, she saw", " Then her mom said", " The dog ran to"};
+  std::vector<session> sessions;
+  for (size_t i = 0; i < questions.size(); ++i) sessions.push_back(eng.open_session("m"));
+  std::vector<generate_reply> replies(questions.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < questions.size(); ++i) {
+    clients.emplace_back([&, i] { replies[i] = sessions[i].generate(common + questions[i], greedy_with_logprobs(12)); });
+  }
+  for (std::thread& t : clients) t.join();
+  int32_t decoded = 0, prompt = 0;
+  for (size_t i = 0; i < questions.size(); ++i) {
+    INFO("client " << i);
+    check_same(replies[i], scratch(*m, common + questions[i], 12));
+    decoded += replies[i].n_prompt_decoded;
+    prompt += replies[i].n_prompt;
+  }
+  const int32_t n_common = replies[0].n_prompt - 8;  // the common part, give or take the question's tokens
+  INFO("prompt tokens " << prompt << ", decoded " << decoded);
+  // Whichever request came first decoded the common part; the others shared it.
+  CHECK(decoded < prompt - n_common);
+  CHECK(stats_of(eng).reused_tokens >= static_cast<uint64_t>(n_common));
 }
