@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "llm/prefix_index.h"
+#include "tests/support/kv_round_trip.h"
+#include "tests/test_models.h"
 
 using namespace troupe;
 using namespace troupe::llm;
@@ -144,4 +146,11 @@ TEST_CASE("prefix index: after a failed decode only the positions decoded before
   CHECK(lost.donor == -1);
   CHECK(ix.tokens_of(0).empty());
   CHECK(ix.forget(0) == std::pair<int32_t, int32_t>{-1, 0});
+}
+
+TEST_CASE("kv cache: a sequence saved to host bytes and written back gives the logits of the original, bit for bit on the CPU", "[prefix][prompt-cache]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  auto m = llm::model::load(*path);
+  test::check_kv_round_trip(*m, 0.0f);
 }

@@ -19,6 +19,7 @@
 #include "runtime/trace.h"
 #include "tests/backends/vulkan/vulkan_test_device.h"
 #include "tests/support/greedy.h"
+#include "tests/support/kv_round_trip.h"
 #include "tests/support/queued_trace.h"
 #include "tests/support/ring.h"
 #include "tests/support/story.h"
@@ -189,4 +190,16 @@ TEST_CASE("a prompt pipelined over the CPU and Vulkan0 uploads the next micro-ba
   serial.decode(next);
   piped.decode(next);
   CHECK(test::same_bits({piped.logits(0).begin(), piped.logits(0).end()}, {serial.logits(0).begin(), serial.logits(0).end()}));
+}
+
+TEST_CASE("stories260K on Vulkan0 (V cache transposed): a sequence saved to host bytes and written back gives the logits of the original", "[vulkan][models][prompt-cache]") {
+  vulkan::device* d = test::first_vulkan_device();
+  if (d == nullptr) return;
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  register_builtin_backends();
+  auto m = llm::model::load(*path, placed({.n_gpu_layers = 99}, *path));
+  llm::llm_context probe(*m, {.n_ctx = 64, .n_threads = 2});
+  CHECK(probe.kv().any_v_trans());  // the layout that save and restore gather and scatter
+  test::check_kv_round_trip(*m, 1e-4f);
 }
