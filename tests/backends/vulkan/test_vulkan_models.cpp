@@ -201,5 +201,5 @@ TEST_CASE("stories260K on Vulkan0 (V cache transposed): a sequence saved to host
   auto m = llm::model::load(*path, placed({.n_gpu_layers = 99}, *path));
   llm::llm_context probe(*m, {.n_ctx = 64, .n_threads = 2});
   CHECK(probe.kv().any_v_trans());  // the layout that save and restore gather and scatter
-  test::check_kv_round_trip(*m, 1e-4f);
+  test::check_kv_round_trip(*m, 1e-3f);  // other cells, another n_kv: the shaders sum in another order (7e-5 seen)
 }
