@@ -121,16 +121,28 @@ void job_done(decoder_ptr self, uint64_t id) {
     } catch (...) {
     }
     if (missing) {
-      std::vector<waiting_step> again = std::move(job.steps);
-      for (waiting_step& w : again) {
-        st.prefixes->retry_plain(w.step.seq);
-        st.dec->submit_forget(w.step.seq);
-        const std::vector<llm::token_id> whole = st.prefixes->tokens_of(w.step.seq);
+      const caf::error err = error_of(job.outcome->error);
+      std::vector<waiting_step> again;
+      for (waiting_step& w : job.steps) {
+        const int32_t seq = w.step.seq;
+        const bool held = seq >= 0 && static_cast<size_t>(seq) < st.seqs.size() && st.seqs[static_cast<size_t>(seq)];
+        const std::vector<llm::token_id> whole = held ? st.prefixes->tokens_of(seq) : std::vector<llm::token_id>{};
+        if (whole.empty()) {
+          // Detached meanwhile, or a prompt the index does not know (after an earlier failure): this step
+          // fails alone, the others go again.
+          st.prefixes->step_done(seq, false);
+          w.promise.deliver(held ? err : make_error(errc::cancelled, "sequence " + std::to_string(seq) + " detached"));
+          continue;
+        }
+        st.prefixes->retry_plain(seq);
+        st.dec->submit_forget(seq);
         w.step.keep = 0;
         w.step.tokens.assign(whole.begin(), whole.end());
         w.reused = 0;
+        again.push_back(std::move(w));
       }
-      submit_job(self, std::move(again), true);
+      if (!again.empty()) submit_job(self, std::move(again), true);
+      try_batch(self);
       return;
     }
   }
@@ -183,7 +195,10 @@ void accept_step(decoder_ptr self, decode_step s, caf::typed_response_promise<st
       st.dec->submit_share(s.seq, plan.keep_into, plan.kept, [ix, r = plan.keep_into] { ix->unpin(r); });
     }
     if (plan.donor >= 0) st.dec->submit_share(plan.donor, s.seq, plan.n, [ix, d = plan.donor] { ix->unpin(d); });
-    if (plan.restore) st.dec->submit_restore(s.seq, plan.restore, plan.restore_saved, plan.n);
+    if (plan.restore) {
+      // No room to write it back: the index stops offering seq's positions to others at once.
+      st.dec->submit_restore(s.seq, plan.restore, plan.restore_saved, plan.n, [ix, seq = s.seq] { ix->retry_plain(seq); });
+    }
     s.keep = plan.keep;
     s.tokens = std::move(plan.tokens);
     reused = plan.reused;

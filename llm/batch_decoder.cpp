@@ -68,17 +68,17 @@ void batch_decoder::make_room(size_t needed) {
 void batch_decoder::set_evictor(std::function<int32_t(kv_cache&)> evict) { evict_ = std::move(evict); }
 
 void batch_decoder::submit_restore(int32_t seq, std::shared_ptr<const std::vector<uint8_t>> saved, int32_t n_saved,
-                                   int32_t n, std::function<void()> after) {
+                                   int32_t n, std::function<void()> failed) {
   ctx_.submit(
-      [this, seq, saved = std::move(saved), n_saved, n, after = std::move(after)] {
+      [this, seq, saved = std::move(saved), n_saved, n, failed = std::move(failed)] {
         forget(seq);
         try {
           make_room(static_cast<size_t>(n));
           ctx_.kv().restore(seq, *saved, n_saved, n);
         } catch (const std::exception&) {
           // No room: seq stays empty and its step fails for keeping positions it does not hold.
+          if (failed) failed();
         }
-        if (after) after();
       },
       {}, {});
 }

@@ -78,8 +78,9 @@ class batch_decoder {
   // forget(seq), then seq takes positions [0, n) of saved bytes (kv_cache::save of n_saved positions) in
   // free cells, in the pipeline's order; `after` (may be empty) runs once it has. A restore that finds no
   // room leaves seq empty (its step then fails, as decoding those positions would have).
+  // `failed` (may be empty) runs instead of nothing when there was no room.
   void submit_restore(int32_t seq, std::shared_ptr<const std::vector<uint8_t>> saved, int32_t n_saved, int32_t n,
-                      std::function<void()> after = {});
+                      std::function<void()> failed = {});
 
   batch_decoder_stats stats() const;
 

@@ -231,9 +231,10 @@ void prefix_index::shared(int32_t src, int32_t dst, int32_t n) {
   check(dst, "share");
   const entry& from = e_[static_cast<size_t>(src)];
   entry& to = e_[static_cast<size_t>(dst)];
-  const size_t m = std::min(static_cast<size_t>(std::max(n, 0)), from.tokens.size());
+  // Only what is decoded is known to be there: dst then has no step in progress (leader_for).
+  const size_t m = std::min({static_cast<size_t>(std::max(n, 0)), from.tokens.size(), from.stable});
   to.tokens.assign(from.tokens.begin(), from.tokens.begin() + static_cast<std::ptrdiff_t>(m));
-  to.stable = std::min(m, from.stable);
+  to.stable = m;
   to.used = ++tick_;
 }
 
