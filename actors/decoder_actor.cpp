@@ -412,6 +412,17 @@ decoder_actor::behavior_type decoder_fn(decoder_ptr self, engine_env_ptr env, me
           s.host_bytes = px.host_bytes;
         }
         for (const caf::actor_addr& a : st.seqs) s.n_sessions += a ? 1 : 0;
+        for (size_t i = 0; i < st.seqs.size(); ++i) {
+          const auto seq = static_cast<int32_t>(i);
+          slot_status slot;
+          slot.id = seq;
+          slot.attached = static_cast<bool>(st.seqs[i]);
+          bool deferred = false;
+          for (const auto& [leader, w] : st.deferred) deferred = deferred || w.step.seq == seq;
+          slot.is_processing = st.generating.count(seq) > 0 || st.in_flight(seq) || deferred;
+          slot.n_tokens = st.prefixes ? static_cast<uint32_t>(st.prefixes->tokens_of(seq).size()) : 0;
+          s.slots.push_back(slot);
+        }
         s.n_in_flight = static_cast<uint32_t>(st.jobs.size());
         s.max_in_flight = st.max_in_flight;
         return s;

@@ -276,6 +276,15 @@ struct step_logits {
   friend bool operator==(const step_logits&, const step_logits&) = default;
 };
 
+// One session sequence of a model, as GET /slots shows it (llama-server's shape).
+struct slot_status {
+  int32_t id = 0;             // the sequence id
+  bool attached = false;      // a session holds it
+  bool is_processing = false; // a step of it is waiting, decoding or held for another's prefix
+  uint32_t n_tokens = 0;      // positions it holds in the KV cache (its conversation so far)
+  friend bool operator==(const slot_status&, const slot_status&) = default;
+};
+
 struct decoder_stats {
   std::string model;
   uint64_t n_batches = 0;   // batched decodes
@@ -301,6 +310,7 @@ struct decoder_stats {
   uint64_t saved_conversations = 0;
   uint32_t host_entries = 0;
   uint64_t host_bytes = 0;
+  std::vector<slot_status> slots;  // the sessions' sequences
   friend bool operator==(const decoder_stats&, const decoder_stats&) = default;
 };
 
@@ -501,7 +511,11 @@ typename Inspector::result_type inspect(Inspector& f, decoder_stats& x) {
   return f(caf::meta::type_name("decoder_stats"), x.model, x.n_batches, x.n_steps, x.n_tokens, x.max_steps, x.n_sessions,
            x.kv_bytes, x.compute_bytes, x.n_in_flight, x.max_in_flight, x.reused_tokens, x.kept_conversations,
            x.kept_evictions, x.kept_now, x.kept_tokens_now, x.restored_tokens, x.saved_conversations, x.host_entries,
-           x.host_bytes);
+           x.host_bytes, x.slots);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, slot_status& x) {
+  return f(caf::meta::type_name("slot_status"), x.id, x.attached, x.is_processing, x.n_tokens);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, actor_status& x) {

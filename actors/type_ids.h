@@ -56,6 +56,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(troupe, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::decode_step))
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::step_logits))
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::decoder_stats))
+  CAF_ADD_TYPE_ID(troupe, (troupe::actors::slot_status))
   // supervisor
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::actor_status))
   CAF_ADD_TYPE_ID(troupe, (troupe::actors::engine_status))

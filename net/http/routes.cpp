@@ -22,6 +22,7 @@ std::string endpoint_of(const std::string& path) {
   if (path == "/health") return "health";
   if (path == "/") return "page";
   if (path == "/metrics") return "metrics";
+  if (path == "/slots") return "slots";
   if (path == "/v1/memory") return "memory";
   if (path == "/v1/cluster") return "cluster";
   if (path == "/v1/embeddings") return "embeddings";
@@ -94,6 +95,31 @@ void daemon::route(const front::request& req, front::response& res) {
       TROUPE_LOG(warn, "metrics: " << e.what());
     }
     res.set_content(metrics_.render(gauges(), mem, sched), "text/plain; version=0.0.4");
+  } else if (get && p == "/slots") {
+    // llama-server's GET /slots: each session sequence of each model, the positions it holds in the KV cache,
+    // whether it is answering.
+    json out = json::array();
+    std::vector<actors::decoder_stats> sched;
+    try {
+      sched = eng_.decoding_stats();
+    } catch (const std::exception& e) {
+      TROUPE_LOG(warn, "slots: " << e.what());
+    }
+    for (const actors::decoder_stats& s : sched) {
+      uint32_t n_ctx = 0;
+      for (const auto& ms : models_) {
+        if (ms->config.name == s.model && ms->loaded.load() && ms->model) n_ctx = ms->model->settings.n_ctx_seq;
+      }
+      for (const actors::slot_status& slot : s.slots) {
+        out.push_back({{"id", slot.id},
+                       {"model", s.model},
+                       {"n_ctx", n_ctx},
+                       {"is_processing", slot.is_processing},
+                       {"attached", slot.attached},
+                       {"n_tokens", slot.n_tokens}});
+      }
+    }
+    res.set_content(out.dump(), "application/json");
   } else if (get && p == "/v1/memory") {
     res.set_content(eng_.memory().json, "application/json");
   } else if (get && p == "/v1/cluster") {

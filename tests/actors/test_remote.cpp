@@ -146,7 +146,7 @@ const std::set<std::string> message_types = {
     "compute_reservation", "graph_plan", "owner_bytes", "allocator_usage", "device_layers", "tensor_override",
     "model_settings", "load_request", "load_progress", "model_info", "generate_params", "chat_message",
     "generate_request", "token_event", "generate_reply", "session_request", "session_prefix", "decode_step",
-    "step_logits", "decoder_stats", "actor_status", "engine_status", "actor_directory", "peer_status",
+    "step_logits", "decoder_stats", "slot_status", "actor_status", "engine_status", "actor_directory", "peer_status",
     "peer_memory", "embed_request", "embed_reply"};
 
 // ---- an inspector that walks what inspect() lists ----

@@ -563,3 +563,35 @@ TEST_CASE("daemon: a conversation another one pushed out of the only session com
   CHECK(metric(c, "troupe_prefix_reused_tokens_total{model=\"stories\"}") == n_prompt - 2);
   CHECK(metric(c, "troupe_kept_conversations{model=\"stories\"}") >= 1);
 }
+
+TEST_CASE("daemon: GET /slots lists each session sequence with the positions it holds and whether it is answering", "[http][daemon][prefix]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  test::daemon_process d(stories_config(model->string(), "", 1024, 2));
+  httplib::Client c("127.0.0.1", d.port());
+  c.set_read_timeout(60, 0);
+  auto before = c.Get("/slots");
+  REQUIRE(before);
+  REQUIRE(before->status == 200);
+  const json req{{"model", "stories"}, {"prompt", "Once upon a time"}, {"temperature", 0}, {"max_tokens", 8}};
+  auto r = c.Post("/v1/completions", req.dump(), "application/json");
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  auto after = c.Get("/slots");
+  REQUIRE(after);
+  REQUIRE(after->status == 200);
+  const json slots = json::parse(after->body);
+  REQUIRE(slots.is_array());
+  REQUIRE(slots.size() == 2);  // n_seq_max sequences of the one model
+  int holding = 0;
+  for (const json& s : slots) {
+    CHECK(s["model"] == "stories");
+    CHECK(s["n_ctx"] == 512);
+    CHECK(s["is_processing"] == false);
+    // The answered conversation: its prompt and the generated tokens decoded after it.
+    const int n = s["n_tokens"];
+    if (n >= 5 + 8 - 1 && n <= 5 + 8) ++holding;
+  }
+  INFO(after->body);
+  CHECK(holding == 1);
+}
