@@ -96,7 +96,7 @@ void daemon::route(const front::request& req, front::response& res) {
     }
     res.set_content(metrics_.render(gauges(), mem, sched), "text/plain; version=0.0.4");
   } else if (get && p == "/slots") {
-    // llama-server's GET /slots: each session sequence of each model, the positions it holds in the KV cache,
+    // GET /slots (like llama-server's): each session sequence of each model, the positions it holds in the KV cache,
     // whether it is answering.
     json out = json::array();
     std::vector<actors::decoder_stats> sched;
