@@ -97,7 +97,7 @@ void create_context(decoder_ptr self) {
   st.ctx = std::make_unique<llm::llm_context>(
       *st.model->model, llm::context_params{.n_ctx = r.n_ctx, .n_batch = r.n_batch, .n_ubatch = r.n_ubatch,
                                             .n_seq_max = llm::kv_cache::max_seq, .type_k = r.kv_cache_type(),
-                                            .type_v = r.kv_cache_type(), .n_threads = r.n_threads,
+                                            .type_v = r.kv_cache_type_v(), .n_threads = r.n_threads,
                                             .n_pipeline = r.n_pipeline, .n_outputs_reserved = r.n_seq_max});
   if (st.params.dispatch_splits) {
     std::vector<std::string> names;

@@ -4,13 +4,14 @@
 #include <regex>
 
 #include "llm/chat_template.h"
+#include "llm/kv_cache.h"
 
 namespace troupe::actors {
 
-type model_settings::kv_cache_type() const {
-  if (kv_type == "f32") return type::f32;
-  if (kv_type == "q8_0") return type::q8_0;
-  return type::f16;
+type model_settings::kv_cache_type() const { return llm::kv_cache_type_named(kv_type).value_or(type::f16); }
+
+type model_settings::kv_cache_type_v() const {
+  return llm::kv_cache_type_named(kv_type_v.empty() ? kv_type : kv_type_v).value_or(type::f16);
 }
 
 void model_settings::validate() const {
@@ -34,8 +35,13 @@ void model_settings::validate() const {
     throw settings_error("n_ctx_seq", "n_ctx_seq (" + std::to_string(n_ctx_seq) + ") is larger than n_ctx (" +
                                           std::to_string(n_ctx) + ")");
   }
-  if (kv_type != "f16" && kv_type != "f32" && kv_type != "q8_0") {
-    throw settings_error("kv_type", "kv_type must be \"f16\", \"f32\" or \"q8_0\", not \"" + kv_type + "\"");
+  if (!llm::kv_cache_type_named(kv_type)) {
+    throw settings_error("kv_type", "kv_type (cache_type_k) must be one of " + std::string(llm::kv_cache_type_names()) +
+                                        ", not \"" + kv_type + "\"");
+  }
+  if (!kv_type_v.empty() && !llm::kv_cache_type_named(kv_type_v)) {
+    throw settings_error("kv_type_v", "cache_type_v must be one of " + std::string(llm::kv_cache_type_names()) +
+                                          ", not \"" + kv_type_v + "\"");
   }
   if (!chat_template.empty()) {
     try {

@@ -62,7 +62,10 @@ struct model_settings {
   // that starts with one has its positions written back instead of decoded (llama-server's --cache-ram).
   // 0: none are saved.
   uint32_t prompt_cache_mib = 8192;
-  std::string kv_type = "f16";         // KV cache element type: "f16", "f32" or "q8_0"
+  // KV cache element types (llama.cpp's -ctk / -ctv names: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1,
+  // iq4_nl): K's, and V's when kv_type_v is empty.
+  std::string kv_type = "f16";
+  std::string kv_type_v;
   std::string chat_template;           // a template family overriding the model's own ("raw" for base models);
                                        // "": the model's
   std::vector<tensor_override> overrides;  // tensor-name regex -> device
@@ -76,8 +79,9 @@ struct model_settings {
   // Throws settings_error for the first field no model can run with (name and path empty, counts of 0,
   // n_ctx_seq above n_ctx, an unknown kv_type or chat template family, an invalid override regex).
   void validate() const;
-  // kv_type as a tensor type (validate() checked the name).
+  // kv_type (K) and kv_type_v (V, else kv_type) as tensor types (validate() checked the names).
   type kv_cache_type() const;
+  type kv_cache_type_v() const;
   // These settings validated, with the defaults that depend on other fields filled in (n_ctx_seq).
   model_settings resolved() const;
 };

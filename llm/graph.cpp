@@ -91,7 +91,10 @@ tensor* graph_builder::attention(uint32_t il, tensor* q, tensor* k, tensor* v, f
   const size_t k_row = row_size(ck->type, n_embd_k);
   tensor* kview = view_3d(ctx, k_stored, hd_k, n_kv, n_head_kv, k_row, row_size(ck->type, hd_k), 0);  // [hd, n_kv, h_kv]
   tensor* qp = permute(ctx, q, 0, 2, 1, 3);                                                              // [hd, n_tok, h]
-  if (!v_trans && mask != nullptr && cap == 0.0f && !is_quantized(ck->type) && !is_quantized(cv->type)) {
+  // K and V the attention kernels read as they are: f32 and f16. Others (bf16, the quantized types) are
+  // products by K's rows and V converted to f32.
+  const auto direct = [](const tensor* t) { return t->type == type::f32 || t->type == type::f16; };
+  if (!v_trans && mask != nullptr && cap == 0.0f && direct(ck) && direct(cv)) {
     // CPU layers (K and V in a row per cell: the CPU's layout): one op, the scores of a few query rows at a
     // time in cache instead of a score matrix in memory; the same values as the unfused graph below.
     tensor* vview = view_3d(ctx, v_stored, hd_v, n_kv, n_head_kv, row_size(cv->type, n_embd_v), row_size(cv->type, hd_v), 0);
@@ -99,7 +102,7 @@ tensor* graph_builder::attention(uint32_t il, tensor* q, tensor* k, tensor* v, f
     return reshape(ctx, out, hd_v * n_head, n_tokens);
   }
   // CPU layers (V in a row per cell: the CPU's layout) skip the scores the mask hides whole.
-  tensor* kq = mask != nullptr && !v_trans && !is_quantized(cv->type) ? mul_mat_masked(ctx, kview, qp, mask)
+  tensor* kq = mask != nullptr && !v_trans && direct(cv) ? mul_mat_masked(ctx, kview, qp, mask)
                                                     : mul_mat(ctx, kview, qp);                          // [n_kv, n_tok, h]
   if (cap > 0.0f) {
     kq = softcap(scale(ctx, kq, kq_scale), cap);
@@ -113,7 +116,7 @@ tensor* graph_builder::attention(uint32_t il, tensor* q, tensor* k, tensor* v, f
     vt = view_3d(ctx, v_stored, n_kv, hd_v, n_head_kv, kv.size() * esz, kv.size() * esz * static_cast<size_t>(hd_v), 0);
   } else {
     tensor* vq = view_3d(ctx, v_stored, hd_v, n_kv, n_head_kv, row_size(cv->type, n_embd_v), row_size(cv->type, hd_v), 0);
-    if (is_quantized(cv->type)) {
+    if (!direct(cv)) {
       tensor* vf = cpy(ctx, vq, ctx.new_tensor_3d(type::f32, hd_v, n_kv, n_head_kv));
       vt = cont(ctx, permute(ctx, vf, 1, 0, 2, 3));
     } else {

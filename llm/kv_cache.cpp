@@ -11,10 +11,10 @@ namespace troupe::llm {
 
 kv_cache::kv_cache(const model& m, const kv_cache_params& p)
     : n_ctx_(p.n_ctx), n_seq_max_(p.n_seq_max), type_k_(p.type_k), type_v_(p.type_v) {
-  auto allowed = [](type t) { return t == type::f16 || t == type::f32 || t == type::q8_0; };
+  auto allowed = [](type t) { return kv_cache_type_named(type_name(t)).has_value(); };
   if (!allowed(type_k_) || !allowed(type_v_)) {
     throw error("kv cache: type " + std::string(type_name(allowed(type_k_) ? type_v_ : type_k_)) +
-                " is not supported (f16, f32 or q8_0)");
+                " is not supported (" + kv_cache_type_names() + ")");
   }
   if (n_ctx_ == 0) throw error("kv cache: n_ctx must be positive");
   if (n_seq_max_ == 0 || n_seq_max_ > max_seq) {
@@ -44,7 +44,7 @@ kv_cache::kv_cache(const model& m, const kv_cache_params& p)
     // the cells into SIMD lanes by their index, and the same sequence decoded beside others would get
     // different bits. A remote CPU keeps the local layout so that it gives the local CPU's bits.
     const bool cpu_layer = bt != nullptr && (bt->is_host() || bt->device().cpu_kernels());
-    const bool trans = !is_quantized(type_v_) && !cpu_layer;
+    const bool trans = (type_v_ == type::f16 || type_v_ == type::f32) && !cpu_layer;
     v_trans_.push_back(trans);
     tensor* k = ctx_->new_tensor_2d(type_k_, hp.n_embd_k_gqa(), n_ctx_);
     tensor* v = trans ? ctx_->new_tensor_2d(type_v_, n_ctx_, hp.n_embd_v_gqa())
@@ -74,6 +74,16 @@ kv_cache::kv_cache(const model& m, const kv_cache_params& p)
 }
 
 kv_cache::~kv_cache() = default;
+
+std::optional<type> kv_cache_type_named(std::string_view name) {
+  for (const type t : {type::f32, type::f16, type::bf16, type::q8_0, type::q4_0, type::q4_1, type::q5_0, type::q5_1,
+                       type::iq4_nl}) {
+    if (name == type_name(t)) return t;
+  }
+  return std::nullopt;
+}
+
+const char* kv_cache_type_names() { return "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl"; }
 
 void kv_cache::check_seq(int32_t seq, const char* what) const {
   if (seq < 0 || static_cast<uint32_t>(seq) >= n_seq_max_) {

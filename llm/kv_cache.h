@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <span>
 #include <vector>
 
@@ -26,9 +28,15 @@
 
 namespace troupe::llm {
 
+// The KV cache element types (llama.cpp's -ctk / -ctv names): f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1,
+// iq4_nl; null for any other name.
+std::optional<type> kv_cache_type_named(std::string_view name);
+// "f32, f16, ..." for messages.
+const char* kv_cache_type_names();
+
 struct kv_cache_params {
   uint32_t n_ctx = 4096;     // cells (tokens over all sequences)
-  type type_k = type::f16;   // f16, f32 or q8_0
+  type type_k = type::f16;   // kv_cache_type_named()
   type type_v = type::f16;
   uint32_t n_seq_max = 1;    // sequences, at most 64
 };

@@ -131,7 +131,10 @@ TEST_CASE("model settings: one validation, one resolution of defaults, reached f
   CHECK(field_of(s) == "(valid)");
   model_settings bad = s;
   bad.kv_type = "q4";
-  CHECK(field_of(bad) == "kv_type: kv_type must be \"f16\", \"f32\" or \"q8_0\", not \"q4\"");
+  CHECK(field_of(bad) == "kv_type: kv_type (cache_type_k) must be one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, not \"q4\"");
+  model_settings bad_v = s;
+  bad_v.kv_type_v = "q3_K";
+  CHECK(field_of(bad_v) == "kv_type_v: cache_type_v must be one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, not \"q3_K\"");
   bad = s;
   bad.n_ctx_seq = 1001;
   CHECK(field_of(bad) == "n_ctx_seq: n_ctx_seq (1001) is larger than n_ctx (1000)");
@@ -171,7 +174,7 @@ TEST_CASE("model settings the embedding API gets are validated by the loader, na
     FAIL("a bad kv_type was accepted");
   } catch (const request_error& e) {
     CHECK(e.is(errc::bad_request));
-    CHECK(std::string(e.what()).find("load m: kv_type must be") != std::string::npos);
+    CHECK(std::string(e.what()).find("load m: kv_type (cache_type_k) must be one of") != std::string::npos);
   }
   // The default per-session context is the same as the daemon's: n_ctx / n_seq_max.
   eng.load_model("m", path->string(), {.n_ctx = 256, .n_seq_max = 2, .n_threads = 1});

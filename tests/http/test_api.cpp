@@ -53,7 +53,8 @@ name = "m"
 path = "m.gguf"
 n_ctx = 1024
 n_seq_max = 2
-kv_type = "q8_0"
+cache_type_k = "q8_0"
+cache_type_v = "q4_0"
 chat_template = "raw"
 overrides = [{ pattern = "output", device = "CPU" }]
 )",
@@ -69,7 +70,10 @@ overrides = [{ pattern = "output", device = "CPU" }]
   REQUIRE(c.engine.models.size() == 1);
   const actors::model_settings& m = c.engine.models[0];
   CHECK(m.path == "/etc/troupe/m.gguf");  // relative to the configuration's folder
-  CHECK(m.kv_type == "q8_0");
+  CHECK(m.kv_type == "q8_0");  // cache_type_k, llama-server's name
+  CHECK(m.kv_type_v == "q4_0");
+  CHECK(m.kv_cache_type() == type::q8_0);
+  CHECK(m.kv_cache_type_v() == type::q4_0);
   CHECK(m.chat_template == "raw");
   REQUIRE(m.overrides.size() == 1);
   CHECK(m.overrides[0].device == "CPU");
