@@ -119,19 +119,23 @@ std::string words(int n, uint32_t seed) {
   return out + ".";
 }
 
-// Runs work(i) for i in [0, n) on `clients` threads, each with its own connection.
+// Runs work(i) for i in [0, n) on `clients` threads, a connection per request: a conversation's turns are
+// seconds apart, longer than servers keep an idle connection (llama-server closes one after 5 s, and a
+// request written to it then fails with a read error).
 template <class F>
 void on_clients(const load_params& p, int n, F work) {
   std::atomic<int> next{0};
   std::vector<std::thread> threads;
   for (int c = 0; c < std::min(p.clients, n); ++c) {
     threads.emplace_back([&] {
-      httplib::Client cli(p.host, p.port);
-      cli.set_keep_alive(true);
-      cli.set_read_timeout(p.timeout_s, 0);
-      cli.set_write_timeout(p.timeout_s, 0);
-      if (!p.api_key.empty()) cli.set_bearer_token_auth(p.api_key);
-      for (int i = next.fetch_add(1); i < n; i = next.fetch_add(1)) work(cli, i);
+      for (int i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
+        httplib::Client cli(p.host, p.port);
+        cli.set_keep_alive(false);
+        cli.set_read_timeout(p.timeout_s, 0);
+        cli.set_write_timeout(p.timeout_s, 0);
+        if (!p.api_key.empty()) cli.set_bearer_token_auth(p.api_key);
+        work(cli, i);
+      }
     });
   }
   for (std::thread& t : threads) t.join();
