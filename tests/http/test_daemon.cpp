@@ -595,3 +595,33 @@ TEST_CASE("daemon: GET /slots lists each session sequence with the positions it 
   INFO(after->body);
   CHECK(holding == 1);
 }
+
+TEST_CASE("troupe bench http's turns and shared-prefix workloads against a real daemon: every answer, and the later turns from the cache", "[http][daemon][prefix][load]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  test::daemon_process d(stories_config(model->string(), "", 2048, 2));
+  http::load_params p;
+  p.port = d.port();
+  p.model = "stories";
+  p.workload = "turns";
+  p.conversations = 3;
+  p.turns = 3;
+  p.clients = 2;
+  p.system_words = 60;
+  p.max_tokens = 8;
+  p.temperature = 0;
+  const http::load_result r = http::run_load(p);
+  INFO(http::format_load_result(p, r));
+  CHECK(r.failed == 0);
+  CHECK(r.ok == 9);
+  CHECK(r.prompt_tokens_new > 0);
+  // Turns 2 and 3 take what their conversation held (its own session's, another's or a kept one's).
+  CHECK(r.prompt_tokens_cached > 0);
+  CHECK(r.prompt_tokens - r.prompt_tokens_cached <= r.prompt_tokens_new + r.prompt_tokens_new / 10 + 9);
+  p.workload = "shared-prefix";
+  p.clients = 3;
+  const http::load_result s = http::run_load(p);
+  INFO(http::format_load_result(p, s));
+  CHECK(s.failed == 0);
+  CHECK(s.ok == 3);
+}
