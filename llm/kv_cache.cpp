@@ -204,6 +204,49 @@ void for_runs(const std::vector<uint32_t>& cells, F f) {
 
 }  // namespace
 
+void kv_cache::move_rows(const std::vector<uint32_t>& cells, uint8_t* host, size_t n_host, bool to_host) const {
+  // Position i's row of a layer's K (then V) is at host + i * row within that layer's block of n_host rows.
+  const auto rows = [&](tensor& t, size_t row) {
+    for_runs(cells, [&](size_t i, uint32_t c, size_t run) {
+      if (to_host) {
+        tensor_get(t, host + i * row, c * row, run * row);
+      } else {
+        tensor_set(t, host + i * row, c * row, run * row);
+      }
+    });
+    host += n_host * row;
+  };
+  for (size_t il = 0; il < k_.size(); ++il) {
+    tensor& k = *k_[il];
+    tensor& v = *v_[il];
+    rows(k, row_size(k.type, k.ne[0]));
+    if (!v_trans_[il]) {
+      rows(v, row_size(v.type, v.ne[0]));
+      continue;
+    }
+    // V is [n_ctx, n_embd_v]: element (cell, d) at d * n_ctx + cell, gathered into (or scattered from) a row
+    // per position.
+    const size_t esz = type_size(v.type);
+    const auto n_embd = static_cast<size_t>(v.ne[1]);
+    const size_t vr = n_embd * esz;
+    std::vector<uint8_t> tmp;
+    for (size_t d = 0; d < n_embd; ++d) {
+      for_runs(cells, [&](size_t i, uint32_t c, size_t run) {
+        tmp.resize(run * esz);
+        const size_t at = (d * n_ctx_ + c) * esz;
+        if (to_host) {
+          tensor_get(v, tmp.data(), at, run * esz);
+          for (size_t r = 0; r < run; ++r) std::memcpy(host + (i + r) * vr + d * esz, tmp.data() + r * esz, esz);
+        } else {
+          for (size_t r = 0; r < run; ++r) std::memcpy(tmp.data() + r * esz, host + (i + r) * vr + d * esz, esz);
+          tensor_set(v, tmp.data(), at, run * esz);
+        }
+      });
+    }
+    host += n_host * vr;
+  }
+}
+
 std::vector<uint8_t> kv_cache::save(int32_t seq, int32_t n) const {
   check_seq(seq, "save");
   std::vector<uint32_t> at(static_cast<size_t>(std::max(n, 0)), UINT32_MAX);
@@ -213,35 +256,8 @@ std::vector<uint8_t> kv_cache::save(int32_t seq, int32_t n) const {
   for (size_t p = 0; p < at.size(); ++p) {
     if (at[p] == UINT32_MAX) throw error("kv cache: save: sequence " + std::to_string(seq) + " lacks position " + std::to_string(p));
   }
-  const auto nt = static_cast<size_t>(std::max(n, 0));
-  std::vector<uint8_t> out(nt * bytes_per_token());
-  uint8_t* dst = out.data();
-  for (size_t il = 0; il < k_.size(); ++il) {
-    const tensor& k = *k_[il];
-    const tensor& v = *v_[il];
-    const size_t kr = row_size(k.type, k.ne[0]);
-    for_runs(at, [&](size_t i, uint32_t c, size_t run) { tensor_get(k, dst + i * kr, c * kr, run * kr); });
-    dst += nt * kr;
-    if (!v_trans_[il]) {
-      const size_t vr = row_size(v.type, v.ne[0]);
-      for_runs(at, [&](size_t i, uint32_t c, size_t run) { tensor_get(v, dst + i * vr, c * vr, run * vr); });
-      dst += nt * vr;
-    } else {
-      // V is [n_ctx, n_embd_v]: element (cell, d) at d * n_ctx + cell. A row per position, gathered.
-      const size_t esz = type_size(v.type);
-      const auto n_embd = static_cast<size_t>(v.ne[1]);
-      const size_t vr = n_embd * esz;
-      std::vector<uint8_t> tmp;
-      for (size_t d = 0; d < n_embd; ++d) {
-        for_runs(at, [&](size_t i, uint32_t c, size_t run) {
-          tmp.resize(run * esz);
-          tensor_get(v, tmp.data(), (d * n_ctx_ + c) * esz, run * esz);
-          for (size_t r = 0; r < run; ++r) std::memcpy(dst + (i + r) * vr + d * esz, tmp.data() + r * esz, esz);
-        });
-      }
-      dst += nt * vr;
-    }
-  }
+  std::vector<uint8_t> out(at.size() * bytes_per_token());
+  move_rows(at, out.data(), at.size(), true);
   return out;
 }
 
@@ -252,33 +268,8 @@ void kv_cache::restore(int32_t seq, std::span<const uint8_t> saved, int32_t n_sa
                 std::to_string(saved.size()) + " bytes");
   }
   const std::vector<uint32_t> cells = find_slots(static_cast<uint32_t>(n), std::span<const int32_t>(&seq, 1));
-  const auto ns = static_cast<size_t>(n_saved);
-  const uint8_t* src = saved.data();
-  for (size_t il = 0; il < k_.size(); ++il) {
-    tensor& k = *k_[il];
-    tensor& v = *v_[il];
-    const size_t kr = row_size(k.type, k.ne[0]);
-    for_runs(cells, [&](size_t i, uint32_t c, size_t run) { tensor_set(k, src + i * kr, c * kr, run * kr); });
-    src += ns * kr;
-    if (!v_trans_[il]) {
-      const size_t vr = row_size(v.type, v.ne[0]);
-      for_runs(cells, [&](size_t i, uint32_t c, size_t run) { tensor_set(v, src + i * vr, c * vr, run * vr); });
-      src += ns * vr;
-    } else {
-      const size_t esz = type_size(v.type);
-      const auto n_embd = static_cast<size_t>(v.ne[1]);
-      const size_t vr = n_embd * esz;
-      std::vector<uint8_t> tmp;
-      for (size_t d = 0; d < n_embd; ++d) {
-        for_runs(cells, [&](size_t i, uint32_t c, size_t run) {
-          tmp.resize(run * esz);
-          for (size_t r = 0; r < run; ++r) std::memcpy(tmp.data() + r * esz, src + (i + r) * vr + d * esz, esz);
-          tensor_set(v, tmp.data(), (d * n_ctx_ + c) * esz, run * esz);
-        });
-      }
-      src += ns * vr;
-    }
-  }
+  // The bytes are only read (to_host is false): move_rows takes one pointer for both directions.
+  move_rows(cells, const_cast<uint8_t*>(saved.data()), static_cast<size_t>(n_saved), false);
   std::vector<int32_t> pos(cells.size()), seqs(cells.size(), seq);
   for (size_t i = 0; i < cells.size(); ++i) pos[i] = static_cast<int32_t>(i);
   commit(cells, pos, seqs);

@@ -109,6 +109,9 @@ class kv_cache {
     uint64_t seqs = 0;  // bit s: sequence s holds this cell
   };
   void check_seq(int32_t seq, const char* what) const;
+  // Moves the rows of the positions in `cells` (cells[i] holds position i) between host bytes in save()'s
+  // layout (n_host positions a layer) and the cache: to the host (save) or from it (restore).
+  void move_rows(const std::vector<uint32_t>& cells, uint8_t* host, size_t n_host, bool to_host) const;
 
   uint32_t n_ctx_;
   uint32_t n_seq_max_;

@@ -66,6 +66,20 @@ int32_t prefix_index::keep_slot(std::span<const token_id> tokens, int32_t except
   return slot;
 }
 
+int32_t prefix_index::keep_decoded(int32_t seq) {
+  const entry& s = e_[static_cast<size_t>(seq)];
+  const std::span<const token_id> decoded = std::span(s.tokens).first(s.stable);
+  const int32_t r = keep_slot(decoded, seq);
+  if (r < 0) return -1;
+  entry& kept = e_[static_cast<size_t>(r)];
+  kept.tokens.assign(decoded.begin(), decoded.end());
+  kept.stable = kept.tokens.size();
+  kept.used = ++tick_;
+  ++kept.pins;
+  ++st_.kept_conversations;
+  return r;
+}
+
 prefix_index::step_plan prefix_index::plan_step(int32_t seq, int32_t keep, std::span<const token_id> tokens) {
   std::lock_guard lock(mu_);
   check(seq, "step");
@@ -120,18 +134,8 @@ prefix_index::step_plan prefix_index::plan_step(int32_t seq, int32_t keep, std::
   }
   // Positions this step drops: kept in the pool first, when worth it.
   if (k < s.stable && s.stable - k >= min_kept_) {
-    const std::span<const token_id> decoded = std::span(s.tokens).first(s.stable);
-    const int32_t r = keep_slot(decoded, seq);
-    if (r >= 0) {
-      entry& kept = e_[static_cast<size_t>(r)];
-      kept.tokens.assign(decoded.begin(), decoded.end());
-      kept.stable = kept.tokens.size();
-      kept.used = ++tick_;
-      ++kept.pins;
-      p.keep_into = r;
-      p.kept = static_cast<int32_t>(kept.stable);
-      ++st_.kept_conversations;
-    }
+    p.keep_into = keep_decoded(seq);
+    if (p.keep_into >= 0) p.kept = static_cast<int32_t>(s.stable);
   }
   if (from_host != nullptr) {
     p.n = static_cast<int32_t>(best);
@@ -208,17 +212,8 @@ std::pair<int32_t, int32_t> prefix_index::forget(int32_t seq) {
   entry& s = e_[static_cast<size_t>(seq)];
   std::pair<int32_t, int32_t> out{-1, 0};
   if (live(seq) && s.stable >= min_kept_) {
-    const std::span<const token_id> decoded = std::span(s.tokens).first(s.stable);
-    const int32_t r = keep_slot(decoded, seq);
-    if (r >= 0) {
-      entry& kept = e_[static_cast<size_t>(r)];
-      kept.tokens.assign(decoded.begin(), decoded.end());
-      kept.stable = kept.tokens.size();
-      kept.used = ++tick_;
-      ++kept.pins;
-      out = {r, static_cast<int32_t>(kept.stable)};
-      ++st_.kept_conversations;
-    }
+    const int32_t r = keep_decoded(seq);
+    if (r >= 0) out = {r, static_cast<int32_t>(s.stable)};
   }
   s.tokens.clear();
   s.stable = 0;

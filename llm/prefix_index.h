@@ -117,6 +117,9 @@ class prefix_index {
   bool live(int32_t seq) const { return seq >= 0 && static_cast<uint32_t>(seq) < n_live_; }
   // The kept sequence that should take `tokens` (already covered: -1), stamping it.
   int32_t keep_slot(std::span<const token_id> tokens, int32_t except);
+  // Live seq's decoded positions recorded in a kept sequence (keep_slot's, pinned until the share ran); -1
+  // when they are already in the pool or no kept sequence is free. Under mu_.
+  int32_t keep_decoded(int32_t seq);
   void check(int32_t seq, const char* what) const;
 
   uint32_t n_live_, n_total_, min_kept_;
