@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <exception>
 #include <iterator>
+#include <optional>
 
 #include "actors/detail/decoder_state.h"
 #include "llm/embedding.h"
@@ -30,12 +31,11 @@ caf::error error_of(const std::exception_ptr& p) {
 size_t max_jobs(const decoder_state& st) { return st.ctx && st.ctx->pipelines() ? 2 : 1; }
 
 // Submits steps as one decode to the context's pipeline; its completion comes back as (decoded_atom, id).
-void submit_job(decoder_ptr self, std::vector<waiting_step> steps, bool retried = false) {
+void submit_job(decoder_ptr self, std::vector<waiting_step> steps) {
   auto& st = self->state;
   const uint64_t id = st.next_job++;
   decode_job& job = st.jobs[id];
   job.steps = std::move(steps);
-  job.retried = retried;
   job.outcome = std::make_shared<decode_outcome>();
   for (int64_t g = 0;; ++g) {  // the lowest group id no other job in flight has (a trace's ring rows)
     bool taken = false;
@@ -49,7 +49,7 @@ void submit_job(decoder_ptr self, std::vector<waiting_step> steps, bool retried 
   std::vector<llm::seq_step> seq_steps;
   seq_steps.reserve(job.steps.size());
   for (const waiting_step& w : job.steps) {
-    seq_steps.push_back({w.step.seq, w.step.keep, w.step.tokens});
+    seq_steps.push_back({w.step.seq, w.step.keep, w.step.tokens, w.step.shift_at, w.step.shift_n});
   }
   st.dec->submit(
       std::move(seq_steps),
@@ -61,6 +61,21 @@ void submit_job(decoder_ptr self, std::vector<waiting_step> steps, bool retried 
       job.group);
 }
 
+// A prompt part shorter than this is not split off (the rest waits for the next decode whole).
+constexpr size_t min_part = 64;
+
+// Prompt tokens one decode takes (chunked prefill): n_batch, times n_pipeline on a model over several
+// devices (so that one part still fills the pipeline with micro-batches).
+size_t decode_budget(const decoder_state& st) {
+  const llm::context_params& p = st.ctx->params();
+  return static_cast<size_t>(std::max<uint32_t>(p.n_batch, 1)) * (st.ctx->pipelines() ? std::max<uint32_t>(p.n_pipeline, 1) : 1);
+}
+
+// The next decode: the waiting steps, shortest first (the sequences' next tokens, then prompts by what is
+// left of them: the mean time to a first token is lowest when the shortest prompts finish first), within
+// decode_budget tokens. A prompt that does not fit has its first part decoded now and its rest waits, so a
+// step that arrives meanwhile waits for one part of a long prompt, not for all of it. A step whose
+// sequence has a part in flight waits for it.
 void run_batch(decoder_ptr self) {
   auto& st = self->state;
   if (st.waiting.empty()) return;
@@ -71,8 +86,43 @@ void run_batch(decoder_ptr self) {
   }
   const size_t most = max_jobs(st);
   if (st.jobs.size() >= most) return;  // the next completion tries again
-  std::vector<waiting_step> batch = std::move(st.waiting);
+  std::vector<waiting_step> ready, later;
+  for (waiting_step& w : st.waiting) (st.in_flight(w.step.seq) ? later : ready).push_back(std::move(w));
   st.waiting.clear();
+  std::stable_sort(ready.begin(), ready.end(), [](const waiting_step& a, const waiting_step& b) {
+    return a.step.tokens.size() < b.step.tokens.size();
+  });
+  const size_t budget = decode_budget(st);
+  std::vector<waiting_step> batch;
+  size_t used = 0;
+  for (waiting_step& w : ready) {
+    const size_t n = w.step.tokens.size();
+    if (n == 1 || used + n <= budget) {
+      used += n;
+      batch.push_back(std::move(w));
+      continue;
+    }
+    const size_t room = budget > used ? budget - used : 0;
+    if (room >= min_part && n - room >= 1) {
+      waiting_step part;
+      part.step.seq = w.step.seq;
+      part.step.keep = w.step.keep;
+      part.step.tokens.assign(w.step.tokens.begin(), w.step.tokens.begin() + static_cast<std::ptrdiff_t>(room));
+      part.step.shift_at = w.step.shift_at;  // a shift goes before the first part
+      part.step.shift_n = w.step.shift_n;
+      w.step.shift_n = 0;
+      w.step.shift_at = 0;
+      part.partial = true;
+      part.retried = w.retried;
+      w.step.keep += static_cast<int32_t>(room);
+      w.step.tokens.erase(w.step.tokens.begin(), w.step.tokens.begin() + static_cast<std::ptrdiff_t>(room));
+      used += room;
+      batch.push_back(std::move(part));
+    }
+    later.push_back(std::move(w));
+  }
+  st.waiting = std::move(later);
+  if (batch.empty()) return;
   // Nothing in flight on a model over several devices: two groups, so that both devices work at once.
   const size_t n_groups = st.jobs.empty() && most >= 2 && batch.size() >= 2 ? 2 : 1;
   const size_t per = (batch.size() + n_groups - 1) / n_groups;
@@ -102,67 +152,94 @@ void try_batch(decoder_ptr self) {
 
 void release_deferred(decoder_ptr self, int32_t leader);
 
+// The rest of seq's prompt step, waiting while its first part was decoded; taken out of `waiting`.
+std::optional<waiting_step> take_rest(decoder_state& st, int32_t seq) {
+  for (auto it = st.waiting.begin(); it != st.waiting.end(); ++it) {
+    if (it->step.seq == seq) {
+      waiting_step w = std::move(*it);
+      st.waiting.erase(it);
+      return w;
+    }
+  }
+  return std::nullopt;
+}
+
 // A decode in the pipeline completed: its steps get their logits (or its error), and the next batch may go.
+// A prompt's first part (partial) delivers nothing: its rest waits, and has the promise.
 void job_done(decoder_ptr self, uint64_t id) {
   auto& st = self->state;
   const auto it = st.jobs.find(id);
   if (it == st.jobs.end()) return;
   decode_job job = std::move(it->second);
   st.jobs.erase(it);
-  // A share or restore planned for a step found no room in the cache (kept conversations it would have
-  // evicted were pinned by later steps' shares): nothing was decoded, so the steps go again, each decoding
-  // its whole prompt.
-  if (job.outcome->error && st.prefixes && st.dec && !job.retried) {
-    bool missing = false;
+  bool missing = false;
+  if (job.outcome->error) {
     try {
       std::rethrow_exception(job.outcome->error);
     } catch (const llm::missing_positions_error&) {
       missing = true;
     } catch (...) {
     }
-    if (missing) {
-      const caf::error err = error_of(job.outcome->error);
-      std::vector<waiting_step> again;
-      for (waiting_step& w : job.steps) {
-        const int32_t seq = w.step.seq;
-        const bool held = seq >= 0 && static_cast<size_t>(seq) < st.seqs.size() && st.seqs[static_cast<size_t>(seq)];
-        const std::vector<llm::token_id> whole = held ? st.prefixes->tokens_of(seq) : std::vector<llm::token_id>{};
-        if (whole.empty()) {
-          // Detached meanwhile, or a prompt the index does not know (after an earlier failure): this step
-          // fails alone, the others go again.
-          st.prefixes->step_done(seq, false);
-          w.promise.deliver(held ? err : make_error(errc::cancelled, "sequence " + std::to_string(seq) + " detached"));
-          continue;
-        }
-        st.prefixes->retry_plain(seq);
-        st.dec->submit_forget(seq);
-        w.step.keep = 0;
-        w.step.tokens.assign(whole.begin(), whole.end());
-        w.reused = 0;
-        again.push_back(std::move(w));
+  }
+  const caf::error err = job.outcome->error ? error_of(job.outcome->error) : caf::error{};
+  // A share or restore planned for a step found no room in the cache (kept conversations it would have
+  // evicted were pinned by later steps' shares): nothing was decoded, so the steps go again once, each
+  // decoding its whole prompt.
+  if (missing && st.prefixes && st.dec) {
+    for (waiting_step& w : job.steps) {
+      const int32_t seq = w.step.seq;
+      if (w.partial) {
+        std::optional<waiting_step> rest = take_rest(st, seq);
+        if (!rest) continue;  // detached meanwhile
+        w.promise = std::move(rest->promise);
+        w.retried = w.retried || rest->retried;
+        w.partial = false;
       }
-      if (!again.empty()) submit_job(self, std::move(again), true);
-      try_batch(self);
-      return;
+      const bool held = seq >= 0 && static_cast<size_t>(seq) < st.seqs.size() && st.seqs[static_cast<size_t>(seq)];
+      const std::vector<llm::token_id> whole = held ? st.prefixes->tokens_of(seq) : std::vector<llm::token_id>{};
+      if (whole.empty() || w.retried) {
+        // Detached meanwhile, a prompt the index does not know (after an earlier failure), or a second
+        // failure: this step fails alone, the others go again.
+        st.prefixes->step_done(seq, false);
+        w.promise.deliver(held ? err : make_error(errc::cancelled, "sequence " + std::to_string(seq) + " detached"));
+        continue;
+      }
+      st.prefixes->retry_plain(seq);
+      st.dec->submit_forget(seq);
+      w.step.keep = 0;
+      w.step.tokens.assign(whole.begin(), whole.end());
+      w.step.shift_at = 0;  // the whole (shifted) sequence from position 0
+      w.step.shift_n = 0;
+      w.reused = 0;
+      w.retried = true;
+      st.waiting.push_back(std::move(w));
     }
+    try_batch(self);
+    return;
   }
   const bool ok = !job.outcome->error;
-  if (st.prefixes) {
-    for (const waiting_step& w : job.steps) st.prefixes->step_done(w.step.seq, ok);
-  }
-  if (!ok) {
-    const caf::error err = error_of(job.outcome->error);
-    for (waiting_step& w : job.steps) w.promise.deliver(err);
-  } else {
-    const auto n = static_cast<uint32_t>(job.steps.size());
-    for (size_t i = 0; i < job.steps.size(); ++i) {
-      job.steps[i].promise.deliver(
-          step_logits{job.steps[i].step.seq, std::move(job.outcome->logits[i]), n, job.steps[i].reused});
+  for (size_t i = 0; i < job.steps.size(); ++i) {
+    waiting_step& w = job.steps[i];
+    if (w.partial) {
+      if (ok) continue;
+      std::optional<waiting_step> rest = take_rest(st, w.step.seq);  // the rest fails with its first part
+      if (!rest) continue;
+      w.promise = std::move(rest->promise);
+      w.partial = false;
+    }
+    if (st.prefixes) st.prefixes->step_done(w.step.seq, ok);
+    if (!ok) {
+      w.promise.deliver(err);
+    } else {
+      w.promise.deliver(step_logits{w.step.seq, std::move(job.outcome->logits[i]),
+                                    static_cast<uint32_t>(job.steps.size()), w.reused});
     }
   }
   report_compute(self);  // the compute buffers grow when a graph needs more than reserved
   report_prompt_cache(self);
-  for (const waiting_step& w : job.steps) release_deferred(self, w.step.seq);
+  for (const waiting_step& w : job.steps) {
+    if (!w.partial) release_deferred(self, w.step.seq);
+  }
   if (st.jobs.empty() && !st.release_waiters.empty()) {
     std::vector<caf::typed_response_promise<bool>> waiters = std::move(st.release_waiters);
     st.release_waiters.clear();
@@ -185,6 +262,13 @@ void accept_step(decoder_ptr self, decode_step s, caf::typed_response_promise<st
   if (st.prefixes && st.dec) {
     llm::prefix_index::step_plan plan;
     try {
+      if (s.shift_n > 0) {
+        // The shift goes first, as an edit of its own, so that a share planned below lands on its result.
+        st.prefixes->shifted(s.seq, s.shift_at, s.shift_n);
+        st.dec->submit_shift(s.seq, s.shift_at, s.shift_n);
+        s.shift_at = 0;
+        s.shift_n = 0;
+      }
       plan = st.prefixes->plan_step(s.seq, s.keep, s.tokens);
     } catch (const std::exception& e) {
       rp.deliver(error_from(e));
@@ -346,6 +430,7 @@ decoder_actor::behavior_type decoder_fn(decoder_ptr self, engine_env_ptr env, me
         }
         if (!st.release_waiters.empty()) return make_error(errc::down, "model " + st.params.model + ": the context is being released");
         auto rp = self->make_response_promise<step_logits>();
+        if (st.prefixes) st.prefixes->set_idle(s.seq, false);
         // Several clients behind one new long prefix: a step whose prompt's start another sequence is
         // decoding now waits for it and then shares it, instead of decoding the same positions beside it.
         if (st.prefixes) {
@@ -380,6 +465,10 @@ decoder_actor::behavior_type decoder_fn(decoder_ptr self, engine_env_ptr env, me
       },
       [self](end_atom, int32_t seq) {
         self->state.generating.erase(seq);
+        // Between answers its cells may go when the pool needs them (the index remembers its tokens).
+        if (self->state.prefixes && seq >= 0 && static_cast<size_t>(seq) < self->state.seqs.size()) {
+          self->state.prefixes->set_idle(seq, true);
+        }
         try_batch(self);
       },
       [self](flush_atom) {
@@ -397,6 +486,10 @@ decoder_actor::behavior_type decoder_fn(decoder_ptr self, engine_env_ptr env, me
           s.n_tokens = d.n_tokens;
           s.max_steps = d.max_steps;
           s.kv_bytes = st.ctx->kv().bytes();
+          const llm::kv_cache::occupancy_counts occ = st.ctx->kv().occupancy();
+          s.kv_cells = st.ctx->kv().size();
+          s.kv_cells_used = occ.used;
+          s.kv_cells_shared = occ.shared;
           s.compute_bytes = st.ctx->compute_bytes();
         }
         if (st.prefixes) {
@@ -410,6 +503,7 @@ decoder_actor::behavior_type decoder_fn(decoder_ptr self, engine_env_ptr env, me
           s.saved_conversations = px.saved_conversations;
           s.host_entries = px.host_entries;
           s.host_bytes = px.host_bytes;
+          s.idle_evictions = px.idle_evictions;
         }
         for (const caf::actor_addr& a : st.seqs) s.n_sessions += a ? 1 : 0;
         for (size_t i = 0; i < st.seqs.size(); ++i) {

@@ -97,7 +97,7 @@ void create_context(decoder_ptr self) {
   st.ctx = std::make_unique<llm::llm_context>(
       *st.model->model, llm::context_params{.n_ctx = r.n_ctx, .n_batch = r.n_batch, .n_ubatch = r.n_ubatch,
                                             .n_seq_max = llm::kv_cache::max_seq, .type_k = r.kv_cache_type(),
-                                            .type_v = r.kv_cache_type_v(), .n_threads = r.n_threads,
+                                            .type_v = r.kv_cache_type_v(), .flash_attn = r.flash_attn != "off", .n_threads = r.n_threads,
                                             .n_pipeline = r.n_pipeline, .n_outputs_reserved = r.n_seq_max});
   if (st.params.dispatch_splits) {
     std::vector<std::string> names;
@@ -143,10 +143,10 @@ void report_prompt_cache(decoder_ptr self, bool release) {
 void create_embed_context(decoder_ptr self) {
   auto& st = self->state;
   const model_settings& r = st.model->settings;
-  const uint32_t n = r.n_ctx_seq;
+  const uint32_t n = r.embedding_cells();
   st.embed_ctx = std::make_unique<llm::llm_context>(
       *st.model->model, llm::context_params{.n_ctx = n, .n_batch = n, .n_ubatch = std::min<uint32_t>(n, 512),
-                                            .n_threads = r.n_threads, .embeddings = true});
+                                            .flash_attn = r.flash_attn != "off", .n_threads = r.n_threads, .embeddings = true});
   for (const auto& [bt, bytes] : st.embed_ctx->kv().bytes_by_buft()) {
     self->send(st.accountant, record_atom_v,
                event_for(*bt, memory_kind::context, static_cast<int64_t>(bytes), st.embed_owner()));

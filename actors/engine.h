@@ -82,9 +82,9 @@ class session {
   void reset();
   // The embedding of token ids, used as given (pooled as the model declares, length 1: llm/embedding.h),
   // computed by the model's decoder actor on an embeddings context of its own (made on the first one,
-  // n_ctx_seq cells, on the memory record as "embeddings:MODEL", freed with the model); the conversation's
+  // model_settings::embedding_cells, on the memory record as "embeddings:MODEL", freed with the model); the conversation's
   // cache is untouched. Throws actors::request_error: bad_request (no ids, or one outside the vocabulary),
-  // capacity (more than n_ctx_seq), down (the session or its model's decoder actor is gone).
+  // capacity (more than embedding_cells()), down (the session or its model's decoder actor is gone).
   std::vector<float> embed(const std::vector<int32_t>& tokens);
   // Takes what `other` (a session of the same model, not answering) holds in the cache as this session's
   // own, sharing its cells: this session's next answer to the same prompt decodes only its last token.

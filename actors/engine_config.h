@@ -24,7 +24,7 @@
 //   use_mmap = true
 //   huge_pages = true              # host weights copied into 2 MiB pages where the kernel offers them
 //   parallel = true                # upload to every device at once (false: one after another)
-//   n_ctx_seq = 0                  # cells one session may use; 0: n_ctx / n_seq_max
+//   n_ctx_seq = 0                  # cells one session may use; 0: n_ctx (one pool)
 //   kv_type = "f16"                # KV cache type: "f16", "f32" or "q8_0"
 //   chat_template = ""             # "": the model's own; or a family ("chatml", "llama3", "raw", ...)
 //   devices = [{ device = "CPU1", layers = 4 }]

@@ -237,7 +237,7 @@ struct session_request {
   friend bool operator==(const session_request&, const session_request&) = default;
 };
 
-// Token ids to embed, used as given (no BOS added): at most the model's n_ctx_seq, each in its vocabulary.
+// Token ids to embed, used as given (no BOS added): at most the model's embedding_cells(), each in its vocabulary.
 struct embed_request {
   std::vector<int32_t> tokens;
   friend bool operator==(const embed_request&, const embed_request&) = default;
@@ -265,6 +265,10 @@ struct decode_step {
   int32_t seq = 0;
   int32_t keep = 0;
   std::vector<int32_t> tokens;
+  // Context shift first (llm::sequence_step): positions [shift_at, shift_at + shift_n) of seq dropped and
+  // the later ones moved down by shift_n; keep counts after it.
+  int32_t shift_at = 0;
+  int32_t shift_n = 0;
   friend bool operator==(const decode_step&, const decode_step&) = default;
 };
 
@@ -273,6 +277,7 @@ struct step_logits {
   std::vector<float> logits;  // [n_vocab] of the step's last token
   uint32_t batch_steps = 0;   // steps decoded in the same batch (1: alone)
   int32_t reused = 0;         // prompt positions the step took from another sequence's cells, not decoded
+                              // (negative: positions before its keep decoded again, evicted while idle)
   friend bool operator==(const step_logits&, const step_logits&) = default;
 };
 
@@ -310,6 +315,10 @@ struct decoder_stats {
   uint64_t saved_conversations = 0;
   uint32_t host_entries = 0;
   uint64_t host_bytes = 0;
+  uint64_t idle_evictions = 0;   // idle sessions' sequences whose cells went for room
+  uint32_t kv_cells = 0;         // the pool's cells (n_ctx)
+  uint32_t kv_cells_used = 0;    // in use now (sessions' sequences and kept conversations)
+  uint32_t kv_cells_shared = 0;  // held by more than one sequence now (shared prefixes)
   std::vector<slot_status> slots;  // the sessions' sequences
   friend bool operator==(const decoder_stats&, const decoder_stats&) = default;
 };
@@ -448,8 +457,8 @@ typename Inspector::result_type inspect(Inspector& f, tensor_override& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_settings& x) {
   return f(caf::meta::type_name("model_settings"), x.name, x.path, x.devices, x.use_mmap, x.huge_pages, x.parallel, x.n_ctx, x.n_batch,
-           x.n_ubatch, x.n_pipeline, x.n_seq_max, x.n_threads, x.n_ctx_seq, x.prompt_cache_mib, x.kv_type, x.kv_type_v, x.chat_template, x.overrides,
-           x.placement, x.min_nodes);
+           x.n_ubatch, x.n_pipeline, x.n_seq_max, x.n_threads, x.n_ctx_seq, x.prompt_cache_mib, x.kv_type, x.kv_type_v, x.flash_attn, x.context_shift, x.chat_template,
+           x.overrides, x.placement, x.min_nodes);
 }
 
 template <class Inspector>
@@ -500,7 +509,7 @@ typename Inspector::result_type inspect(Inspector& f, session_prefix& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, decode_step& x) {
-  return f(caf::meta::type_name("decode_step"), x.seq, x.keep, x.tokens);
+  return f(caf::meta::type_name("decode_step"), x.seq, x.keep, x.tokens, x.shift_at, x.shift_n);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_logits& x) {
@@ -511,7 +520,7 @@ typename Inspector::result_type inspect(Inspector& f, decoder_stats& x) {
   return f(caf::meta::type_name("decoder_stats"), x.model, x.n_batches, x.n_steps, x.n_tokens, x.max_steps, x.n_sessions,
            x.kv_bytes, x.compute_bytes, x.n_in_flight, x.max_in_flight, x.reused_tokens, x.kept_conversations,
            x.kept_evictions, x.kept_now, x.kept_tokens_now, x.restored_tokens, x.saved_conversations, x.host_entries,
-           x.host_bytes, x.slots);
+           x.host_bytes, x.idle_evictions, x.kv_cells, x.kv_cells_used, x.kv_cells_shared, x.slots);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, slot_status& x) {
@@ -554,7 +563,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_params& x) {
   return f(caf::meta::type_name("generate_params"), x.max_tokens, x.seed, x.temperature, x.top_k, x.top_p, x.min_p,
            x.penalty_last_n, x.repeat_penalty, x.frequency_penalty, x.presence_penalty, x.logit_bias, x.stop,
-           x.logprobs, x.grammar);
+           x.logprobs, x.grammar, x.n_ctx, x.context_shift, x.n_keep);
 }
 
 template <class Inspector>

@@ -14,6 +14,11 @@ type model_settings::kv_cache_type_v() const {
   return llm::kv_cache_type_named(kv_type_v.empty() ? kv_type : kv_type_v).value_or(type::f16);
 }
 
+uint32_t model_settings::embedding_cells() const {
+  const uint32_t share = std::max<uint32_t>(1, n_ctx / std::max<uint32_t>(n_seq_max, 1));
+  return n_ctx_seq > 0 ? std::min(share, n_ctx_seq) : share;
+}
+
 void model_settings::validate() const {
   if (name.empty() || path.empty()) throw settings_error("", "a model needs a name and a path");
   if (n_ctx == 0 || n_seq_max == 0 || n_batch == 0 || n_ubatch == 0) {
@@ -34,6 +39,9 @@ void model_settings::validate() const {
   if (n_ctx_seq > n_ctx) {
     throw settings_error("n_ctx_seq", "n_ctx_seq (" + std::to_string(n_ctx_seq) + ") is larger than n_ctx (" +
                                           std::to_string(n_ctx) + ")");
+  }
+  if (flash_attn != "auto" && flash_attn != "on" && flash_attn != "off") {
+    throw settings_error("flash_attn", "flash_attn must be \"auto\", \"on\" or \"off\", not \"" + flash_attn + "\"");
   }
   if (!llm::kv_cache_type_named(kv_type)) {
     throw settings_error("kv_type", "kv_type (cache_type_k) must be one of " + std::string(llm::kv_cache_type_names()) +
@@ -66,7 +74,7 @@ void model_settings::validate() const {
 model_settings model_settings::resolved() const {
   validate();
   model_settings r = *this;
-  if (r.n_ctx_seq == 0) r.n_ctx_seq = std::max<uint32_t>(1, r.n_ctx / r.n_seq_max);
+  if (r.n_ctx_seq == 0) r.n_ctx_seq = r.n_ctx;
   return r;
 }
 

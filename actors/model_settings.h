@@ -56,8 +56,9 @@ struct model_settings {
   uint32_t n_pipeline = 4;             // micro-batches in flight at once when the layers span several devices
   uint32_t n_seq_max = 4;              // sessions that may be open at once
   int32_t n_threads = 0;               // CPU threads for decoding; 0: all
-  uint32_t n_ctx_seq = 0;              // most cells one session may use (prompt + answer); 0: n_ctx / n_seq_max,
-                                       // so that no session can starve another
+  uint32_t n_ctx_seq = 0;              // most cells one session may use (prompt + answer); 0: n_ctx (the
+                                       // sessions draw from one pool; the daemon's admission control reserves
+                                       // each request's cells, net/http/session_pool.h)
   // Host memory for the conversations prefix reuse evicts from the KV cache (llm/prefix_index.h): a prompt
   // that starts with one has its positions written back instead of decoded (llama-server's --cache-ram).
   // 0: none are saved.
@@ -66,6 +67,14 @@ struct model_settings {
   // iq4_nl): K's, and V's when kv_type_v is empty.
   std::string kv_type = "f16";
   std::string kv_type_v;
+  // Attention as one fused op where a layer's cache allows it (llama.cpp's -fa): "auto" and "on" fuse it (the
+  // CPU's flash_attn for f32 / f16 caches in its layout; the same values as the unfused graph, without the
+  // score matrix in memory), "off" never does. Other layers take the unfused graph either way.
+  std::string flash_attn = "auto";
+  // An answer that reaches its sequence's limit keeps its first n_keep prompt tokens (the request's), drops
+  // the oldest half of the rest and goes on (llama-server's --context-shift; llm::generate_params).
+  // false: it ends with finish_reason "length".
+  bool context_shift = false;
   std::string chat_template;           // a template family overriding the model's own ("raw" for base models);
                                        // "": the model's
   std::vector<tensor_override> overrides;  // tensor-name regex -> device
@@ -84,6 +93,10 @@ struct model_settings {
   type kv_cache_type_v() const;
   // These settings validated, with the defaults that depend on other fields filled in (n_ctx_seq).
   model_settings resolved() const;
+  // Cells of the model's embeddings context, and so the most tokens of one embedding input: one of
+  // n_seq_max equal shares of n_ctx, at most n_ctx_seq (of resolved settings). An embedding has no answer to
+  // leave room for, and a context of the whole pool beside the sessions' would double the KV memory.
+  uint32_t embedding_cells() const;
 };
 
 }  // namespace troupe::actors

@@ -49,7 +49,7 @@ void end_answer(session_ptr self) {
 void send_step(session_ptr self) {
   auto& st = self->state;
   const llm::sequence_step& step = st.current->pending();
-  self->request(st.sched, caf::infinite, step_atom_v, decode_step{st.seq, step.keep, step.tokens})
+  self->request(st.sched, caf::infinite, step_atom_v, decode_step{st.seq, step.keep, step.tokens, step.shift_at, step.shift_n})
       .then(
           [self](step_logits& l) {
             auto& s = self->state;
@@ -188,9 +188,9 @@ session_actor::behavior_type session(session_ptr self, std::shared_ptr<const loa
                                                      ", outside the vocabulary (0.." + std::to_string(n - 1) + ")");
           }
         }
-        if (r.tokens.size() > st.model->settings.n_ctx_seq) {
+        if (r.tokens.size() > st.model->settings.embedding_cells()) {
           return make_error(errc::capacity, who + ": " + std::to_string(r.tokens.size()) + " tokens to embed; at most " +
-                                                std::to_string(st.model->settings.n_ctx_seq));
+                                                std::to_string(st.model->settings.embedding_cells()));
         }
         // The decoder actor answers the requester; this session's sequence and cache take no part.
         return self->delegate(st.sched, embed_atom_v, std::move(r));

@@ -37,7 +37,14 @@ void batch_decoder::check(std::span<const seq_step> steps) const {
     if (seen[static_cast<size_t>(s.seq)]) throw error(at + ": a second step of sequence " + std::to_string(s.seq));
     seen[static_cast<size_t>(s.seq)] = true;
     if (s.tokens.empty()) throw error(at + ": no tokens");
-    const int32_t held = ctx_.kv().seq_pos_max(s.seq) + 1;
+    int32_t held = ctx_.kv().seq_pos_max(s.seq) + 1;
+    if (s.shift_n != 0) {
+      if (s.shift_n < 0 || s.shift_at < 0 || s.shift_at + s.shift_n > held) {
+        throw error(at + ": shifts positions [" + std::to_string(s.shift_at) + ", " + std::to_string(s.shift_at + s.shift_n) +
+                    ") of sequence " + std::to_string(s.seq) + ", which holds " + std::to_string(held));
+      }
+      held -= s.shift_n;
+    }
     if (s.keep < 0) throw error(at + ": keeps " + std::to_string(s.keep) + " positions");
     if (s.keep > held) {
       throw missing_positions_error(at + ": keeps " + std::to_string(s.keep) + " positions of sequence " +
@@ -49,6 +56,9 @@ void batch_decoder::check(std::span<const seq_step> steps) const {
 void batch_decoder::begin(std::span<const seq_step> steps) {
   check(steps);
   kv_cache& kv = ctx_.kv();
+  for (const seq_step& s : steps) {
+    if (s.shift_n > 0) ctx_.shift(s.seq, s.shift_at, s.shift_n, [this](size_t n) { make_room(n); });
+  }
   for (const seq_step& s : steps) kv.seq_rm(s.seq, s.keep, -1);
   size_t needed = 0;
   for (const seq_step& s : steps) needed += s.tokens.size();
@@ -153,6 +163,18 @@ void batch_decoder::submit_forget(int32_t seq) {
   ctx_.submit([this, seq] { forget(seq); }, {}, {});
 }
 
+void batch_decoder::submit_shift(int32_t seq, int32_t p0, int32_t n) {
+  ctx_.submit(
+      [this, seq, p0, n] {
+        try {
+          ctx_.shift(seq, p0, n, [this](size_t cells) { make_room(cells); });
+        } catch (const std::exception&) {
+          forget(seq);
+        }
+      },
+      {}, {});
+}
+
 void batch_decoder::submit_share(int32_t src, int32_t dst, int32_t n, std::function<void()> after) {
   ctx_.submit(
       [this, src, dst, n, after = std::move(after)] {
@@ -183,7 +205,8 @@ std::vector<generate_result> generate_together(llm_context& ctx, const vocab& v,
     std::vector<size_t> which;
     for (size_t i = 0; i < seqs.size(); ++i) {
       if (seqs[i].done()) continue;
-      steps.push_back({static_cast<int32_t>(i), seqs[i].pending().keep, seqs[i].pending().tokens});
+      const sequence_step& st = seqs[i].pending();
+      steps.push_back({static_cast<int32_t>(i), st.keep, st.tokens, st.shift_at, st.shift_n});
       which.push_back(i);
     }
     if (steps.empty()) break;

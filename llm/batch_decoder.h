@@ -31,6 +31,10 @@ struct seq_step {
   int32_t seq = 0;                // sequence id, below the context's n_seq_max
   int32_t keep = 0;               // cache positions of seq to keep; later ones are removed first
   std::vector<token_id> tokens;   // decoded at positions keep, keep + 1, ...; not empty
+  // A context shift first (sequence_step): positions [shift_at, shift_at + shift_n) dropped, the later ones
+  // moved down (llm_context::shift); keep counts after it. shift_n 0: none.
+  int32_t shift_at = 0;
+  int32_t shift_n = 0;
 };
 
 // A step keeps positions its sequence does not hold (a share or restore before it found no room): thrown
@@ -67,6 +71,9 @@ class batch_decoder {
   using decode_done = std::function<void(std::vector<std::vector<float>> logits, std::exception_ptr error)>;
   void submit(std::vector<seq_step> steps, decode_done done, int64_t group = -1);
   void submit_forget(int32_t seq);
+  // llm_context::shift(seq, p0, n) in the same order, making room through the evictor; when it fails (no
+  // room) seq is left empty, and its next step fails for keeping positions it does not hold.
+  void submit_shift(int32_t seq, int32_t p0, int32_t n);
   // forget(dst), then dst shares positions [0, n) of src (kv_cache::seq_cp), in the same order; `after`
   // (may be empty) runs on the pipeline's thread once it has.
   void submit_share(int32_t src, int32_t dst, int32_t n, std::function<void()> after = {});

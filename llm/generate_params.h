@@ -33,6 +33,14 @@ struct generate_params : sampling_params {
   // the context) come close to the bytes the grammar still needs, only tokens that bring its end nearer
   // are allowed, so a JSON answer closes its strings and brackets instead of being cut off.
   std::string grammar;
+  // Cache positions the answer's sequence may hold (prompt and answer); 0: the context's (the session's
+  // n_ctx_seq). The daemon sets its request's reservation here.
+  int32_t n_ctx = 0;
+  // Context shift (llama-server's --context-shift): when the answer reaches the limit above, keep the first
+  // n_keep prompt tokens (-1: the whole prompt; a BOS the vocabulary adds is kept besides), drop the oldest
+  // half of the rest, move the later ones down and go on, instead of ending with finish "length".
+  bool context_shift = false;
+  int32_t n_keep = 0;
   friend bool operator==(const generate_params&, const generate_params&) = default;
 
   // Greedy decoding (temperature 0) of at most max_tokens tokens.

@@ -33,6 +33,10 @@ generate_result generator::generate(std::span<const token_id> prompt, const gene
   sequence s(vocab_, cached_, prompt, p, ctx_.params().n_ctx);
   while (!s.done()) {
     const sequence_step& step = s.pending();
+    if (step.shift_n > 0) {
+      ctx_.shift(seq_, step.shift_at, step.shift_n);
+      cached_.erase(cached_.begin() + step.shift_at, cached_.begin() + step.shift_at + step.shift_n);
+    }
     if (static_cast<size_t>(step.keep) < cached_.size()) {
       ctx_.kv().seq_rm(seq_, step.keep, -1);
       cached_.resize(static_cast<size_t>(step.keep));

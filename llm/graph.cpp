@@ -1,7 +1,10 @@
 #include "llm/graph.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
+#include "runtime/backend.h"
 #include "runtime/error.h"
 #include "runtime/ops.h"
 
@@ -63,6 +66,59 @@ tensor* graph_builder::rope_of(tensor* x, float freq_base) const {
   return rope(ctx, x, in.pos, m.rope_factors(kv.size()), p);
 }
 
+void rope_turn_rows(const model& m, uint32_t il, uint32_t n_ctx, float* rows, int64_t n_rows, int32_t delta) {
+  const hparams& hp = m.hp();
+  if (hp.rope != rope_mode::normal && hp.rope != rope_mode::neox) throw error("context shift: this model's rope mode cannot be turned");
+  rope_params p;
+  p.n_dims = static_cast<int32_t>(hp.n_rot);
+  p.mode = hp.rope;
+  p.n_ctx_orig = static_cast<int32_t>(hp.ctx_orig());
+  p.freq_base = hp.is_swa(il) ? hp.rope_freq_base_swa : hp.rope_freq_base;
+  p.freq_scale = hp.rope_freq_scale;
+  if (hp.rope_yarn) {
+    p.ext_factor = 1.0f;
+    p.beta_fast = hp.yarn_beta_fast;
+    p.beta_slow = hp.yarn_beta_slow;
+  }
+  const int64_t head = hp.n_embd_head_k, n_head = hp.n_head_kv, n_dims = p.n_dims;
+  if (n_dims <= 0 || n_dims > head || n_dims % 2 != 0) throw error("context shift: the rope's dimensions do not fit a head");
+  std::vector<float> factors;
+  if (const tensor* ff = m.rope_factors(n_ctx)) {
+    factors.resize(static_cast<size_t>(n_dims / 2));
+    tensor_get(*ff, factors.data(), 0, factors.size() * sizeof(float));
+  }
+  float corr[2];
+  rope_yarn_corr_dims(p, corr);
+  // cos and sin of each pair's angle at position delta, as the rope kernels compute it, magnitude 1.
+  std::vector<float> cs(static_cast<size_t>(n_dims));
+  const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(n_dims));
+  float theta = static_cast<float>(delta);
+  for (int64_t i0 = 0; i0 < n_dims; i0 += 2) {
+    const float extrap = theta / (factors.empty() ? 1.0f : factors[static_cast<size_t>(i0 / 2)]);
+    float th = p.freq_scale * extrap;
+    if (p.ext_factor != 0.0f) {
+      const float y = (static_cast<float>(i0 / 2) - corr[0]) / std::max(0.001f, corr[1] - corr[0]);
+      const float mix = (1.0f - std::min(1.0f, std::max(0.0f, y))) * p.ext_factor;
+      th = th * (1 - mix) + extrap * mix;
+    }
+    cs[static_cast<size_t>(i0)] = std::cos(th);
+    cs[static_cast<size_t>(i0) + 1] = std::sin(th);
+    theta *= theta_scale;
+  }
+  const bool neox = p.mode == rope_mode::neox;
+  const int64_t step = neox ? 1 : 2, other = neox ? n_dims / 2 : 1;
+  for (int64_t r = 0; r < n_rows * n_head; ++r) {
+    float* x = rows + r * head;
+    for (int64_t ic = 0; ic < n_dims / 2; ++ic) {
+      const int64_t i = ic * step;
+      const float c = cs[static_cast<size_t>(2 * ic)], s = cs[static_cast<size_t>(2 * ic + 1)];
+      const float x0 = x[i], x1 = x[i + other];
+      x[i] = x0 * c - x1 * s;
+      x[i + other] = x0 * s + x1 * c;
+    }
+  }
+}
+
 tensor* graph_builder::softcap(tensor* x, float cap) const {
   return scale(ctx, sigmoid(ctx, scale(ctx, x, 2.0f / cap)), 2.0f * cap, -cap);
 }
@@ -94,7 +150,7 @@ tensor* graph_builder::attention(uint32_t il, tensor* q, tensor* k, tensor* v, f
   // K and V the attention kernels read as they are: f32 and f16. Others (bf16, the quantized types) are
   // products by K's rows and V converted to f32.
   const auto direct = [](const tensor* t) { return t->type == type::f32 || t->type == type::f16; };
-  if (!v_trans && mask != nullptr && cap == 0.0f && direct(ck) && direct(cv)) {
+  if (shape.flash_attn && !v_trans && mask != nullptr && cap == 0.0f && direct(ck) && direct(cv)) {
     // CPU layers (K and V in a row per cell: the CPU's layout): one op, the scores of a few query rows at a
     // time in cache instead of a score matrix in memory; the same values as the unfused graph below.
     tensor* vview = view_3d(ctx, v_stored, hd_v, n_kv, n_head_kv, row_size(cv->type, n_embd_v), row_size(cv->type, hd_v), 0);

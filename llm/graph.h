@@ -14,11 +14,19 @@
 
 namespace troupe::llm {
 
+// Turns K rows of layer il back or forth by delta positions (a context shift): each row's heads
+// ([n_embd_head_k] each, n_head_kv of them) rotated by the layer's rope at position delta, with the model's
+// frequencies, factors and YaRN ramp and without its magnitude factor (the rows have it already). Rotations
+// compose, so rope(x, p) turned by delta is rope(x, p + delta) up to rounding. n_ctx: the cache's cells
+// (which rope factors a phi3 model uses). Throws error for a rope this cannot turn.
+void rope_turn_rows(const model& m, uint32_t il, uint32_t n_ctx, float* rows, int64_t n_rows, int32_t delta);
+
 struct graph_shape {
   uint32_t n_tokens = 1;   // tokens in the micro-batch
   uint32_t n_kv = 32;      // cache cells attention covers
   uint32_t n_outputs = 1;  // rows whose logits are computed
   bool embeddings = false; // the rows' final hidden states (after the output norm) instead of logits
+  bool flash_attn = true;  // attention as one fused op (flash_attn) where the layer's cache allows it
 };
 
 // The graph's inputs, filled by the caller after allocation.

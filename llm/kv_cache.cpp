@@ -133,6 +133,17 @@ void kv_cache::commit(const std::vector<uint32_t>& cells, const std::vector<int3
     c.pos = pos[i];
     c.seqs = uint64_t{1} << seq[i];
   }
+  recount();
+}
+
+void kv_cache::recount() {
+  uint32_t used = 0, shared = 0;
+  for (const cell& c : cells_) {
+    used += c.seqs != 0;
+    shared += (c.seqs & (c.seqs - 1)) != 0;  // two bits or more
+  }
+  used_now_.store(used);
+  shared_now_.store(shared);
 }
 
 uint32_t kv_cache::n_kv(const std::vector<uint32_t>& extra) const {
@@ -154,6 +165,7 @@ void kv_cache::release(const std::vector<uint32_t>& cells) {
     x.seqs = 0;
     x.pos = -1;
   }
+  recount();
 }
 
 void kv_cache::seq_rm(int32_t seq, int32_t p0, int32_t p1) {
@@ -166,6 +178,7 @@ void kv_cache::seq_rm(int32_t seq, int32_t p0, int32_t p1) {
     else c.seqs &= ~(uint64_t{1} << seq);
     if (c.seqs == 0) c.pos = -1;
   }
+  recount();
 }
 
 void kv_cache::seq_cp(int32_t src, int32_t dst, int32_t p0, int32_t p1) {
@@ -176,10 +189,12 @@ void kv_cache::seq_cp(int32_t src, int32_t dst, int32_t p0, int32_t p1) {
   for (cell& c : cells_) {
     if ((c.seqs >> src & 1) && c.pos >= p0 && c.pos < p1) c.seqs |= uint64_t{1} << dst;
   }
+  recount();
 }
 
 void kv_cache::clear() {
   for (cell& c : cells_) c = cell{};
+  recount();
 }
 
 size_t kv_cache::bytes_per_token() const {
@@ -258,6 +273,44 @@ std::vector<uint8_t> kv_cache::save(int32_t seq, int32_t n) const {
   }
   std::vector<uint8_t> out(at.size() * bytes_per_token());
   move_rows(at, out.data(), at.size(), true);
+  return out;
+}
+
+std::vector<uint8_t> kv_cache::shifted(int32_t seq, int32_t p0, int32_t n, const turn_fn& turn) const {
+  const int32_t held = seq_pos_max(seq) + 1;
+  if (p0 < 0 || n <= 0 || p0 + n > held) {
+    throw error("kv cache: shift of sequence " + std::to_string(seq) + ": positions [" + std::to_string(p0) + ", " +
+                std::to_string(p0 + n) + ") of " + std::to_string(held));
+  }
+  const std::vector<uint8_t> old = save(seq, held);
+  const auto kept = static_cast<size_t>(p0), moved = static_cast<size_t>(held - p0 - n), m = kept + moved;
+  std::vector<uint8_t> out(m * bytes_per_token());
+  const uint8_t* src = old.data();
+  uint8_t* dst = out.data();
+  std::vector<float> f;
+  for (size_t il = 0; il < k_.size(); ++il) {
+    for (const bool is_k : {true, false}) {
+      const tensor& t = is_k ? *k_[il] : *v_[il];
+      // save()'s rows: K's and (untransposed) V's as stored, a transposed V's gathered per position.
+      const bool trans = !is_k && v_trans_[il];
+      const int64_t n_embd = trans ? t.ne[1] : t.ne[0];
+      const size_t row = trans ? static_cast<size_t>(n_embd) * type_size(t.type) : row_size(t.type, n_embd);
+      std::memcpy(dst, src, kept * row);
+      std::memcpy(dst + kept * row, src + (kept + static_cast<size_t>(n)) * row, moved * row);
+      if (is_k && moved > 0) {
+        const type_traits& tt = traits(t.type);
+        if (tt.to_float == nullptr || tt.from_float_ref == nullptr) {
+          throw error(std::string("kv cache: shift: K of type ") + std::string(tt.name) + " cannot be converted");
+        }
+        f.resize(moved * static_cast<size_t>(n_embd));
+        for (size_t r = 0; r < moved; ++r) tt.to_float(dst + (kept + r) * row, f.data() + r * static_cast<size_t>(n_embd), n_embd);
+        turn(static_cast<uint32_t>(il), f.data(), static_cast<int64_t>(moved));
+        for (size_t r = 0; r < moved; ++r) tt.from_float_ref(f.data() + r * static_cast<size_t>(n_embd), dst + (kept + r) * row, n_embd);
+      }
+      src += static_cast<size_t>(held) * row;
+      dst += m * row;
+    }
+  }
   return out;
 }
 

@@ -14,7 +14,9 @@
 // Sliding-window layers use the same cells; the mask hides what is outside their window.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -89,9 +91,24 @@ class kv_cache {
   // them to seq (which should hold nothing). Throws capacity_error when fewer than n cells are free.
   void restore(int32_t seq, std::span<const uint8_t> saved, int32_t n_saved, int32_t n);
 
+  // Context shift: seq's positions with [p0, p0 + n) dropped and the later ones moved down by n, as host bytes
+  // in save()'s layout (held - n positions, held = seq_pos_max(seq) + 1), each moved K row passed through
+  // `turn(il, rows, n_rows)` as f32 ([n_embd_k_gqa] per row: the layer's rope by -n positions) and stored back
+  // in the cache's type. The caller forgets seq and restores these. Throws error when seq holds fewer
+  // than p0 + n positions.
+  using turn_fn = std::function<void(uint32_t il, float* rows, int64_t n_rows)>;
+  std::vector<uint8_t> shifted(int32_t seq, int32_t p0, int32_t n, const turn_fn& turn) const;
+
   // Highest position of seq, or -1 when it holds none.
   int32_t seq_pos_max(int32_t seq) const;
   uint32_t used_cells() const;
+  // Cells in use and cells that more than one sequence holds (prefix sharing), as of the last edit; safe to
+  // read from any thread while another edits (the /metrics gauges).
+  struct occupancy_counts {
+    uint32_t used = 0;
+    uint32_t shared = 0;
+  };
+  occupancy_counts occupancy() const { return {used_now_.load(), shared_now_.load()}; }
 
   // The attention mask for a ubatch: [n_kv, n_rows] f32 rows (n_rows >= tokens; extra rows -inf), 0 where
   // token t (position pos[t], sequence seq[t]) may attend to cell c, -inf elsewhere. window > 0: only
@@ -109,6 +126,7 @@ class kv_cache {
     uint64_t seqs = 0;  // bit s: sequence s holds this cell
   };
   void check_seq(int32_t seq, const char* what) const;
+  void recount();  // used_now_, shared_now_ after an edit
   // Moves the rows of the positions in `cells` (cells[i] holds position i) between host bytes in save()'s
   // layout (n_host positions a layer) and the cache: to the host (save) or from it (restore).
   void move_rows(const std::vector<uint32_t>& cells, uint8_t* host, size_t n_host, bool to_host) const;
@@ -121,6 +139,7 @@ class kv_cache {
   std::unique_ptr<context> ctx_;
   std::vector<buffer_ptr> buffers_;
   std::vector<cell> cells_;
+  std::atomic<uint32_t> used_now_{0}, shared_now_{0};
 };
 
 }  // namespace troupe::llm

@@ -105,7 +105,7 @@ void llm_context::reserve(scheduler& s) {
   // (96 MiB for a 49k vocabulary and 512 tokens, 512 MiB for 262k) for batches that output one row.
   const uint32_t rows = params_.n_outputs_reserved > 0 ? params_.n_outputs_reserved : std::max(1u, params_.n_seq_max);
   troupe::context ctx(graph_ctx_params(m_.hp()));
-  graph_builder b(ctx, m_, *kv_, {.n_tokens = params_.n_ubatch, .n_kv = kv_->size(), .n_outputs = std::min(rows, params_.n_ubatch), .embeddings = params_.embeddings});
+  graph_builder b(ctx, m_, *kv_, {.n_tokens = params_.n_ubatch, .n_kv = kv_->size(), .n_outputs = std::min(rows, params_.n_ubatch), .embeddings = params_.embeddings, .flash_attn = params_.flash_attn});
   tensor* logits = build_graph(b);
   graph g(graph_tensors(m_.hp()) * 2);
   g.build_forward_expand(logits);
@@ -146,6 +146,17 @@ void llm_context::validate(const batch& b, bool limit) const {
     throw capacity_error("llm context: " + std::to_string(n) + " tokens do not fit the context (" +
                          std::to_string(kv_->used_cells()) + " of " + std::to_string(kv_->size()) + " cells in use)");
   }
+}
+
+void llm_context::shift(int32_t seq, int32_t p0, int32_t n, const std::function<void(size_t)>& make_room) {
+  kv_cache& kv = *kv_;
+  const std::vector<uint8_t> bytes = kv.shifted(seq, p0, n, [&](uint32_t il, float* rows, int64_t n_rows) {
+    rope_turn_rows(m_, il, kv.size(), rows, n_rows, -n);
+  });
+  const int32_t m = static_cast<int32_t>(bytes.size() / kv.bytes_per_token());
+  kv.seq_rm(seq, -1, -1);
+  if (make_room) make_room(static_cast<size_t>(m));
+  kv.restore(seq, bytes, m, m);
 }
 
 void llm_context::decode(const batch& b) {
@@ -203,7 +214,7 @@ void llm_context::prepare(ubatch& u, scheduler& s, const batch& b, size_t begin,
 
   u.ctx = std::make_unique<troupe::context>(graph_ctx_params(hp));
   u.gb = std::make_unique<graph_builder>(*u.ctx, m_, *kv_,
-                                         graph_shape{.n_tokens = n_tokens, .n_kv = n_kv, .n_outputs = static_cast<uint32_t>(out_ids.size()), .embeddings = params_.embeddings});
+                                         graph_shape{.n_tokens = n_tokens, .n_kv = n_kv, .n_outputs = static_cast<uint32_t>(out_ids.size()), .embeddings = params_.embeddings, .flash_attn = params_.flash_attn});
   graph_builder& gb = *u.gb;
   u.logits = build_graph(gb);
   u.g = std::make_unique<graph>(graph_tensors(hp) * 2);

@@ -51,6 +51,7 @@ struct context_params {
   uint32_t n_seq_max = 1;
   type type_k = type::f16;
   type type_v = type::f16;
+  bool flash_attn = true;    // attention as one fused op where a layer's cache allows it (graph_shape)
   int n_threads = 0;         // CPU threads; 0: all hardware threads
   uint32_t n_pipeline = 4;   // micro-batches in flight at once over several backends; 1: one at a time
   // Rows of logits the compute memory is reserved for; 0: n_seq_max (a decode outputs one row per
@@ -102,6 +103,11 @@ class llm_context {
   size_t n_outputs() const { return n_outputs_; }
 
   const model& mdl() const { return m_; }
+  // Context shift of seq (llama.cpp's): positions [p0, p0 + n) dropped, the later ones moved down by n with
+  // their K turned back by n positions (kv_cache::shifted, rope_turn_rows), written into free cells;
+  // `make_room(cells)` (may be empty) runs first to free as many (the batch decoder's evictor). Throws
+  // error for a bad range, capacity_error when there is no room. Not while a decode of seq is in flight.
+  void shift(int32_t seq, int32_t p0, int32_t n, const std::function<void(size_t)>& make_room = {});
   kv_cache& kv() { return *kv_; }
   const kv_cache& kv() const { return *kv_; }
   const context_params& params() const { return params_; }

@@ -94,7 +94,10 @@ prefix_index::step_plan prefix_index::plan_step(int32_t seq, int32_t keep, std::
     s.stable = 0;
     return p;
   }
-  const auto k = static_cast<size_t>(keep);
+  // Evicted while idle: the sequence holds nothing, and the whole prompt is planned from position 0.
+  const bool lost = s.evicted;
+  s.evicted = false;
+  const size_t k = lost ? 0 : static_cast<size_t>(keep);
   std::vector<token_id> full(s.tokens.begin(), s.tokens.begin() + keep);
   full.insert(full.end(), tokens.begin(), tokens.end());
   // The longest decoded prefix of the whole prompt that another sequence holds; the last token is always
@@ -137,11 +140,16 @@ prefix_index::step_plan prefix_index::plan_step(int32_t seq, int32_t keep, std::
     p.keep_into = keep_decoded(seq);
     if (p.keep_into >= 0) p.kept = static_cast<int32_t>(s.stable);
   }
+  if (lost) {  // decoded from position 0 unless shared or restored below; reused counts from the step's keep
+    p.keep = 0;
+    p.tokens = full;
+    p.reused = -keep;
+  }
   if (from_host != nullptr) {
     p.n = static_cast<int32_t>(best);
     p.keep = p.n;
     p.tokens.assign(full.begin() + static_cast<std::ptrdiff_t>(best), full.end());
-    p.reused = static_cast<int32_t>(best - k);
+    p.reused = static_cast<int32_t>(best) - keep;
     st_.restored_tokens += best - k;
     ++st_.reused_steps;
   }
@@ -150,7 +158,7 @@ prefix_index::step_plan prefix_index::plan_step(int32_t seq, int32_t keep, std::
     p.n = static_cast<int32_t>(best);
     p.keep = p.n;
     p.tokens.assign(full.begin() + static_cast<std::ptrdiff_t>(best), full.end());
-    p.reused = static_cast<int32_t>(best - k);
+    p.reused = static_cast<int32_t>(best) - keep;
     st_.reused_tokens += best - k;
     ++st_.reused_steps;
   }
@@ -217,7 +225,22 @@ std::pair<int32_t, int32_t> prefix_index::forget(int32_t seq) {
   }
   s.tokens.clear();
   s.stable = 0;
+  s.evicted = false;
+  s.idle = false;
   return out;
+}
+
+void prefix_index::shifted(int32_t seq, int32_t at, int32_t n) {
+  std::lock_guard lock(mu_);
+  check(seq, "shifted");
+  entry& s = e_[static_cast<size_t>(seq)];
+  if (at < 0 || n <= 0 || static_cast<size_t>(at) + static_cast<size_t>(n) > s.tokens.size()) {
+    throw error("prefix index: sequence " + std::to_string(seq) + " shifts positions [" + std::to_string(at) + ", " +
+                std::to_string(at + n) + ") of " + std::to_string(s.tokens.size()));
+  }
+  s.tokens.erase(s.tokens.begin() + at, s.tokens.begin() + at + n);
+  // The moved positions are written again with the step: until it is done only those before `at` are known.
+  s.stable = std::min(s.stable, static_cast<size_t>(at));
 }
 
 void prefix_index::shared(int32_t src, int32_t dst, int32_t n) {
@@ -255,8 +278,30 @@ int32_t prefix_index::evict_one(std::vector<token_id>* tokens) {
     if (tokens != nullptr) *tokens = std::move(e_[static_cast<size_t>(victim)].tokens);
     e_[static_cast<size_t>(victim)] = entry{};
     ++st_.evictions;
+    return victim;
+  }
+  // An idle session's sequence: its tokens stay known, its cells go.
+  for (uint32_t r = 0; r < n_live_; ++r) {
+    const entry& o = e_[r];
+    if (o.idle && !o.evicted && o.stable > 0 && o.pins == 0 && o.used < oldest) {
+      oldest = o.used;
+      victim = static_cast<int32_t>(r);
+    }
+  }
+  if (victim >= 0) {
+    entry& o = e_[static_cast<size_t>(victim)];
+    if (tokens != nullptr) tokens->assign(o.tokens.begin(), o.tokens.begin() + static_cast<std::ptrdiff_t>(o.stable));
+    o.evicted = true;
+    o.stable = 0;
+    ++st_.idle_evictions;
   }
   return victim;
+}
+
+void prefix_index::set_idle(int32_t seq, bool idle) {
+  std::lock_guard lock(mu_);
+  check(seq, "set_idle");
+  e_[static_cast<size_t>(seq)].idle = idle;
 }
 
 void prefix_index::store(std::vector<token_id> tokens, std::vector<uint8_t> bytes) {

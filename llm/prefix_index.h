@@ -41,6 +41,7 @@ struct prefix_index_stats {
   uint64_t reused_steps = 0;        // steps that took them
   uint64_t kept_conversations = 0;  // times a sequence's positions were kept in the pool before being dropped
   uint64_t evictions = 0;           // kept conversations dropped to make room
+  uint64_t idle_evictions = 0;      // idle sessions' sequences dropped to make room (no kept one left)
   uint32_t kept_now = 0;            // kept conversations in the pool now
   uint64_t kept_tokens_now = 0;     // their positions
   uint64_t restored_tokens = 0;     // prompt positions written back from host memory instead of decoded
@@ -67,7 +68,8 @@ class prefix_index {
     int32_t restore_saved = 0;
     int32_t keep = 0;        // then the step: keep this many positions of seq, decode `tokens` after them
     std::vector<token_id> tokens;
-    int32_t reused = 0;      // prompt positions the donor or the restore saved (n minus the step's own keep)
+    int32_t reused = 0;      // prompt positions the donor or the restore saved (n minus the step's own keep;
+                             // negative when seq's own positions were evicted while idle)
   };
   // A step of live sequence seq arrives: keep its first `keep` positions, decode `tokens`.
   step_plan plan_step(int32_t seq, int32_t keep, std::span<const token_id> tokens);
@@ -83,13 +85,22 @@ class prefix_index {
   // Live sequence seq forgets everything (its session leaves, or a new one attaches): the kept sequence
   // that should take its positions [0, n) first, or {-1, 0}.
   std::pair<int32_t, int32_t> forget(int32_t seq);
+  // A step of live sequence seq shifts its context first (sequence_step::shift_at/shift_n): its positions
+  // [at, at + n) go and the later ones move down.
+  void shifted(int32_t seq, int32_t at, int32_t n);
   // dst forgot its positions and took positions [0, n) of src (an explicit share).
   void shared(int32_t src, int32_t dst, int32_t n);
   // A share from seq that plan_step asked for has run: seq may be evicted again.
   void unpin(int32_t seq);
   // The least recently used kept conversation that no submitted share still needs, forgotten here; its
-  // cells are the caller's to free (kv_cache::seq_rm). -1: none.
+  // cells are the caller's to free (kv_cache::seq_rm). With none left, the least recently used idle live
+  // sequence (set_idle: its session between answers), whose tokens the index remembers: its next step
+  // starts from position 0 (plan_step), sharing or restoring what it can. *tokens: the victim's decoded
+  // positions (for the host-RAM prompt cache). -1: none.
   int32_t evict_one(std::vector<token_id>* tokens = nullptr);
+  // Live sequence seq is between answers (its session ended one: its cells may go when the pool needs
+  // them), or not (a step arrived).
+  void set_idle(int32_t seq, bool idle);
   // Whether evicted conversations are saved to host memory (host_limit > 0).
   bool saves() const { return host_limit_ > 0; }
   // An evicted conversation's positions as saved bytes (kv_cache::save), kept in host memory within the
@@ -108,6 +119,8 @@ class prefix_index {
     size_t stable = 0;
     uint64_t used = 0;  // LRU stamp
     int pins = 0;
+    bool idle = false;     // live: between answers
+    bool evicted = false;  // live: its cells went (evict_one); tokens are what it held
   };
   struct saved {
     std::vector<token_id> tokens;

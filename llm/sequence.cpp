@@ -9,7 +9,7 @@ namespace troupe::llm {
 
 sequence::sequence(const vocab& v, std::span<const token_id> cached, std::span<const token_id> prompt,
                    const generate_params& p, uint32_t n_ctx)
-    : vocab_(v), params_(p), n_ctx_(n_ctx), chain_(p), detok_(v) {
+    : vocab_(v), params_(p), n_ctx_(p.n_ctx > 0 ? std::min(n_ctx, static_cast<uint32_t>(p.n_ctx)) : n_ctx), chain_(p), detok_(v) {
   result_.n_prompt = static_cast<int32_t>(prompt.size());
   if (prompt.empty()) throw error("generate: empty prompt");
   if (p.logprobs < -1 || p.logprobs > generate_params::max_logprobs) {
@@ -23,9 +23,15 @@ sequence::sequence(const vocab& v, std::span<const token_id> cached, std::span<c
     }
   }
   if (!p.grammar.empty()) grammar_ = std::make_unique<grammar_matcher>(grammar::parse(p.grammar));
-  if (prompt.size() >= n_ctx) {
+  if (prompt.size() >= n_ctx_) {
     throw capacity_error("generate: the prompt has " + std::to_string(prompt.size()) + " tokens, the context holds " +
-                         std::to_string(n_ctx));
+                         std::to_string(n_ctx_));
+  }
+  if (p.context_shift) {
+    // As llama-server: n_keep prompt tokens (-1: all of them) and the BOS the vocabulary adds.
+    const int32_t n = static_cast<int32_t>(prompt.size());
+    const int32_t bos = v.add_bos() && prompt.front() == v.bos() ? 1 : 0;
+    n_keep_ = p.n_keep < 0 ? n : std::min(n, p.n_keep + bos);
   }
   // Reuse the cached prefix; always decode at least the last prompt token to get its logits.
   size_t common = 0;
@@ -42,6 +48,8 @@ sequence::sequence(const vocab& v, std::span<const token_id> cached, std::span<c
 
 void sequence::reused(int32_t n) {
   if (n > 0) result_.n_prompt_decoded = std::max<int32_t>(1, result_.n_prompt_decoded - n);
+  // Negative: the cache lost positions the sequence held (evicted while idle), decoded again.
+  if (n < 0) result_.n_prompt_decoded = std::min(result_.n_prompt, result_.n_prompt_decoded - n);
 }
 
 sequence_output sequence::finish(std::string finish, bool flush) {
@@ -58,8 +66,13 @@ sequence_output sequence::finish(std::string finish, bool flush) {
     t1_ = now;
   }
   result_.gen_seconds = std::chrono::duration<double>(now - t1_).count();
+  if (pending_.shift_n > 0) {  // a shift not decoded (cancelled): the cache still holds what it dropped
+    cached_.insert(cached_.begin() + pending_.shift_at, shift_dropped_.begin(), shift_dropped_.end());
+  }
   pending_.tokens.clear();
   pending_.keep = static_cast<int32_t>(cached_.size());
+  pending_.shift_at = 0;
+  pending_.shift_n = 0;
   done_ = true;
   out.done = true;
   return out;
@@ -110,19 +123,28 @@ token_logprob sequence::logprob_of(token_id t) const {
 sequence_output sequence::advance(std::span<const float> logits) {
   if (done_) throw error("sequence: advance after the answer is done");
   cached_.insert(cached_.end(), pending_.tokens.begin(), pending_.tokens.end());
+  pending_.shift_n = 0;  // decoded with the step
+  pending_.shift_at = 0;
   if (in_prompt_) {
     t1_ = std::chrono::steady_clock::now();
     result_.prompt_seconds = std::chrono::duration<double>(t1_ - t0_).count();
     in_prompt_ = false;
   }
   // Up to max_tokens samples, each decoded (the next pending step) after it is streamed.
-  if (n_sampled_ >= params_.max_tokens || cached_.size() + 1 >= n_ctx_) return finish("length", true);
+  // A sampled token takes the next cell when it is decoded: none left ends the answer, or with context shift
+  // the oldest half of what follows the kept tokens goes before the next step (applied at the end, once
+  // the answer goes on).
+  const int32_t shift_n = params_.context_shift && cached_.size() >= n_ctx_
+                              ? (static_cast<int32_t>(cached_.size()) - n_keep_) / 2
+                              : 0;
+  if (n_sampled_ >= params_.max_tokens || (shift_n <= 0 && cached_.size() >= n_ctx_)) return finish("length", true);
   if (grammar_) {
     // Ban what the grammar does not allow; the chain then samples among the rest as usual.
     // Tokens left for this answer: when they are about to run out before the grammar's sentence is
     // complete, only tokens that bring its end nearer are allowed (the answer closes instead of being cut).
-    const int64_t left = std::min<int64_t>(int64_t{params_.max_tokens} - n_sampled_,
-                                           static_cast<int64_t>(n_ctx_) - 1 - static_cast<int64_t>(cached_.size()));
+    const int64_t room = params_.context_shift ? int64_t{params_.max_tokens}
+                                               : static_cast<int64_t>(n_ctx_) - 1 - static_cast<int64_t>(cached_.size());
+    const int64_t left = std::min<int64_t>(int64_t{params_.max_tokens} - n_sampled_, room);
     const bool closing = !grammar_->can_end() && left <= static_cast<int64_t>(grammar_->bytes_to_end()) + 4;
     if (grammar_->allowed_tokens(vocab_, allowed_, closing) == 0 && (!closing || grammar_->allowed_tokens(vocab_, allowed_) == 0)) {
       throw grammar_error("grammar: no token of the vocabulary can continue the answer after '" + result_.text + "'");
@@ -180,6 +202,15 @@ sequence_output sequence::advance(std::span<const float> logits) {
     last.piece = out.piece + last.piece;
     last.token = t;
     return last;
+  }
+  pending_.shift_at = 0;
+  pending_.shift_n = 0;
+  if (shift_n > 0) {
+    shift_dropped_.assign(cached_.begin() + n_keep_, cached_.begin() + n_keep_ + shift_n);
+    cached_.erase(cached_.begin() + n_keep_, cached_.begin() + n_keep_ + shift_n);
+    pending_.shift_at = n_keep_;
+    pending_.shift_n = shift_n;
+    ++n_shifts_;
   }
   pending_.keep = static_cast<int32_t>(cached_.size());
   pending_.tokens.assign(1, t);

@@ -34,6 +34,11 @@ namespace troupe::llm {
 struct sequence_step {
   int32_t keep = 0;
   std::vector<token_id> tokens;
+  // A context shift before the step (generate_params::context_shift): positions [shift_at, shift_at +
+  // shift_n) are dropped and the later ones move down by shift_n (their K turned back by as many positions);
+  // keep counts after the shift. shift_n 0: none.
+  int32_t shift_at = 0;
+  int32_t shift_n = 0;
 };
 
 struct sequence_output {
@@ -58,10 +63,13 @@ class sequence {
   // Ends the answer now with finish "cancelled" (nothing more is streamed).
   void cancel();
   // The decoder took n of pending()'s prompt positions from another sequence's cells (prefix reuse across
-  // sequences) instead of decoding them: result().n_prompt_decoded says so.
+  // sequences) instead of decoding them: result().n_prompt_decoded says so. Negative: it decoded -n
+  // positions before pending().keep again (the pool evicted them while the session was idle).
   void reused(int32_t n);
 
   const generate_result& result() const { return result_; }
+  // Context shifts the answer took (generate_params::context_shift).
+  int32_t n_shifts() const { return n_shifts_; }
   // Tokens the sequence holds in the cache after the last decoded step.
   const std::vector<token_id>& cached() const { return cached_; }
 
@@ -82,6 +90,9 @@ class sequence {
   generate_result result_;
   size_t held_ = 0;  // bytes of result_.text not yet streamed
   int32_t n_sampled_ = 0;
+  int32_t n_keep_ = 0;  // prompt positions a context shift keeps
+  int32_t n_shifts_ = 0;
+  std::vector<token_id> shift_dropped_;  // the tokens pending_'s shift drops
   bool done_ = false;
   bool in_prompt_ = true;
   std::chrono::steady_clock::time_point t0_, t1_;

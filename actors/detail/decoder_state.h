@@ -28,6 +28,10 @@ struct waiting_step {
   decode_step step;
   caf::typed_response_promise<step_logits> promise;
   int32_t reused = 0;  // prompt positions taken from another sequence (prefix_index::step_plan::reused)
+  // The first part of a longer prompt step, decoded ahead of the rest (chunked prefill, run_batch): no
+  // promise, nothing to deliver; the rest waits in `waiting` with the promise.
+  bool partial = false;
+  bool retried = false;  // already went again after a missing_positions_error
 };
 
 // A decode submitted to the context's pipeline: its steps' promises, and the outcome the pipeline's thread
@@ -40,7 +44,6 @@ struct decode_job {
   std::vector<waiting_step> steps;
   std::shared_ptr<decode_outcome> outcome;
   int64_t group = 0;
-  bool retried = false;  // the steps already went again after a missing_positions_error
 };
 
 // The decode splits the context's pipeline threads have handed over and wait for; closed when the
@@ -122,7 +125,7 @@ using decoder_ptr = decoder_actor::stateful_pointer<decoder_state>;
 // Creates the model's context (KV cache, compute memory) and reports its KV memory. Throws what the
 // context throws.
 void create_context(decoder_ptr self);
-// Creates the model's embeddings context (n_ctx_seq cells, one sequence, embeddings = true) and reports its
+// Creates the model's embeddings context (model_settings::embedding_cells, one sequence, embeddings = true) and reports its
 // KV memory under embed_owner(). It has no split runner: llm::embed runs its splits on this actor's thread,
 // where a split handed over to the actor would wait for itself. Throws what the context throws.
 void create_embed_context(decoder_ptr self);

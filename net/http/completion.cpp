@@ -158,8 +158,24 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(bool chat, const std:
   if (r.n > 1 && r.stream && r.tools_active()) {
     throw bad_request("'n' above 1 with tools is not supported when streaming", "n");
   }
-  st->claim = acquire(eng_, ms, metrics_, cfg_.server, stopping_);
-  for (int32_t i = 1; i < r.n; ++i) st->more.push_back(acquire(eng_, ms, metrics_, cfg_.server, stopping_));
+  // The KV cells the answer may take are reserved in the model's pool (session_pool.h); an answer without
+  // max_tokens ends at its reservation.
+  const uint32_t n_answer = answer_cells(ms.model->settings, static_cast<uint32_t>(n_prompt), r.max_tokens_given,
+                                         r.params.max_tokens);
+  const uint32_t cells = static_cast<uint32_t>(n_prompt) + n_answer;
+  actors::generation_params& gp = st->request.params;
+  gp.n_ctx = static_cast<int32_t>(cells);
+  gp.context_shift = ms.model->settings.context_shift;
+  // Without max_tokens an answer ends at its reservation, or with context shift goes on within it.
+  if (!r.max_tokens_given) gp.max_tokens = gp.context_shift ? INT32_MAX : static_cast<int32_t>(std::max<uint32_t>(n_answer, 1));
+  if (r.n > 1 && static_cast<uint64_t>(cells) * static_cast<uint64_t>(r.n) > ms.model->settings.n_ctx) {
+    throw bad_request("'n' is " + std::to_string(r.n) + " answers of " + std::to_string(cells) +
+                          " KV cells each (prompt and max_tokens); the model '" + r.model + "' has " +
+                          std::to_string(ms.model->settings.n_ctx) + " in all",
+                      "n");
+  }
+  st->claim = acquire(eng_, ms, metrics_, cfg_.server, stopping_, cells);
+  for (int32_t i = 1; i < r.n; ++i) st->more.push_back(acquire(eng_, ms, metrics_, cfg_.server, stopping_, cells));
   st->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id_.fetch_add(1));
   st->created = detail::unix_now();
   if (cfg_.server.request_timeout_s > 0) st->deadline = clock_type::now() + std::chrono::seconds(cfg_.server.request_timeout_s);

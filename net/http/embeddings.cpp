@@ -87,7 +87,7 @@ void daemon::embeddings(const front::request& req, front::response& res) {
     const llm::vocab& v = *lm->vocab;
     std::vector<std::vector<int32_t>> inputs = r.token_ids;
     for (const std::string& t : r.texts) inputs.push_back(v.tokenize(t, /*add_special=*/true));
-    const uint32_t n_ctx = lm->settings.n_ctx_seq;
+    const uint32_t n_ctx = lm->settings.embedding_cells();
     for (size_t i = 0; i < inputs.size(); ++i) {
       for (const int32_t id : inputs[i]) {
         if (id >= v.n_tokens()) {

@@ -207,14 +207,53 @@ load_result run_conversations(const load_params& p) {
   return r;
 }
 
+// One long chat (request 0) and p.conversations short ones, all at once.
+load_result run_long_short(const load_params& p) {
+  load_result r;
+  std::mutex m;
+  std::vector<double> shorts, latency;
+  const int n = 1 + p.conversations;
+  const auto t0 = clock_type::now();
+  on_clients(p, n, [&](httplib::Client& cli, int i) {
+    const std::string text = i == 0 ? "Summarize this text in one sentence. " + words(p.long_words, 4242)
+                                    : "Question " + std::to_string(i) + ": tell me about " + words(3, static_cast<uint32_t>(i));
+    const chat_answer a = stream_chat(cli, p, json::array({{{"role", "user"}, {"content", text}}}), i);
+    std::lock_guard l(m);
+    if (!a.ok) {
+      ++r.failed;
+      if (r.errors.size() < 8) r.errors.push_back((i == 0 ? std::string("the long chat: ") : "short chat " + std::to_string(i) + ": ") + a.error);
+      return;
+    }
+    ++r.ok;
+    latency.push_back(a.seconds);
+    if (i == 0) {
+      r.ttft_first_mean = a.ttft;
+    } else {
+      shorts.push_back(a.ttft);
+    }
+    r.prompt_tokens += a.usage.value("prompt_tokens", 0);
+    r.completion_tokens += a.usage.value("completion_tokens", 0);
+    r.prompt_tokens_cached += cached_of(a.usage);
+  });
+  r.wall_seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+  r.p50 = percentile(latency, 0.5);
+  r.max = latency.empty() ? 0 : *std::max_element(latency.begin(), latency.end());
+  r.ttft_later_mean = mean(shorts);
+  r.ttft_later_p50 = percentile(shorts, 0.5);
+  r.ttft_later_p95 = percentile(shorts, 0.95);
+  r.tokens_per_second = r.wall_seconds > 0 ? static_cast<double>(r.completion_tokens) / r.wall_seconds : 0;
+  return r;
+}
+
 }  // namespace
 
 load_result run_load(const load_params& p) {
   if (p.workload == "turns" || p.workload == "shared-prefix") return run_conversations(p);
+  if (p.workload == "long+short") return run_long_short(p);
   if (p.workload != "load") {
     load_result r;
     r.failed = 1;
-    r.errors.push_back("unknown workload '" + p.workload + "' (load, turns or shared-prefix)");
+    r.errors.push_back("unknown workload '" + p.workload + "' (load, turns, shared-prefix or long+short)");
     return r;
   }
   load_result r;
@@ -238,10 +277,11 @@ load_result run_load(const load_params& p) {
       if (!p.api_key.empty()) cli.set_bearer_token_auth(p.api_key);
       for (int i = next.fetch_add(1); i < p.requests; i = next.fetch_add(1)) {
         json body = {{"model", p.model}, {"max_tokens", p.max_tokens}, {"temperature", p.temperature}, {"seed", i}};
+        const std::string prompt = p.prompt + ", " + words(2, static_cast<uint32_t>(i));  // distinct prompts
         if (p.chat) {
-          body["messages"] = json::array({{{"role", "user"}, {"content", p.prompt}}});
+          body["messages"] = json::array({{{"role", "user"}, {"content", prompt}}});
         } else {
-          body["prompt"] = p.prompt;
+          body["prompt"] = prompt;
         }
         if (p.stream) {
           body["stream"] = true;
@@ -319,6 +359,20 @@ load_result run_load(const load_params& p) {
 
 std::string format_load_result(const load_params& p, const load_result& r) {
   char b[1024];
+  if (p.workload == "long+short") {
+    std::snprintf(b, sizeof b,
+                  "long+short: one chat of %d words and %d short chats at once, max_tokens %d on %s: %d ok, %d failed in %.2f s\n"
+                  "first piece: the long chat %.1f ms; the short chats mean %.1f ms, p50 %.1f ms, p95 %.1f ms\n"
+                  "prompt tokens: %llu, from the server's cache %llu\n"
+                  "throughput: %.1f generated tokens/s (%llu tokens)\n",
+                  p.long_words, p.conversations, p.max_tokens, p.model.c_str(), r.ok, r.failed, r.wall_seconds,
+                  r.ttft_first_mean * 1e3, r.ttft_later_mean * 1e3, r.ttft_later_p50 * 1e3, r.ttft_later_p95 * 1e3,
+                  static_cast<unsigned long long>(r.prompt_tokens), static_cast<unsigned long long>(r.prompt_tokens_cached),
+                  r.tokens_per_second, static_cast<unsigned long long>(r.completion_tokens));
+    std::string out = b;
+    for (const std::string& e : r.errors) out += "  failed: " + e + "\n";
+    return out;
+  }
   if (p.workload == "turns" || p.workload == "shared-prefix") {
     const bool turns = p.workload == "turns";
     const double computed = static_cast<double>(r.prompt_tokens - std::min(r.prompt_tokens, r.prompt_tokens_cached));

@@ -172,6 +172,18 @@ std::string daemon_metrics::render(const std::vector<model_gauges>& models, cons
   os << "# HELP troupe_prompt_cache_restored_tokens_total Prompt positions written back from the host-RAM prompt cache instead of decoded.\n"
      << "# TYPE troupe_prompt_cache_restored_tokens_total counter\n";
   for (const actors::decoder_stats& s : decoders) os << "troupe_prompt_cache_restored_tokens_total{model=\"" << label(s.model) << "\"} " << s.restored_tokens << "\n";
+  os << "# HELP troupe_idle_evictions_total Idle sessions' sequences whose cells went to make room (no kept conversation left to evict).\n"
+     << "# TYPE troupe_idle_evictions_total counter\n";
+  for (const actors::decoder_stats& s : decoders) os << "troupe_idle_evictions_total{model=\"" << label(s.model) << "\"} " << s.idle_evictions << "\n";
+  os << "# HELP troupe_kv_cells_used KV cells in use now (the model's one pool: sessions' sequences and kept conversations).\n"
+     << "# TYPE troupe_kv_cells_used gauge\n";
+  for (const actors::decoder_stats& s : decoders) os << "troupe_kv_cells_used{model=\"" << label(s.model) << "\"} " << s.kv_cells_used << "\n";
+  os << "# HELP troupe_kv_cells_total KV cells of the model's pool (n_ctx).\n"
+     << "# TYPE troupe_kv_cells_total gauge\n";
+  for (const actors::decoder_stats& s : decoders) os << "troupe_kv_cells_total{model=\"" << label(s.model) << "\"} " << s.kv_cells << "\n";
+  os << "# HELP troupe_kv_cells_shared KV cells more than one sequence holds now: prefixes shared, not copied (troupe shares cells, not blocks).\n"
+     << "# TYPE troupe_kv_cells_shared gauge\n";
+  for (const actors::decoder_stats& s : decoders) os << "troupe_kv_cells_shared{model=\"" << label(s.model) << "\"} " << s.kv_cells_shared << "\n";
   os << "# HELP troupe_prompt_cache_bytes Host memory the prompt cache holds (conversations evicted from the KV cache).\n"
      << "# TYPE troupe_prompt_cache_bytes gauge\n";
   for (const actors::decoder_stats& s : decoders) os << "troupe_prompt_cache_bytes{model=\"" << label(s.model) << "\"} " << s.host_bytes << "\n";

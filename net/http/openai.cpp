@@ -191,6 +191,8 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
       r.max_tokens_given = true;
     }
   }
+  // llama-server's n_keep: prompt tokens a context shift keeps (-1: all); used where the model has context_shift.
+  if (present(body, "n_keep")) g.n_keep = static_cast<int32_t>(in_range(body, "n_keep", -1, INT32_MAX, true));
   if (present(body, "temperature")) g.temperature = static_cast<float>(in_range(body, "temperature", 0, 100));
   if (present(body, "top_p")) g.top_p = static_cast<float>(in_range(body, "top_p", 0, 1));
   if (g.top_p == 0.0f) g.top_p = 1e-6f;  // OpenAI allows 0: keep only the most likely token

@@ -202,8 +202,15 @@ void daemon::list_models(front::response& res) const {
                       {"n_params", ms->info.n_params},
                       {"n_vocab", ms->info.n_vocab},
                       {"n_ctx_train", ms->info.n_ctx_train},
+                      {"n_ctx", ms->model->settings.n_ctx},
                       {"n_ctx_seq", ms->model->settings.n_ctx_seq},
                       {"parallel", ms->slots},
+                      {"cache_type_k", ms->model->settings.kv_type},
+                      {"cache_type_v", ms->model->settings.kv_type_v.empty() ? ms->model->settings.kv_type
+                                                                             : ms->model->settings.kv_type_v},
+                      {"flash_attn", ms->model->settings.flash_attn},
+                      {"context_shift", ms->model->settings.context_shift},
+                      {"prompt_cache_mib", ms->model->settings.prompt_cache_mib},
                       {"chat_template", ms->info.chat_template},
                       {"weight_bytes", ms->info.weight_bytes}}}});
   }

@@ -8,7 +8,14 @@
 
 namespace troupe::http {
 
-lease::lease(model_slots& ms, std::unique_ptr<session> s) : ms_(ms), s_(std::move(s)) {
+uint32_t answer_cells(const actors::model_settings& s, uint32_t n_prompt, bool max_tokens_given, int32_t max_tokens) {
+  const uint32_t limit = s.n_ctx_seq > n_prompt ? s.n_ctx_seq - n_prompt : 0;
+  if (max_tokens_given) return std::min(limit, static_cast<uint32_t>(std::max(max_tokens, 0)));
+  const uint32_t share = s.n_ctx / std::max<uint32_t>(s.n_seq_max, 1);
+  return std::min(limit, std::max<uint32_t>(256, share > n_prompt ? share - n_prompt : 0));
+}
+
+lease::lease(model_slots& ms, std::unique_ptr<session> s, uint32_t cells) : ms_(ms), s_(std::move(s)), cells_(cells) {
   std::lock_guard l(ms_.m);
   ms_.active.push_back(s_.get());
 }
@@ -19,6 +26,7 @@ lease::~lease() {
     std::lock_guard l(ms_.m);
     ms_.active.erase(std::remove(ms_.active.begin(), ms_.active.end(), s_.get()), ms_.active.end());
     --ms_.busy;
+    ms_.reserved -= cells_;
     if (broken_) {
       --ms_.open;
       discard = std::move(s_);
@@ -26,7 +34,7 @@ lease::~lease() {
       ms_.idle.push_back(std::move(s_));
     }
   }
-  ms_.cv.notify_one();
+  ms_.cv.notify_all();  // the room may admit a request other than the next one
   discard.reset();  // closes it (a round trip) outside the lock
 }
 
@@ -42,42 +50,65 @@ void lease::replace(std::unique_ptr<session> fresh) {
 }
 
 std::unique_ptr<lease> acquire(engine& eng, model_slots& ms, daemon_metrics& mx, const server_config& sc,
-                               const std::atomic<bool>& stopping) {
+                               const std::atomic<bool>& stopping, uint32_t cells) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(sc.queue_timeout_s);
+  const uint64_t pool = ms.model ? ms.model->settings.n_ctx : ms.config.n_ctx;
+  if (cells > pool) {
+    throw api_error(400, "invalid_request_error",
+                    "the request needs " + std::to_string(cells) + " KV cells (prompt and max_tokens); the model '" +
+                        ms.config.name + "' has " + std::to_string(pool) + " in all",
+                    "max_tokens", "context_length_exceeded");
+  }
   std::unique_lock l(ms.m);
   bool queued = false;
+  const uint64_t me = ++ms.tickets;
+  const auto holding = [&] { return ms.held > 0 && ms.holder == me; };
   const auto leave_queue = [&] {
     if (queued) mx.queue_depth.fetch_sub(1);
     queued = false;
+    if (holding()) {
+      ms.held = 0;
+      ms.cv.notify_all();  // the requests that left room for this one
+    }
   };
+  // Room for this request: its cells beside the answering requests' and the room held for a larger one.
+  const auto room = [&] { return ms.reserved + cells + (holding() ? 0 : ms.held) <= pool; };
   for (;;) {
     if (stopping.load()) {
       leave_queue();
       throw api_error(503, "unavailable_error", "the server is shutting down");
     }
-    if (!ms.idle.empty()) {
+    const bool fits = room();
+    if (!fits && cells > ms.held) {
+      ms.held = cells;  // the largest waiting request's room (a smaller holder gives it up)
+      ms.holder = me;
+    }
+    if (fits && !ms.idle.empty()) {
       std::unique_ptr<session> s = std::move(ms.idle.back());
       ms.idle.pop_back();
       ++ms.busy;
+      ms.reserved += cells;
       leave_queue();
       l.unlock();
-      return std::make_unique<lease>(ms, std::move(s));
+      return std::make_unique<lease>(ms, std::move(s), cells);
     }
-    if (ms.open < ms.slots) {
+    if (fits && ms.open < ms.slots) {
       ++ms.open;
       ++ms.busy;
+      ms.reserved += cells;
       leave_queue();
       l.unlock();
       try {
         auto s = std::make_unique<session>(eng.open_session(ms.config.name));
-        return std::make_unique<lease>(ms, std::move(s));
+        return std::make_unique<lease>(ms, std::move(s), cells);
       } catch (const std::exception& e) {
         {
           std::lock_guard g(ms.m);
           --ms.open;
           --ms.busy;
+          ms.reserved -= cells;
         }
-        ms.cv.notify_one();
+        ms.cv.notify_all();
         throw api_error(503, "unavailable_error", "model '" + ms.config.name + "': cannot open a session: " + e.what());
       }
     }
@@ -85,17 +116,23 @@ std::unique_ptr<lease> acquire(engine& eng, model_slots& ms, daemon_metrics& mx,
       int64_t d = mx.queue_depth.load();
       do {
         if (d >= static_cast<int64_t>(sc.queue_limit)) {
+          leave_queue();
           throw api_error(503, "unavailable_error",
                           "the request queue is full (" + std::to_string(sc.queue_limit) + " waiting); retry later");
         }
       } while (!mx.queue_depth.compare_exchange_weak(d, d + 1));
       queued = true;
     }
-    if (ms.cv.wait_until(l, deadline) == std::cv_status::timeout && ms.idle.empty() && ms.open >= ms.slots) {
-      leave_queue();
-      throw api_error(503, "unavailable_error",
-                      "no session of model '" + ms.config.name + "' became free within " +
-                          std::to_string(sc.queue_timeout_s) + " s; retry later");
+    if (ms.cv.wait_until(l, deadline) == std::cv_status::timeout) {
+      const bool session_free = !ms.idle.empty() || ms.open < ms.slots;
+      if (!session_free || !room()) {
+        const std::string why =
+            session_free ? "room for its " + std::to_string(cells) + " KV cells (" + std::to_string(ms.reserved) + " of " +
+                               std::to_string(pool) + " reserved by the answers in progress)"
+                         : "no session of model '" + ms.config.name + "' became free";
+        leave_queue();
+        throw api_error(503, "unavailable_error", why + " within " + std::to_string(sc.queue_timeout_s) + " s; retry later");
+      }
     }
   }
 }

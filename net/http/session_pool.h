@@ -1,8 +1,16 @@
 // A model's sessions for the daemon's requests: its parallel slots (n_seq_max sessions, opened on first use
-// and reused, so a session keeps its conversation's cached prefix), a bounded queue of requests waiting for
-// one, and the lease a request holds its session by.
+// and reused), a bounded queue of requests waiting for one, and the lease a request holds its session by.
 //
-//   std::unique_ptr<lease> l = acquire(eng, ms, metrics, cfg.server, stopping);   // may wait; 503 when full
+// Admission control over the model's one KV pool (n_ctx cells shared by its sessions): a request reserves the
+// cells its prompt and answer may take (its prompt plus max_tokens, answer_cells), and is admitted once a
+// session is free and the reservations of the requests answering leave it room. Until then it waits in the
+// queue; the largest request that waits has its room held for it, so that short requests cannot starve it.
+// Cells shared between sequences (prefix reuse) are counted once per request: the reservations never exceed
+// the pool, so an admitted request always finds its cells (kept conversations and cached prompts give theirs
+// up first).
+//
+//   uint32_t cells = n_prompt + answer_cells(settings, n_prompt, max_tokens_given, max_tokens);
+//   std::unique_ptr<lease> l = acquire(eng, ms, metrics, cfg.server, stopping, cells);   // may wait; 503 when full
 //   l->get().generate(...);
 //   l->broken();                                   // its actor is gone: discard it instead of reusing it
 //   // ~lease: the session goes back to the model's idle sessions
@@ -36,13 +44,22 @@ struct model_slots {
   std::vector<session*> active;  // sessions answering now (cancelled at the end of a shutdown's grace)
   uint32_t open = 0;             // sessions that exist (idle + busy + being opened)
   uint32_t busy = 0;
+  uint64_t reserved = 0;         // KV cells the answering requests reserved
+  uint64_t held = 0;             // cells held for the largest request waiting for room (0: none waits)
+  uint64_t holder = 0;           // that request's ticket
+  uint64_t tickets = 0;
 };
+
+// The answer tokens a request reserves: max_tokens when given, else as many as one of n_seq_max equal
+// shares of the pool leaves after the prompt (llama-server's slot context), at least 256; never past the
+// session's limit (n_ctx_seq). The request's answer ends there (finish_reason "length").
+uint32_t answer_cells(const actors::model_settings& s, uint32_t n_prompt, bool max_tokens_given, int32_t max_tokens);
 
 // One request's claim on a session of a model: returned to the model's idle sessions (or discarded when it
 // failed) by the destructor.
 class lease {
  public:
-  lease(model_slots& ms, std::unique_ptr<session> s);
+  lease(model_slots& ms, std::unique_ptr<session> s, uint32_t cells = 0);
   ~lease();
   lease(const lease&) = delete;
   lease& operator=(const lease&) = delete;
@@ -56,12 +73,14 @@ class lease {
  private:
   model_slots& ms_;
   std::unique_ptr<session> s_;
+  uint32_t cells_ = 0;  // reserved in ms_.reserved
   bool broken_ = false;
 };
 
-// A free session of the model, waiting in the queue when there is none. Throws api_error 503 when the
-// queue is full, the wait times out or the daemon stops.
+// A free session of the model and `cells` of its KV pool, waiting in the queue while there is no session or
+// no room. Throws api_error 503 when the queue is full, the wait times out or the daemon stops, and 400
+// when `cells` exceed the pool (nothing could ever make room).
 std::unique_ptr<lease> acquire(engine& eng, model_slots& ms, daemon_metrics& mx, const server_config& sc,
-                               const std::atomic<bool>& stopping);
+                               const std::atomic<bool>& stopping, uint32_t cells = 0);
 
 }  // namespace troupe::http

@@ -111,14 +111,15 @@ TEST_CASE("model settings: one validation, one resolution of defaults, reached f
           "[actors][config]") {
   const model_settings s{.name = "m", .path = "m.gguf", .n_ctx = 1000, .n_seq_max = 3};
   CHECK(s.n_ctx_seq == 0);
-  CHECK(s.resolved().n_ctx_seq == 333);  // n_ctx / n_seq_max: no session can starve another
+  CHECK(s.resolved().n_ctx_seq == 1000);  // n_ctx: the sessions draw from one pool
   model_settings explicit_seq = s;
   explicit_seq.n_ctx_seq = 800;
   CHECK(explicit_seq.resolved().n_ctx_seq == 800);
   model_settings one = s;
   one.n_ctx = 2;
   one.n_seq_max = 4;
-  CHECK(one.resolved().n_ctx_seq == 1);  // never 0
+  CHECK(one.resolved().n_ctx_seq == 2);  // the whole pool, however many sessions
+  CHECK(one.embedding_cells() == 1);     // an equal share for embeddings, never 0
 
   auto field_of = [](model_settings m) {
     try {
@@ -176,8 +177,8 @@ TEST_CASE("model settings the embedding API gets are validated by the loader, na
     CHECK(e.is(errc::bad_request));
     CHECK(std::string(e.what()).find("load m: kv_type (cache_type_k) must be one of") != std::string::npos);
   }
-  // The default per-session context is the same as the daemon's: n_ctx / n_seq_max.
+  // The default per-session context is the same as the daemon's: the whole pool, n_ctx.
   eng.load_model("m", path->string(), {.n_ctx = 256, .n_seq_max = 2, .n_threads = 1});
-  CHECK(eng.env()->model("m")->settings.n_ctx_seq == 128);
+  CHECK(eng.env()->model("m")->settings.n_ctx_seq == 256);
   CHECK(eng.shutdown().model == 0);
 }

@@ -185,7 +185,7 @@ TEST_CASE("engine: a session's embedding equals llm::embed, is on the memory rec
   const auto path = test::model_path("stories260K.gguf");
   if (!path) return;
   engine eng({.n_threads = 2});
-  eng.load_model("stories", path->string(), {.n_ctx = 256, .n_seq_max = 2, .n_threads = 2});  // n_ctx_seq 128
+  eng.load_model("stories", path->string(), {.n_ctx = 256, .n_seq_max = 2, .n_threads = 2});  // embedding_cells 128
   auto m = llm::model::load(*path);
   const llm::vocab v(m->meta());
   const std::vector<int32_t> tokens = v.tokenize("Once upon a time", true);
@@ -194,7 +194,7 @@ TEST_CASE("engine: a session's embedding equals llm::embed, is on the memory rec
   const memory_breakdown before = eng.memory();  // the model's context; the embeddings context comes later
   CHECK(allocator_bytes(eng, "embeddings:stories") == 0);
 
-  // A context made as the decoder actor makes its embeddings context: n_ctx_seq cells, one sequence, f16 KV.
+  // A context made as the decoder actor makes its embeddings context: n_ctx / n_seq_max cells, one sequence, f16 KV.
   llm::llm_context ref(*m, {.n_ctx = 128, .n_batch = 128, .n_ubatch = 128, .n_threads = 2, .embeddings = true});
   const std::vector<float> want = llm::embed(ref, tokens);
   const std::vector<float> got = s.embed(tokens);

@@ -78,7 +78,7 @@ overrides = [{ pattern = "output", device = "CPU" }]
   REQUIRE(m.overrides.size() == 1);
   CHECK(m.overrides[0].device == "CPU");
   const actors::model_settings lr = m.resolved();
-  CHECK(lr.n_ctx_seq == 512);  // n_ctx / n_seq_max by default
+  CHECK(lr.n_ctx_seq == 1024);  // n_ctx by default: one pool for the sessions
 
   // cpu_moe / n_cpu_moe: the experts' tensor overrides to the CPU, after the table's own.
   const daemon_config moe = parse_daemon_config(R"(

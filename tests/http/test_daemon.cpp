@@ -122,7 +122,8 @@ TEST_CASE("daemon: chat and completions, plain and streamed, equal the reference
   const json models = json::parse(m->body);
   REQUIRE(models["data"].size() == 1);
   CHECK(models["data"][0]["id"] == "stories");
-  CHECK(models["data"][0]["meta"]["n_ctx_seq"] == 1024);
+  CHECK(models["data"][0]["meta"]["n_ctx_seq"] == 4096);  // one pool: a session may take all of it
+  CHECK(models["data"][0]["meta"]["n_ctx"] == 4096);
   CHECK(models["data"][0]["meta"]["parallel"] == 4);
 
   SECTION("plain chat") {
@@ -586,7 +587,7 @@ TEST_CASE("daemon: GET /slots lists each session sequence with the positions it 
   int holding = 0;
   for (const json& s : slots) {
     CHECK(s["model"] == "stories");
-    CHECK(s["n_ctx"] == 512);
+    CHECK(s["n_ctx"] == 1024);  // one pool: a session may take all of it
     CHECK(s["is_processing"] == false);
     // The answered conversation: its prompt and the generated tokens decoded after it.
     const int n = s["n_tokens"];
@@ -624,4 +625,106 @@ TEST_CASE("troupe bench http's turns and shared-prefix workloads against a real 
   INFO(http::format_load_result(p, s));
   CHECK(s.failed == 0);
   CHECK(s.ok == 3);
+  // Both sessions now hold the common system text's cells, shared rather than copied.
+  httplib::Client c("127.0.0.1", d.port());
+  const std::vector<double> kv = metrics_at_once(c, {"troupe_kv_cells_shared{model=\"stories\"}", "troupe_kv_cells_used{model=\"stories\"}",
+                                                     "troupe_kv_cells_total{model=\"stories\"}"});
+  INFO("shared " << kv[0] << ", used " << kv[1] << ", total " << kv[2]);
+  CHECK(kv[0] >= 60);  // at least the system text's words
+  CHECK(kv[1] > kv[0]);
+  CHECK(kv[2] == 2048);
+}
+
+TEST_CASE("daemon: one KV pool: a prompt longer than n_ctx / n_seq_max among short chats is admitted, and requests that do not fit beside the others wait for room instead of failing", "[http][daemon][pool]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  // 512 cells, 4 sessions: the long chat (about 400 prompt tokens, far above 512 / 4) and 6 short ones,
+  // 48 answer tokens each, reserve more than the pool together: some wait in the queue for the others.
+  test::daemon_process d(stories_config(model->string(), "", 512, 4));
+  http::load_params p;
+  p.port = d.port();
+  p.model = "stories";
+  p.workload = "long+short";
+  p.long_words = 75;  // stories260K's small vocabulary: about 4.5 tokens a word
+  p.conversations = 6;
+  p.clients = 7;
+  p.max_tokens = 48;
+  p.temperature = 0;
+  const http::load_result r = http::run_load(p);
+  INFO(http::format_load_result(p, r));
+  CHECK(r.failed == 0);
+  CHECK(r.ok == 7);
+  CHECK(r.prompt_tokens > 128 + 6 * 5);  // the long prompt is above a quarter of the pool
+  httplib::Client c("127.0.0.1", d.port());
+  c.set_read_timeout(60, 0);
+  // A prompt the pool can never hold is refused at once with both counts.
+  std::string huge;
+  for (int i = 0; i < 300; ++i) huge += "the little dog ran ";
+  const json req{{"model", "stories"}, {"prompt", huge}, {"max_tokens", 8}};
+  auto big = c.Post("/v1/completions", req.dump(), "application/json");
+  REQUIRE(big);
+  CHECK(big->status == 400);
+  CHECK_THAT(big->body, Contains("512 tokens"));
+  CHECK_THAT(big->body, Contains("context_length_exceeded"));
+}
+
+TEST_CASE("daemon: context_shift keeps an answer going past its context (the first tokens exact), and without it the answer ends with length at the limit", "[http][daemon][pool]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  // One session of 96 cells. EOS (2) banned so that the answer runs into the limit.
+  const json req{{"model", "stories"}, {"prompt", "Once upon a time"}, {"temperature", 0}, {"max_tokens", 200},
+                 {"logit_bias", {{"2", -100}}}, {"return_tokens", true}};
+  const auto answer = [&](bool shift) {
+    std::string cfg = stories_config(model->string(), "", 96, 1);
+    if (shift) cfg += "context_shift = true\n";
+    test::daemon_process d(cfg);
+    httplib::Client c("127.0.0.1", d.port());
+    c.set_read_timeout(120, 0);
+    auto r = c.Post("/v1/completions", req.dump(), "application/json");
+    REQUIRE(r);
+    INFO(r->body);
+    REQUIRE(r->status == 200);
+    return json::parse(r->body);
+  };
+  const json off = answer(false);
+  CHECK(off["choices"][0]["finish_reason"] == "length");
+  CHECK(off["usage"]["completion_tokens"] == 96 - 5);  // the prompt's 5 tokens and the answer fill the 96 cells
+  const json on = answer(true);
+  CHECK(on["choices"][0]["finish_reason"] == "length");
+  CHECK(on["usage"]["completion_tokens"] == 200);  // max_tokens, past the 96 cells
+  // Before the first shift the answer is the one without: greedy tokens, bit for bit.
+  const auto tokens_on = on["choices"][0]["tokens"].get<std::vector<int>>();
+  const auto tokens_off = off["choices"][0]["tokens"].get<std::vector<int>>();
+  REQUIRE(tokens_on.size() == 200);
+  REQUIRE(tokens_off.size() == 91);
+  CHECK(std::equal(tokens_off.begin(), tokens_off.end(), tokens_on.begin()));
+  CHECK(std::vector<int>(tokens_on.begin(), tokens_on.begin() + 32) == reference_tokens);
+}
+
+TEST_CASE("troupe serve takes llama-server's flags: -c, -np, -ctk, -ctv, -fa, --cache-ram over the configuration file", "[http][daemon][pool]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  test::daemon_process d(stories_config(model->string(), "", 4096, 4),
+                         {"-c", "1024", "-np", "2", "-ctk", "f16", "-ctv", "f16", "-fa", "off", "--cache-ram", "0"});
+  httplib::Client c("127.0.0.1", d.port());
+  c.set_read_timeout(60, 0);
+  auto r = c.Post("/v1/chat/completions", greedy_chat().dump(), "application/json");
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  // The unfused attention (-fa off) gives the reference tokens as the fused one does.
+  CHECK(json::parse(r->body)["choices"][0]["tokens"].get<std::vector<int>>() == reference_tokens);
+  auto slots = c.Get("/slots");
+  REQUIRE(slots);
+  const json s = json::parse(slots->body);
+  REQUIRE(s.size() == 2);
+  CHECK(s[0]["n_ctx"] == 1024);
+  auto models = c.Get("/v1/models");
+  REQUIRE(models);
+  const json meta = json::parse(models->body)["data"][0]["meta"];
+  CHECK(meta["n_ctx"] == 1024);
+  CHECK(meta["parallel"] == 2);
+  CHECK(meta["cache_type_k"] == "f16");
+  CHECK(meta["flash_attn"] == "off");
+  CHECK(meta["prompt_cache_mib"] == 0);
+  CHECK(meta["context_shift"] == false);
 }

@@ -131,6 +131,47 @@ TEST_CASE("prefix index: eviction takes the least recently used kept conversatio
   CHECK(ix.tokens_of(0) == cat(range(100, 8), {7}));
 }
 
+TEST_CASE("prefix index: an idle session's sequence is evicted once no kept conversation is left, and its next step starts over from position 0, restored from host memory", "[prefix]") {
+  prefix_index ix(2, 4, 2, 1 << 20);
+  ix.plan_step(0, 0, range(1, 10));
+  ix.step_done(0, true);
+  ix.plan_step(1, 0, range(100, 10));
+  ix.step_done(1, true);
+  CHECK(ix.evict_one() == -1);  // both live and answering
+  ix.set_idle(0, true);         // sequence 0's session ended its answer
+  std::vector<token_id> saved;
+  CHECK(ix.evict_one(&saved) == 0);
+  CHECK(saved == range(1, 10));
+  CHECK(ix.stats().idle_evictions == 1);
+  CHECK(ix.evict_one() == -1);  // once only; sequence 1 is not idle
+  CHECK(ix.tokens_of(0) == range(1, 10));  // still known: the session believes it holds them
+  ix.store(saved, std::vector<uint8_t>(10 * 4, 7));
+  // The session's next turn keeps its 10 positions and adds 2: planned as the whole prompt, the 10 written
+  // back from host memory (reused -0: nothing beyond its own keep), the rest decoded.
+  ix.set_idle(0, false);
+  auto next = ix.plan_step(0, 10, std::vector<token_id>{50, 51});
+  REQUIRE(next.restore != nullptr);
+  CHECK(next.n == 10);
+  CHECK(next.keep == 10);
+  CHECK(next.tokens == std::vector<token_id>{50, 51});
+  CHECK(next.reused == 0);
+  ix.step_done(0, true);
+  // Evicted again with nothing saved: the whole prompt decoded from position 0, and reused says how many
+  // positions before the step's keep that costs.
+  ix.set_idle(0, true);
+  CHECK(ix.evict_one() == 0);
+  ix.set_idle(0, false);
+  prefix_index bare(1, 2, 2);  // no host memory
+  bare.plan_step(0, 0, range(1, 6));
+  bare.step_done(0, true);
+  bare.set_idle(0, true);
+  CHECK(bare.evict_one() == 0);
+  auto whole = bare.plan_step(0, 6, std::vector<token_id>{60});
+  CHECK(whole.keep == 0);
+  CHECK(whole.tokens == cat(range(1, 6), {60}));
+  CHECK(whole.reused == -6);
+}
+
 TEST_CASE("prefix index: after a failed decode only the positions decoded before stay shareable", "[prefix]") {
   prefix_index ix(2, 4, 2);
   ix.plan_step(0, 0, range(1, 8));

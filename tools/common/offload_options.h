@@ -6,7 +6,7 @@
 //
 // --cpu-moe / --n-cpu-moe N keep a mixture of experts' expert weights (all, or the first N layers') on the CPU.
 // CLI11 takes one-letter short options only, so llama.cpp's multi-letter ones (-ngl, -dev, -sys, -ub, -np, -ts,
-// -cmoe, -ncmoe, -ctk, -ctv) are rewritten to their long forms before parsing.
+// -cmoe, -ncmoe, -ctk, -ctv, -fa, -cram) are rewritten to their long forms before parsing.
 // --list-devices prints the devices (backends/registry.h's format_devices) and exits. llm/offload.h
 // turns the request into layers per device.
 #pragma once
@@ -40,6 +40,8 @@ inline std::vector<std::string> llama_spellings(int argc, char** argv) {
     else if (a == "-ncmoe") a = "--n-cpu-moe";
     else if (a == "-ctk") a = "--cache-type-k";
     else if (a == "-ctv") a = "--cache-type-v";
+    else if (a == "-fa") a = "--flash-attn";
+    else if (a == "-cram") a = "--cache-ram";
   }
   std::reverse(args.begin(), args.end());
   return args;

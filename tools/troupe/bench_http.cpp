@@ -4,6 +4,7 @@
 //   troupe bench http --port 8080 --model smollm2 --clients 16 --requests 200
 //   troupe bench http --port 8080 --model smollm2 --workload turns --conversations 8 --turns 4 --clients 4
 //   troupe bench http --port 8080 --model smollm2 --workload shared-prefix --clients 8 --system-words 1500
+//   troupe bench http --port 8080 --model smollm2 --workload long+short --conversations 6 --clients 7
 //
 // Exits 1 when any request failed (the failures are listed).
 #include <cstdio>
@@ -29,9 +30,12 @@ command_fn add_bench_http(CLI::App& app) {
   app.add_flag("!--chat,--completions", p->chat, "use /v1/completions instead of /v1/chat/completions");
   app.add_option("--workload", p->workload,
                  "load (one short prompt, --requests of it), turns (--conversations chats of --turns turns, each "
-                 "with its own system text), shared-prefix (--clients chats behind one system text)")
-      ->check(CLI::IsMember({"load", "turns", "shared-prefix"}));
-  app.add_option("--conversations", p->conversations, "turns: conversations (default 8)")->check(CLI::Range(1, 4096));
+                 "with its own system text), shared-prefix (--clients chats behind one system text), long+short (one chat "
+                 "of --long-words words among --conversations short ones, all at once)")
+      ->check(CLI::IsMember({"load", "turns", "shared-prefix", "long+short"}));
+  app.add_option("--conversations", p->conversations, "turns: conversations; long+short: short chats (default 8)")->check(CLI::Range(1, 4096));
+  app.add_option("--long-words", p->long_words, "long+short: words of the long chat's message (default 4900, about 6,000 tokens)")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--turns", p->turns, "turns: turns per conversation (default 4)")->check(CLI::Range(1, 1024));
   app.add_option("--system-words", p->system_words, "turns, shared-prefix: words of a system text (default 900)")
       ->check(CLI::Range(0, 1 << 20));
@@ -41,7 +45,9 @@ command_fn add_bench_http(CLI::App& app) {
     const http::load_result r = http::run_load(*p);
     std::printf("%s", http::format_load_result(*p, r).c_str());
     const int expected = p->workload == "turns" ? p->conversations * p->turns
-                         : p->workload == "shared-prefix" ? p->clients : p->requests;
+                         : p->workload == "shared-prefix" ? p->clients
+                         : p->workload == "long+short"    ? p->conversations + 1
+                                                          : p->requests;
     return r.failed == 0 && r.ok == expected ? 0 : 1;
   };
 }

@@ -4,6 +4,7 @@
 //   troupe serve --config configs/daemon.toml
 //   troupe serve -m models/SmolLM2-135M-Instruct.Q4_1.gguf --port 8080     (no file: one model from flags)
 //   troupe serve -m MODEL -ngl 99                                           (every layer on the first GPU)
+//   troupe serve -m MODEL -c 8192 -np 4 -ctk q8_0 --cache-ram 4096          (llama-server's flags)
 //
 // Startup: listens first (GET /health says "loading"), loads the models, prints the memory breakdown and
 // the address, then "ready". SIGTERM/SIGINT: stops accepting, lets in-flight answers finish (up to
@@ -42,6 +43,10 @@ struct serve_options {
   int threads = -1;
   int parallel = -1;
   int ctx = -1;
+  int batch = -1, ubatch = -1;
+  int cache_ram = -1;  // MiB
+  std::string cache_type_k, cache_type_v, flash_attn;
+  bool context_shift = false;
   std::string log_level;
   llm::offload_request offload;
   std::string trace;  // Chrome trace of the daemon's run, written at exit
@@ -107,8 +112,15 @@ int run_serve(const serve_options& o) {
   if (o.parallel > 0) {
     for (actors::model_settings& m : cfg.engine.models) m.n_seq_max = static_cast<uint32_t>(o.parallel);
   }
-  if (o.ctx > 0) {
-    for (actors::model_settings& m : cfg.engine.models) m.n_ctx = static_cast<uint32_t>(o.ctx);
+  for (actors::model_settings& m : cfg.engine.models) {
+    if (o.ctx > 0) m.n_ctx = static_cast<uint32_t>(o.ctx);
+    if (o.batch > 0) m.n_batch = static_cast<uint32_t>(o.batch);
+    if (o.ubatch > 0) m.n_ubatch = static_cast<uint32_t>(o.ubatch);
+    if (o.cache_ram >= 0) m.prompt_cache_mib = static_cast<uint32_t>(o.cache_ram);
+    if (!o.cache_type_k.empty()) m.kv_type = o.cache_type_k;
+    if (!o.cache_type_v.empty()) m.kv_type_v = o.cache_type_v;
+    if (!o.flash_attn.empty()) m.flash_attn = o.flash_attn;
+    if (o.context_shift) m.context_shift = true;
   }
   if (o.offload.given()) {  // -ngl / --device replace every model's devices table
     for (actors::model_settings& m : cfg.engine.models) {
@@ -210,7 +222,7 @@ int run_serve(const serve_options& o) {
 
 command_fn add_serve(CLI::App& app) {
   auto o = std::make_shared<serve_options>();
-  app.add_option("-c,--config", o->config, "daemon configuration (TOML; see configs/daemon.toml)");
+  app.add_option("--config", o->config, "daemon configuration (TOML; see configs/daemon.toml)");
   app.add_option("-m,--model", o->model, "serve this GGUF file (replaces the configuration's models)");
   app.add_option("--name", o->name, "the model's name in the API (default: the file name without .gguf)");
   app.add_option("--host", o->host, "address to listen on (default 127.0.0.1)");
@@ -218,8 +230,19 @@ command_fn add_serve(CLI::App& app) {
   app.add_option("--api-key", o->api_keys, "an accepted bearer key (repeatable)");
   app.add_option("-t,--threads", o->threads, "CPU threads for decoding; 0: all");
   cli::add_trace_option(app, o->trace);
-  app.add_option("--parallel", o->parallel, "parallel sessions per model");
-  app.add_option("--ctx", o->ctx, "KV cache cells per model (shared by its parallel sessions)");
+  // llama-server's spellings where they mean the same (-np, -ctk, -ctv, -fa, -cram, -ub: tools/common).
+  app.add_option("--parallel,--n-parallel", o->parallel, "(-np) parallel sessions per model");
+  app.add_option("-c,--ctx-size,--ctx", o->ctx, "KV cache cells per model (one pool for its parallel sessions)");
+  app.add_option("-b,--batch-size", o->batch, "prompt tokens per decode (n_batch)");
+  app.add_option("--ubatch-size", o->ubatch, "(-ub) tokens per graph (n_ubatch)");
+  app.add_option("--cache-ram", o->cache_ram, "(-cram) MiB of host memory for prompts evicted from the KV cache; 0: off")
+      ->check(CLI::Range(0, 1 << 24));
+  app.add_option("--cache-type-k", o->cache_type_k, "(-ctk) KV cache type of K (f16, f32, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl)");
+  app.add_option("--cache-type-v", o->cache_type_v, "(-ctv) KV cache type of V (the same names; default K's)");
+  app.add_option("--flash-attn", o->flash_attn, "(-fa) attention as one fused op: on, off or auto")
+      ->check(CLI::IsMember({"on", "off", "auto"}));
+  app.add_flag("--context-shift", o->context_shift,
+               "an answer at its context's limit drops the oldest half after the request's n_keep tokens and goes on");
   add_offload_options(app, o->offload);
   app.add_option("--log-level", o->log_level, "debug, info, warn or error")
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}));
