@@ -30,6 +30,18 @@ bool readable_weights(const tensor& w) {
 }
 
 int float_code(type t) { return t == type::f32 ? f32_code : t == type::f16 ? f16_code : bf16_code; }
+// set_rows' code for a destination of blocks (a quantized KV cache); -1 for other types.
+int set_rows_block_code(type t) {
+  switch (t) {
+    case type::q8_0: return q8_0_code;
+    case type::q4_0: return q4_0_code;
+    case type::q4_1: return q4_1_code;
+    case type::q5_0: return q5_0_code;
+    case type::q5_1: return q5_1_code;
+    case type::iq4_nl: return iq4_nl_code;
+    default: return -1;
+  }
+}
 
 uint8_t* ptr(const tensor& t) { return static_cast<uint8_t*>(t.data); }
 
@@ -208,7 +220,7 @@ bool supports(const tensor& t) {
       const tensor* idx = t.src[2];
       if (src == nullptr || idx == nullptr || !f32_strides(*src)) return false;
       if ((idx->type != type::i32 && idx->type != type::i64) || !element_strides(*idx)) return false;
-      if (t.type == type::q8_0) {
+      if (set_rows_block_code(t.type) >= 0) {
         return t.nb[0] == type_size(t.type) && t.ne[0] % 32 == 0 && std::all_of(t.nb.begin(), t.nb.end(), [](size_t nb) { return nb % 2 == 0; });
       }
       return is_float_type(t.type) && element_strides(t);
@@ -368,7 +380,7 @@ std::vector<step> plan(const tensor& t, scratch_i& scratch) {
       p.i64 = idx.type == type::i64 ? 1 : 0;
       p.d = view_of(t);
       p.d_rows = t.ne[1];
-      p.d_type = t.type == type::q8_0 ? q8_0_code : float_code(t.type);
+      p.d_type = set_rows_block_code(t.type) >= 0 ? set_rows_block_code(t.type) : float_code(t.type);
       out.emplace_back(set_rows_step{p});
       break;
     }

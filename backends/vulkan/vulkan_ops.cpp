@@ -176,7 +176,7 @@ bool computes(const tensor& t) {
       if (src == nullptr || idx == nullptr || !f32_strides(*src)) return false;
       if (idx->type != type::i32 && idx->type != type::i64) return false;
       if (!element_strides(*idx) || t.nb[0] != type_size(t.type)) return false;
-      if (t.type == type::q8_0) {  // rows of whole blocks, 16-bit aligned (a q8_0 KV cache)
+      if (set_rows_code(t.type) >= 3) {  // rows of whole blocks, 16-bit aligned (a quantized KV cache)
         return t.ne[0] % 32 == 0 && std::all_of(t.nb.begin(), t.nb.end(), [](size_t nb) { return nb % 2 == 0; });
       }
       return float_type(t.type) && element_strides(t);

@@ -46,6 +46,9 @@ inline f32_view view_of(const vulkan::device& dev, const tensor& t) {
 
 // 0 f32, 1 f16, 2 bf16: the float types the copy shader converts between.
 inline uint32_t float_code(type t) { return t == type::f32 ? 0 : t == type::f16 ? 1 : 2; }
+// set_rows.comp's code for a destination of blocks of 32 values (a quantized KV cache): 3 q8_0, 4 q4_0, 5 q4_1,
+// 6 q5_0, 7 q5_1, 8 iq4_nl; -1 for any other type.
+int set_rows_code(type t);
 
 // A tensor's four dimensions, as the shaders take them.
 inline void dims_of(const tensor& t, uint32_t (&out)[4]) {

@@ -89,14 +89,14 @@ set_rows_params set_rows_source(const tensor& ts, const f32_view& sv, const tens
 
 }  // namespace
 
-// set_rows: the destination's offset and strides in its elements, or in bytes for q8_0 rows.
+// set_rows: the destination's offset and strides in its elements, or in bytes for rows of blocks.
 void backend::record_set_rows(tensor& node) {
   const tensor& ts = *node.src[1];
   const tensor& ti = *node.src[2];
   const f32_view sv = view_of(dev_, ts);
   const f32_view iv = view_of(dev_, ti);
   set_rows_params p = set_rows_source(ts, sv, ti, iv);
-  const bool blocks = node.type == type::q8_0;
+  const bool blocks = set_rows_code(node.type) >= 3;
   VkBuffer dst = VK_NULL_HANDLE;
   const uint32_t* nb = nullptr;
   weights_view dw;
@@ -116,7 +116,7 @@ void backend::record_set_rows(tensor& node) {
   p.d_nb2 = nb[2];
   p.d_nb3 = nb[3];
   p.d_rows = static_cast<uint32_t>(node.ne[1]);
-  p.d_type = blocks ? 3 : float_code(node.type);
+  p.d_type = blocks ? static_cast<uint32_t>(set_rows_code(node.type)) : float_code(node.type);
   const auto units = static_cast<uint64_t>(nelements(ts)) / (blocks ? 32 : 1);  // blocks, or elements
   dispatch("set_rows", {sv.buffer, iv.buffer, dst}, &p, sizeof p, groups_for(units));
 }
@@ -214,3 +214,19 @@ void backend::record_weights_op(tensor& node) {
 }
 
 }  // namespace troupe::vulkan
+
+namespace troupe::vulkan::detail {
+
+int set_rows_code(type t) {
+  switch (t) {
+    case type::q8_0: return 3;
+    case type::q4_0: return 4;
+    case type::q4_1: return 5;
+    case type::q5_0: return 6;
+    case type::q5_1: return 7;
+    case type::iq4_nl: return 8;
+    default: return -1;
+  }
+}
+
+}  // namespace troupe::vulkan::detail

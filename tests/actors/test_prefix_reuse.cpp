@@ -177,6 +177,42 @@ TEST_CASE("kept conversations make room when cells run short, and no live sequen
 }
 
 
+TEST_CASE("with no kept conversation left, an idle session's cells make room for another's answer, and its next turn comes back from host memory, the answer the one from scratch", "[actors][prefix][prompt-cache]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  auto m = llm::model::load(*path);
+  engine eng({.n_threads = 2});
+  // 256 cells for three sessions that each hold a conversation of about 100 positions: the third answer
+  // needs cells that only an idle session's sequence can give (no session moved on, so nothing is kept).
+  eng.load_model("m", path->string(), {.n_ctx = 256, .n_seq_max = 3, .n_threads = 2});
+  session a = eng.open_session("m");
+  session b = eng.open_session("m");
+  session c = eng.open_session("m");
+  const std::string pb = "Once upon a time, there was a big red dog who lived in a house near the forest. Every day";
+  const std::string pc = "Once upon a time, there was a small blue bird who lived in a tree near the river. Every day";
+  const std::string pa = "Once upon a time, there was an old man who lived in a house on a hill. He had a garden and";
+  const generate_reply rb = b.generate(pb, greedy_with_logprobs(40));
+  check_same(rb, scratch(*m, pb, 40));
+  const generate_reply rc = c.generate(pc, greedy_with_logprobs(40));
+  check_same(rc, scratch(*m, pc, 40));
+  const generate_reply ra = a.generate(pa, greedy_with_logprobs(120));
+  check_close(ra, scratch(*m, pa, 120), 1e-2f);  // 160 positions whose cells are not in position order
+  CHECK(ra.finish == "length");
+  decoder_stats st = stats_of(eng);
+  CHECK(st.idle_evictions >= 1);
+  CHECK(st.kv_cells_used <= 256);
+  // b's next turn: its conversation and a new line. Whatever the pool evicted of it is written back from
+  // host memory (or decoded again); the answer is the one from scratch.
+  const std::string pb2 = pb + rb.text + " One day";
+  const generate_reply rb2 = b.generate(pb2, greedy_with_logprobs(24));
+  check_close(rb2, scratch(*m, pb2, 24), 1e-3f);
+  const std::string pc2 = pc + rc.text + " One day";
+  const generate_reply rc2 = c.generate(pc2, greedy_with_logprobs(24));
+  check_close(rc2, scratch(*m, pc2, 24), 1e-3f);
+  st = stats_of(eng);
+  CHECK(st.restored_tokens > 0);
+}
+
 TEST_CASE("a conversation evicted from the KV cache comes back from the host-RAM prompt cache, bit for bit, its bytes on the memory record", "[actors][prefix][prompt-cache]") {
   const auto path = test::model_path("stories260K.gguf");
   if (!path) return;

@@ -211,7 +211,7 @@ std::vector<op_case> conformance_cases() {
       });
     }
   }
-  for (type dt : {type::f32, type::f16, type::bf16, type::q8_0}) {
+  for (type dt : {type::f32, type::f16, type::bf16, type::q8_0, type::q4_0, type::q4_1, type::q5_0, type::q5_1, type::iq4_nl}) {
     for (type it : {type::i32, type::i64}) {
       add_case("set_rows " + std::string(type_name(dt)) + " idx " + std::string(type_name(it)), exact, [dt, it](case_builder& b) {
         tensor* dst = b.input(dt, {64, 20, 2, 1});

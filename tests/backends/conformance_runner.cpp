@@ -498,7 +498,7 @@ void check_gpu_coverage(std::map<std::string, int>& compared) {
   CHECK(compared["get_rows"] == 14);                   // f32, f16, bf16, q4_0, q8_0, q4_K, q6_K; i32 and i64
   CHECK(compared["cpy"] >= 6);                         // f32 -> f32 / f16 / bf16, back, transposed
   CHECK(compared["cont"] >= 2);
-  CHECK(compared["set_rows"] == 8);  // into f32, f16, bf16 and q8_0 rows; i32 and i64 indices
+  CHECK(compared["set_rows"] == 18);  // into f32, f16, bf16 rows and the KV cache's block types; i32 and i64 indices
   CHECK(compared["rope"] == 7);      // normal, neox, partial, linear scaling, YaRN, freq_factors
   for (const char* o : {"scale", "silu", "gelu", "rms_norm", "norm", "concat", "pad", "sum_rows", "mean", "argmax"}) {
     INFO("op " << o);

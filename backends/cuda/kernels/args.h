@@ -17,6 +17,8 @@ struct view {
 
 // Float element types the copy kernels convert between.
 enum : int { f32_code = 0, f16_code = 1, bf16_code = 2, q8_0_code = 3 };
+// set_rows' destinations of blocks of 32 values beyond q8_0 (a quantized KV cache).
+enum : int { q4_0_code = 4, q4_1_code = 5, q5_0_code = 6, q5_1_code = 7, iq4_nl_code = 8 };
 
 // d = a op b, b broadcast over a (b's shape b_ne divides a's ne). op: 0 add, 1 sub, 2 mul, 3 div.
 struct binary_args {
@@ -77,7 +79,8 @@ struct get_rows_args {
   view d;
 };
 
-// d[:, idx[i, j % i_ne1, k % i_ne2], j, k] = s[:, i, j, k]; d_type f32 / f16 / bf16 / q8_0 (whole blocks).
+// d[:, idx[i, j % i_ne1, k % i_ne2], j, k] = s[:, i, j, k]; d_type f32 / f16 / bf16, or whole blocks of q8_0,
+// q4_0, q4_1, q5_0, q5_1, iq4_nl quantized as the CPU's reference quantizers do.
 // An index outside d's rows writes nothing.
 struct set_rows_args {
   int64_t ne[4];  // s

@@ -153,11 +153,102 @@ TROUPE_HD inline int8_t q8_0_value(float v) {
   return static_cast<int8_t>(quantize_act_value(v, 1.0f));
 }
 
-// Units of a set_rows: an element each, or a block of 32 each for q8_0 rows.
-TROUPE_HD inline int64_t set_rows_units(const set_rows_args& p) { return count(p.ne) / (p.d_type == q8_0_code ? 32 : 1); }
+// Units of a set_rows: an element each, or a block of 32 each for rows of blocks.
+TROUPE_HD inline int64_t set_rows_units(const set_rows_args& p) { return count(p.ne) / (p.d_type >= q8_0_code ? 32 : 1); }
+
+// Bytes of a block of 32 values of a set_rows destination code (q8_0_code and up).
+TROUPE_HD inline int block_bytes_of(int code) {
+  return code == q8_0_code ? 34 : code == q4_0_code ? 18 : code == q4_1_code ? 20 : code == q5_0_code ? 22 : code == q5_1_code ? 24 : 18;
+}
+
+// iq4_nl's codebook and its nearest entry (ties to the lower), as runtime/quants_iq.cpp.
+TROUPE_HD inline int iq4nl_value(int i) {
+  constexpr int8_t v[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  return v[i];
+}
+TROUPE_HD inline int nearest_iq4(float v) {
+  if (v <= iq4nl_value(0)) return 0;
+  if (v >= iq4nl_value(15)) return 15;
+  int lo = 0, hi = 15;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (v < iq4nl_value(mid)) hi = mid; else lo = mid;
+  }
+  return v - iq4nl_value(lo) <= iq4nl_value(hi) - v ? lo : hi;
+}
+
+// One block of 32 values x into b, as runtime/quants.cpp's (and quants_iq.cpp's) reference quantizers.
+TROUPE_HD inline void quantize_block(int code, const float* x, uint8_t* b) {
+  int q[32];
+  if (code == q4_0_code || code == q5_0_code) {  // d = signed max / -8 (-16)
+    float amax = 0.0f, mx = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      if (amax < fabsf(x[j])) { amax = fabsf(x[j]); mx = x[j]; }
+    }
+    const float levels = code == q4_0_code ? 8.0f : 16.0f;
+    const float dd = mx / -levels;
+    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    const int top = code == q4_0_code ? 15 : 31;
+    for (int j = 0; j < 32; ++j) {
+      const int v = static_cast<int>(x[j] * id + levels + 0.5f);
+      q[j] = v < top ? v : top;
+    }
+    *reinterpret_cast<uint16_t*>(b) = float_to_half(dd);
+    b += 2;
+  } else if (code == q4_1_code || code == q5_1_code) {  // d = (max - min) / 15 (31), m = min
+    float lo = 3.402823466e38f, hi = -3.402823466e38f;
+    for (int j = 0; j < 32; ++j) { lo = fminf(lo, x[j]); hi = fmaxf(hi, x[j]); }
+    const float steps = code == q4_1_code ? 15.0f : 31.0f;
+    const float dd = (hi - lo) / steps;
+    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      const int v = static_cast<int>((x[j] - lo) * id + 0.5f);
+      q[j] = v < static_cast<int>(steps) ? v : static_cast<int>(steps);
+    }
+    *reinterpret_cast<uint16_t*>(b) = float_to_half(dd);
+    *reinterpret_cast<uint16_t*>(b + 2) = float_to_half(lo);
+    b += 4;
+  } else {  // iq4_nl: the weighted least-squares scale of the best of 15 candidates, then the indices for it
+    float amax = 0.0f, mx = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); mx = x[j]; }
+    }
+    float best_d = 0.0f;
+    if (amax >= 1e-30f) {
+      double best = -1.0;
+      for (int tr = -7; tr <= 7; ++tr) {
+        const float id = static_cast<float>(iq4nl_value(0) + tr) / mx;
+        double sumqx = 0.0, sumq2 = 0.0;
+        for (int j = 0; j < 32; ++j) {
+          const double qv = iq4nl_value(nearest_iq4(id * x[j]));
+          const double w = fabs(static_cast<double>(x[j]));
+          sumqx += w * qv * x[j];
+          sumq2 += w * qv * qv;
+        }
+        if (sumq2 > 0.0 && sumqx * sumqx / sumq2 > best) {
+          best = sumqx * sumqx / sumq2;
+          best_d = static_cast<float>(sumqx / sumq2);
+        }
+      }
+    }
+    const uint16_t dh = float_to_half(best_d);
+    const float ds = half_to_float(dh);
+    const float id = ds != 0.0f ? 1.0f / ds : 0.0f;
+    for (int j = 0; j < 32; ++j) q[j] = ds != 0.0f ? nearest_iq4(id * x[j]) : 0;
+    *reinterpret_cast<uint16_t*>(b) = dh;
+    b += 2;
+  }
+  if (code == q5_0_code || code == q5_1_code) {  // the fifth bits, little-endian
+    uint32_t qh = 0;
+    for (int j = 0; j < 32; ++j) qh |= static_cast<uint32_t>((q[j] >> 4) & 1) << j;
+    for (int k = 0; k < 4; ++k) b[k] = static_cast<uint8_t>(qh >> (8 * k));
+    b += 4;
+  }
+  for (int j = 0; j < 16; ++j) b[j] = static_cast<uint8_t>((q[j] & 15) | ((q[j + 16] & 15) << 4));
+}
 
 TROUPE_HD inline void set_rows_at(const set_rows_args& p, int64_t t) {
-  const bool blocks = p.d_type == q8_0_code;
+  const bool blocks = p.d_type >= q8_0_code;
   const int64_t per_row = blocks ? p.ne[0] / 32 : p.ne[0];
   const int64_t cc = t % per_row;
   int64_t r = t / per_row;
@@ -173,6 +264,12 @@ TROUPE_HD inline void set_rows_at(const set_rows_args& p, int64_t t) {
     return;
   }
   const int64_t e0 = 32 * cc;
+  if (p.d_type != q8_0_code) {
+    float x[32];
+    for (int e = 0; e < 32; ++e) x[e] = *reinterpret_cast<const float*>(s + (e0 + e) * p.s.nb[0]);
+    quantize_block(p.d_type, x, d + block_bytes_of(p.d_type) * cc);
+    return;
+  }
   float amax = 0.0f;
   for (int e = 0; e < 32; ++e) amax = fmaxf(amax, fabsf(*reinterpret_cast<const float*>(s + (e0 + e) * p.s.nb[0])));
   const float dd = amax / 127.0f;

@@ -291,16 +291,19 @@ TEST_CASE("CUDA's cuBLAS products, over plan()'s arguments, give the CPU backend
 }
 
 TEST_CASE("the CUDA device says which ops it does not compute, and plan refuses them", "[cuda]") {
-  context ctx({.max_tensors = 16, .no_alloc = true});
+  context ctx({.max_tensors = 64, .no_alloc = true});
   tensor* x = ctx.new_tensor_2d(type::f32, 64, 4);
   tensor* q = cpy(ctx, x, ctx.new_tensor_2d(type::q4_0, 64, 4));
-  CHECK_FALSE(cuda::supports(*q));  // quantizing copies: not written (set_rows into q8_0 is)
+  CHECK_FALSE(cuda::supports(*q));  // quantizing copies: not written (set_rows into the KV cache's types is)
   CHECK(cuda::supports(*soft_max(ctx, x, nullptr, 0.5f)));
   tensor* w = ctx.new_tensor_2d(type::f32, 64, 64);
   CHECK(cuda::supports(*mul_mat(ctx, w, x)));
   tensor* idx = ctx.new_tensor_1d(type::i32, 4);
-  CHECK(cuda::supports(*set_rows(ctx, ctx.new_tensor_2d(type::q8_0, 64, 8), x, idx)));
-  CHECK_FALSE(cuda::supports(*set_rows(ctx, ctx.new_tensor_2d(type::q4_0, 64, 8), x, idx)));  // q8_0 rows only
+  for (type kv : {type::q8_0, type::q4_0, type::q4_1, type::q5_0, type::q5_1, type::iq4_nl}) {  // the KV cache's types
+    CHECK(cuda::supports(*set_rows(ctx, ctx.new_tensor_2d(kv, 64, 8), x, idx)));
+  }
+  tensor* x256 = ctx.new_tensor_2d(type::f32, 256, 4);
+  CHECK_FALSE(cuda::supports(*set_rows(ctx, ctx.new_tensor_2d(type::q4_K, 256, 8), x256, idx)));  // not a KV cache type
   test::host_scratch s;
   CHECK_THROWS_WITH(cuda::plan(*q, s), Catch::Contains("CUDA") && Catch::Contains("not supported"));
 }
