@@ -9,6 +9,7 @@
 
 #include "actors/detail/decoder_state.h"
 #include "llm/embedding.h"
+#include "runtime/log.h"
 
 namespace troupe::actors {
 namespace detail {
@@ -173,11 +174,13 @@ void job_done(decoder_ptr self, uint64_t id) {
   decode_job job = std::move(it->second);
   st.jobs.erase(it);
   bool missing = false;
+  std::string why;
   if (job.outcome->error) {
     try {
       std::rethrow_exception(job.outcome->error);
-    } catch (const llm::missing_positions_error&) {
+    } catch (const llm::missing_positions_error& e) {
       missing = true;
+      why = e.what();
     } catch (...) {
     }
   }
@@ -204,6 +207,8 @@ void job_done(decoder_ptr self, uint64_t id) {
         w.promise.deliver(held ? err : make_error(errc::cancelled, "sequence " + std::to_string(seq) + " detached"));
         continue;
       }
+      TROUPE_LOG(info, "prefix reuse: model " << st.params.model << ", sequence " << seq
+                                                << ": the cells planned for its step were not there (" << why << "); decoding its whole prompt of " << whole.size() << " tokens");
       st.prefixes->retry_plain(seq);
       st.dec->submit_forget(seq);
       w.step.keep = 0;
@@ -282,6 +287,16 @@ void accept_step(decoder_ptr self, decode_step s, caf::typed_response_promise<st
     if (plan.restore) {
       // No room to write it back: the index stops offering seq's positions to others at once.
       st.dec->submit_restore(s.seq, plan.restore, plan.restore_saved, plan.n, [ix, seq = s.seq] { ix->retry_plain(seq); });
+    }
+    if (plan.keep_into >= 0) {
+      TROUPE_LOG(debug, "prefix reuse: sequence " << s.seq << " keeps its " << plan.kept << " positions in sequence " << plan.keep_into);
+    }
+    if (s.tokens.size() > 1) {
+      TROUPE_LOG(debug, "prefix reuse: model " << st.params.model << ", sequence " << s.seq << ": a step of "
+                                               << s.tokens.size() << " tokens after " << s.keep << " decodes "
+                                               << plan.tokens.size() << " after " << plan.keep
+                                               << (plan.donor >= 0 ? " (shared from sequence " + std::to_string(plan.donor) + ")"
+                                                   : plan.restore ? std::string(" (restored from host memory)") : std::string()));
     }
     s.keep = plan.keep;
     s.tokens = std::move(plan.tokens);

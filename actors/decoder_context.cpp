@@ -112,15 +112,16 @@ void create_context(decoder_ptr self) {
                                                     static_cast<uint64_t>(r.prompt_cache_mib) << 20);
   // A kept conversation evicted for room goes to host memory first (when the model has a prompt cache).
   st.dec->set_evictor([p = st.prefixes.get()](llm::kv_cache& kv) {
-    std::vector<llm::token_id> tokens;
-    const int32_t victim = p->evict_one(p->saves() ? &tokens : nullptr);
-    if (victim >= 0 && !tokens.empty()) {
+    // Saved while the index is locked: a step planned meanwhile finds the conversation in host memory.
+    const int32_t victim = p->evict_saving([&kv](int32_t seq, int32_t n) {
       try {
-        p->store(tokens, kv.save(victim, static_cast<int32_t>(tokens.size())));
+        return kv.save(seq, n);
       } catch (const std::exception& e) {
-        TROUPE_LOG(warn, "prompt cache: a conversation of " << tokens.size() << " positions not saved: " << e.what());
+        TROUPE_LOG(warn, "prompt cache: a conversation of " << n << " positions not saved: " << e.what());
+        return std::vector<uint8_t>{};
       }
-    }
+    });
+    TROUPE_LOG(debug, "prefix reuse: sequence " << victim << " evicted for room");
     return victim;
   });
   st.seqs.assign(r.n_seq_max, caf::actor_addr{});

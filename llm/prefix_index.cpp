@@ -265,6 +265,21 @@ void prefix_index::unpin(int32_t seq) {
 
 int32_t prefix_index::evict_one(std::vector<token_id>* tokens) {
   std::lock_guard lock(mu_);
+  return evict_locked(tokens);
+}
+
+int32_t prefix_index::evict_saving(const std::function<std::vector<uint8_t>(int32_t seq, int32_t n)>& save) {
+  std::lock_guard lock(mu_);
+  std::vector<token_id> tokens;
+  const int32_t victim = evict_locked(host_limit_ > 0 ? &tokens : nullptr);
+  if (victim >= 0 && !tokens.empty()) {
+    const auto n = static_cast<int32_t>(tokens.size());
+    store_locked(std::move(tokens), save(victim, n));
+  }
+  return victim;
+}
+
+int32_t prefix_index::evict_locked(std::vector<token_id>* tokens) {
   int32_t victim = -1;
   uint64_t oldest = UINT64_MAX;
   for (uint32_t r = n_live_; r < n_total_; ++r) {
@@ -306,7 +321,11 @@ void prefix_index::set_idle(int32_t seq, bool idle) {
 
 void prefix_index::store(std::vector<token_id> tokens, std::vector<uint8_t> bytes) {
   std::lock_guard lock(mu_);
-  if (host_limit_ == 0 || tokens.empty() || bytes.size() > host_limit_) return;
+  store_locked(std::move(tokens), std::move(bytes));
+}
+
+void prefix_index::store_locked(std::vector<token_id> tokens, std::vector<uint8_t> bytes) {
+  if (host_limit_ == 0 || tokens.empty() || bytes.empty() || bytes.size() > host_limit_) return;
   // Already there as the start of a longer one: nothing new.
   for (const saved& h : host_) {
     if (h.tokens.size() >= tokens.size() && common_prefix(h.tokens, tokens) == tokens.size()) return;

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -98,6 +99,10 @@ class prefix_index {
   // starts from position 0 (plan_step), sharing or restoring what it can. *tokens: the victim's decoded
   // positions (for the host-RAM prompt cache). -1: none.
   int32_t evict_one(std::vector<token_id>* tokens = nullptr);
+  // evict_one and store as one step, `save(victim, n)` giving the victim's first n positions as bytes (empty:
+  // not saved) while the index is locked: no plan in between sees the conversation in neither the pool nor
+  // host memory. The pipeline's evictor.
+  int32_t evict_saving(const std::function<std::vector<uint8_t>(int32_t seq, int32_t n)>& save);
   // Live sequence seq is between answers (its session ended one: its cells may go when the pool needs
   // them), or not (a step arrived).
   void set_idle(int32_t seq, bool idle);
@@ -128,6 +133,8 @@ class prefix_index {
     uint64_t used = 0;
   };
   bool live(int32_t seq) const { return seq >= 0 && static_cast<uint32_t>(seq) < n_live_; }
+  int32_t evict_locked(std::vector<token_id>* tokens);  // evict_one, under mu_
+  void store_locked(std::vector<token_id> tokens, std::vector<uint8_t> bytes);  // store, under mu_
   // The kept sequence that should take `tokens` (already covered: -1), stamping it.
   int32_t keep_slot(std::span<const token_id> tokens, int32_t except);
   // Live seq's decoded positions recorded in a kept sequence (keep_slot's, pinned until the share ran); -1

@@ -1,15 +1,23 @@
 // flash_attn: attention of a block of query rows at a time, without the score matrix in memory.
 //
 // A work item is one head and a tile of up to tile_rows query rows (dynamically claimed, so a busy core
-// takes fewer). For the tile it computes the scores over every cache cell into the thread's work rows
+// takes fewer). Outside the reference path, the tiles group consecutive rows that see nearly the same cells
+// (a prompt's rows; not the next tokens of different sequences, which see disjoint cells of the one KV pool),
+// and a tile's work covers only the blocks of cells some row of it sees: the scores, the softmax (its
+// exponentials and sum over those blocks alone, the same values and order as over the whole row: the masked
+// entries are exact zeros either way) and the weighted V rows. So a step costs what its own sequence's cells
+// cost, not the pool's. For the tile it computes the scores over every cache cell into the thread's work rows
 // (cells whose mask is -inf for all the tile's rows, 16 at a time, are not computed: the masked half of a
 // prompt's causal attention and other sequences' cells), the softmax of each row, and the rows' sums of
 // V's rows weighted by the softmax (mad_tile, which skips weights of 0), straight into dst. Each step is the
 // computation the unfused graph does (mul_mat_masked, soft_max, the column-major mul_mat, cont) with the same
 // functions and order, so the two give bit-identical results; only the memory traffic differs (a tile's
 // scores stay in L1 / L2 instead of an [n_kv, n_tokens, n_head] matrix).
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "backends/cpu/kernels_internal.h"
 #include "backends/cpu/simd/simd.h"
@@ -38,6 +46,8 @@ void softmax_row(float* y, const char* m, size_t sm, type mt, int64_t n, float s
 
 }  // namespace
 
+static void compute_flash_attn_sparse(const compute_params& params, tensor& node);
+
 bool supports_flash_attn(const tensor& node) {
   const tensor* q = node.src[0];
   const tensor* k = node.src[1];
@@ -64,6 +74,10 @@ void compute_flash_attn(const compute_params& params, tensor& node) {
   const tensor* mask = node.src[3];
   const int64_t n_kv = k.ne[1];
   require_work(params, node, flash_attn_work_size(node, params.nth));
+  if (!params.reference && mask != nullptr) {
+    compute_flash_attn_sparse(params, node);
+    return;
+  }
   const float scale = node.param<float>(0);
   const int64_t hd_k = q.ne[0], hd_v = v.ne[0], n_tok = q.ne[1], n_head = q.ne[2];
   const int64_t group = n_head / k.ne[2];
@@ -129,6 +143,156 @@ void compute_flash_attn(const compute_params& params, tensor& node) {
   };
 
   for_each_claimed(params, n_head * tiles, run_item);
+}
+
+// Whether cell block b (cells [16 b, 16 b + 16) below n_kv) is masked (-inf) for mask row j.
+static bool block_masked(const tensor& mask, int64_t j, int64_t b, int64_t n_kv) {
+  const char* row = addr(mask, 0, j, 0, 0);
+  const int64_t c1 = std::min(n_kv, (b + 1) * cell_block);
+  for (int64_t c = b * cell_block; c < c1; ++c) {
+    if (load_float(row + static_cast<size_t>(c) * mask.nb[0], mask.type) != -INFINITY) return false;
+  }
+  return true;
+}
+
+// The sparse path (see the top of the file): tiles of rows that see nearly the same blocks, each with the
+// blocks any of its rows sees.
+static void compute_flash_attn_sparse(const compute_params& params, tensor& node) {
+  const tensor& q = *node.src[0];
+  const tensor& k = *node.src[1];
+  const tensor& v = *node.src[2];
+  const tensor& mask = *node.src[3];
+  const int64_t n_kv = k.ne[1];
+  const float scale = node.param<float>(0);
+  const int64_t hd_k = q.ne[0], hd_v = v.ne[0], n_tok = q.ne[1], n_head = q.ne[2];
+  const int64_t group = n_head / k.ne[2];
+  const int64_t n_blocks = (n_kv + cell_block - 1) / cell_block;
+  const int64_t n_words = (n_blocks + 63) / 64;
+
+  // Each row's live blocks as a bitmap; every thread computes the same plan.
+  std::vector<uint64_t> live(static_cast<size_t>(n_tok * n_words), 0);
+  for (int64_t j = 0; j < n_tok; ++j) {
+    uint64_t* w = live.data() + j * n_words;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      if (!block_masked(mask, j, b, n_kv)) w[b / 64] |= uint64_t{1} << (b % 64);
+    }
+  }
+  // Tiles: consecutive rows whose blocks differ from the tile's first row's in at most two (a prompt's rows
+  // gain one at a time).
+  struct tile {
+    int64_t j0, nj;
+    std::vector<std::pair<int64_t, int64_t>> runs;  // [begin, end) cells, in order
+  };
+  std::vector<tile> tiles;
+  for (int64_t j = 0; j < n_tok;) {
+    const uint64_t* first = live.data() + j * n_words;
+    int64_t nj = 1;
+    while (nj < tile_rows && j + nj < n_tok) {
+      const uint64_t* w = live.data() + (j + nj) * n_words;
+      int64_t differ = 0;
+      for (int64_t i = 0; i < n_words; ++i) differ += __builtin_popcountll(first[i] ^ w[i]);
+      if (differ > 2) break;
+      ++nj;
+    }
+    tile t{j, nj, {}};
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      bool any = false;
+      for (int64_t r = 0; r < nj && !any; ++r) any = (live[static_cast<size_t>((j + r) * n_words + b / 64)] >> (b % 64)) & 1;
+      if (!any) continue;
+      const int64_t c0 = b * cell_block, c1 = std::min(n_kv, c0 + cell_block);
+      if (!t.runs.empty() && t.runs.back().second == c0) {
+        t.runs.back().second = c1;
+      } else {
+        t.runs.push_back({c0, c1});
+      }
+    }
+    tiles.push_back(std::move(t));
+    j += nj;
+  }
+
+  const simd::kernel_table& tb = simd::active_table();
+  const simd::vec_dot_tile_fn dot_tile = tb.dot_tile(k.type);
+  const vec_dot_fn dot = tb.dot(k.type);
+  const simd::mad_tile_fn mad = tb.mad(v.type);
+  // The thread's scores: zero outside the blocks an item writes, which it clears again when done (the
+  // weights of the cells no row sees are exact zeros for mad, without writing them per item).
+  float* scores =
+      reinterpret_cast<float*>(params.wdata + cache_line + static_cast<size_t>(params.ith) * score_bytes(n_kv));
+  std::fill(scores, scores + tile_rows * n_kv, 0.0f);
+  const size_t sm = mask.nb[0];
+  const size_t out_stride = node.nb[2] / sizeof(float);
+  const auto n_tiles = static_cast<int64_t>(tiles.size());
+
+  auto run_item = [&](int64_t item) {
+    const int64_t h = item / n_tiles;
+    const tile& t = tiles[static_cast<size_t>(item % n_tiles)];
+    const int64_t j0 = t.j0, nj = t.nj;
+    float* out = reinterpret_cast<float*>(addr(node, 0, h, j0, 0));
+    if (t.runs.empty()) {  // every cell masked for every row: softmax gives zeros, so does the product
+      for (int64_t r = 0; r < nj; ++r) std::fill(out + r * out_stride, out + r * out_stride + hd_v, 0.0f);
+      return;
+    }
+    const char* k_plane = addr(k, 0, 0, h / group, 0);
+    const char* q_rows = addr(q, 0, j0, h, 0);
+    for (const auto& [c0, c1] : t.runs) {
+      const char* k_rows = k_plane + c0 * static_cast<int64_t>(k.nb[1]);
+      if (dot_tile != nullptr) {
+        dot_tile(hd_k, c1 - c0, nj, scores + c0, static_cast<size_t>(n_kv), k_rows, k.nb[1], q_rows, q.nb[1]);
+      } else {
+        for (int64_t r = 0; r < nj; ++r) {
+          for (int64_t c = c0; c < c1; ++c) {
+            dot(hd_k, scores + r * n_kv + c, k_rows + (c - c0) * static_cast<int64_t>(k.nb[1]),
+                q_rows + r * static_cast<int64_t>(q.nb[1]));
+          }
+        }
+      }
+    }
+    // The softmax of each row over the runs, as softmax_row and softmax_normalize compute it over the whole
+    // row: scale and mask, the max, the exponentials (elementwise), the nonzero ones summed in order into 16
+    // lanes, the scaling.
+    for (int64_t r = 0; r < nj; ++r) {
+      float* y = scores + r * n_kv;
+      const char* m = addr(mask, 0, j0 + r, 0, 0);
+      float mx = -INFINITY;
+      for (const auto& [c0, c1] : t.runs) {
+        for (int64_t i = c0; i < c1; ++i) {
+          const float x = y[i] * scale + load_float(m + static_cast<size_t>(i) * sm, mask.type);
+          y[i] = x;
+          if (x > mx) mx = x;
+        }
+      }
+      if (mx == -INFINITY) {
+        for (const auto& [c0, c1] : t.runs) std::fill(y + c0, y + c1, 0.0f);
+        continue;
+      }
+      float lanes[16] = {};
+      unsigned lane = 0;
+      for (const auto& [c0, c1] : t.runs) {
+        tb.exp_row(c1 - c0, y + c0, mx);
+        for (int64_t i = c0; i < c1; ++i) {
+          if (y[i] != 0.0f) {
+            lanes[lane] += y[i];
+            lane = (lane + 1) & 15u;
+          }
+        }
+      }
+      for (unsigned w = 8; w > 0; w /= 2) {
+        for (unsigned i = 0; i < w; ++i) lanes[i] += lanes[i + w];
+      }
+      const float inv = static_cast<float>(1.0 / static_cast<double>(lanes[0]));
+      for (const auto& [c0, c1] : t.runs) {
+        for (int64_t i = c0; i < c1; ++i) y[i] *= inv;
+      }
+    }
+    const int64_t live_end = t.runs.back().second;
+    mad(live_end, hd_v, nj, addr(v, 0, 0, h / group, 0), v.nb[1], scores, static_cast<size_t>(n_kv) * sizeof(float),
+        out, out_stride);
+    for (int64_t r = 0; r < nj; ++r) {
+      for (const auto& [c0, c1] : t.runs) std::fill(scores + r * n_kv + c0, scores + r * n_kv + c1, 0.0f);
+    }
+  };
+
+  for_each_claimed(params, n_head * n_tiles, run_item);
 }
 
 }  // namespace troupe::cpu::detail

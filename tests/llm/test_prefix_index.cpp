@@ -156,11 +156,22 @@ TEST_CASE("prefix index: an idle session's sequence is evicted once no kept conv
   CHECK(next.tokens == std::vector<token_id>{50, 51});
   CHECK(next.reused == 0);
   ix.step_done(0, true);
-  // Evicted again with nothing saved: the whole prompt decoded from position 0, and reused says how many
-  // positions before the step's keep that costs.
+  // Evicted again, eviction and saving in one step (the pipeline's evictor): the 12 positions come back.
   ix.set_idle(0, true);
-  CHECK(ix.evict_one() == 0);
+  int32_t saved_n = 0;
+  CHECK(ix.evict_saving([&](int32_t seq, int32_t n) {
+    CHECK(seq == 0);
+    saved_n = n;
+    return std::vector<uint8_t>(static_cast<size_t>(n) * 4, 9);
+  }) == 0);
+  CHECK(saved_n == 12);
   ix.set_idle(0, false);
+  auto again = ix.plan_step(0, 12, std::vector<token_id>{52});
+  REQUIRE(again.restore != nullptr);
+  CHECK(again.n == 12);
+  CHECK(again.tokens == std::vector<token_id>{52});
+  // Evicted with nothing saved: the whole prompt decoded from position 0, and reused says how many
+  // positions before the step's keep that costs.
   prefix_index bare(1, 2, 2);  // no host memory
   bare.plan_step(0, 0, range(1, 6));
   bare.step_done(0, true);
