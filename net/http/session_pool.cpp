@@ -64,22 +64,36 @@ std::unique_ptr<lease> acquire(engine& eng, model_slots& ms, daemon_metrics& mx,
   const uint64_t me = ++ms.tickets;
   const auto holding = [&] { return ms.held > 0 && ms.holder == me; };
   const auto leave_queue = [&] {
-    if (queued) mx.queue_depth.fetch_sub(1);
+    if (queued) {
+      mx.queue_depth.fetch_sub(1);
+      const auto at = std::find_if(ms.waiters.begin(), ms.waiters.end(), [&](const auto& w) { return w.first == me; });
+      if (at != ms.waiters.end()) ms.waiters.erase(at);
+      ms.cv.notify_all();  // the next one in line may go
+    }
     queued = false;
     if (holding()) {
       ms.held = 0;
       ms.cv.notify_all();  // the requests that left room for this one
     }
   };
-  // Room for this request: its cells beside the answering requests' and the room held for a larger one.
-  const auto room = [&] { return ms.reserved + cells + (holding() ? 0 : ms.held) <= pool; };
+  // Room for a request of c cells (ticket t): beside the answering requests' and the room held for a larger one.
+  const auto room_for = [&](uint64_t t, uint32_t c) { return ms.reserved + c + (ms.held > 0 && ms.holder == t ? 0 : ms.held) <= pool; };
+  const auto room = [&] { return room_for(me, cells); };
+  // First come, first served: a request goes only when no one that waits before it could go now.
+  const auto my_turn = [&] {
+    for (const auto& [t, c] : ms.waiters) {
+      if (t == me) return true;
+      if (room_for(t, c)) return false;
+    }
+    return true;
+  };
   for (;;) {
     if (stopping.load()) {
       leave_queue();
       throw api_error(503, "unavailable_error", "the server is shutting down");
     }
-    const bool fits = room();
-    if (!fits && cells > ms.held) {
+    const bool fits = room() && my_turn();
+    if (!room() && cells > ms.held) {
       ms.held = cells;  // the largest waiting request's room (a smaller holder gives it up)
       ms.holder = me;
     }
@@ -122,6 +136,7 @@ std::unique_ptr<lease> acquire(engine& eng, model_slots& ms, daemon_metrics& mx,
         }
       } while (!mx.queue_depth.compare_exchange_weak(d, d + 1));
       queued = true;
+      ms.waiters.emplace_back(me, cells);
     }
     if (ms.cv.wait_until(l, deadline) == std::cv_status::timeout) {
       const bool session_free = !ms.idle.empty() || ms.open < ms.slots;

@@ -4,7 +4,8 @@
 // Admission control over the model's one KV pool (n_ctx cells shared by its sessions): a request reserves the
 // cells its prompt and answer may take (its prompt plus max_tokens, answer_cells), and is admitted once a
 // session is free and the reservations of the requests answering leave it room. Until then it waits in the
-// queue; the largest request that waits has its room held for it, so that short requests cannot starve it.
+// queue, first come first served (a request goes before an earlier one only while that one has no room);
+// the largest request that waits has its room held for it, so that short requests cannot starve it.
 // Cells shared between sequences (prefix reuse) are counted once per request: the reservations never exceed
 // the pool, so an admitted request always finds its cells (kept conversations and cached prompts give theirs
 // up first).
@@ -19,6 +20,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -48,6 +50,7 @@ struct model_slots {
   uint64_t held = 0;             // cells held for the largest request waiting for room (0: none waits)
   uint64_t holder = 0;           // that request's ticket
   uint64_t tickets = 0;
+  std::deque<std::pair<uint64_t, uint32_t>> waiters;  // the queue in arrival order: ticket, cells
 };
 
 // The answer tokens a request reserves: max_tokens when given, else as many as one of n_seq_max equal
