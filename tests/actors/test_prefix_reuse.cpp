@@ -263,6 +263,41 @@ TEST_CASE("a conversation evicted from the KV cache comes back from the host-RAM
   }
 }
 
+TEST_CASE("the prompt cache's bytes on the memory record stay within prompt_cache_mib as conversations are evicted into it, the oldest dropped", "[actors][prefix][prompt-cache]") {
+  const auto path = test::smollm2_path();
+  if (!path) return;
+  engine eng({.n_threads = 2});
+  // SmolLM2 keeps 23,040 bytes per position (f16): a conversation of about 30 positions is ~0.7 MiB, so
+  // 1 MiB of host memory holds one of them. 64 cells and one session: each new conversation evicts the last.
+  model_settings ms{.n_ctx = 64, .n_seq_max = 1, .n_threads = 2};
+  ms.prompt_cache_mib = 1;
+  eng.load_model("m", path->string(), ms);
+  session s = eng.open_session("m");
+  const std::vector<std::string> prompts = {"The river runs past the old mill and the quiet village.",
+                                            "A small bird sings in the garden every spring morning.",
+                                            "The market opens early and the bakers bring fresh bread.",
+                                            "Snow falls on the mountain road and the travellers rest."};
+  uint64_t most = 0;
+  for (const std::string& p : prompts) {
+    s.generate(p, llm::generate_params::greedy(12));
+    const decoder_stats st = stats_of(eng);
+    uint64_t recorded = 0;
+    for (const buft_usage& u : eng.memory().entries) {
+      if (u.buft == "Host (prompt cache)") recorded = u.context;
+    }
+    INFO("after \"" << p << "\": " << st.host_entries << " saved, " << st.host_bytes << " bytes, " << recorded << " on record");
+    CHECK(st.host_bytes <= (1u << 20));
+    CHECK(recorded == st.host_bytes);
+    most = std::max(most, st.saved_conversations);
+  }
+  const decoder_stats st = stats_of(eng);
+  CHECK(most >= 2);              // conversations went to host memory
+  CHECK(st.host_entries == 1);   // and only the latest of them stayed
+  CHECK(st.host_bytes > 0);
+  const memory_breakdown end = eng.shutdown();
+  CHECK(end.context == 0);
+}
+
 TEST_CASE("clients arriving together behind one new long prefix: it is decoded once, the others share it, every answer the one from scratch", "[actors][prefix]") {
   const auto path = test::model_path("stories260K.gguf");
   if (!path) return;

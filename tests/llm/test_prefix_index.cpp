@@ -183,6 +183,30 @@ TEST_CASE("prefix index: an idle session's sequence is evicted once no kept conv
   CHECK(whole.reused == -6);
 }
 
+TEST_CASE("prefix index: host memory holds at most its limit, dropping the least recently used conversation", "[prefix][prompt-cache]") {
+  prefix_index ix(1, 2, 2, 100);  // 100 bytes of host memory
+  ix.store(range(100, 10), std::vector<uint8_t>(40, 1));
+  ix.store(range(200, 10), std::vector<uint8_t>(40, 2));
+  CHECK(ix.stats().host_bytes == 80);
+  // 100.. used again (a step planned from it): 200.. is now the least recently used.
+  auto p = ix.plan_step(0, 0, cat(range(100, 10), {7}));
+  REQUIRE(p.restore != nullptr);
+  ix.step_done(0, true);
+  ix.store(range(300, 10), std::vector<uint8_t>(40, 3));
+  CHECK(ix.stats().host_bytes == 80);  // back within the limit
+  CHECK(ix.stats().host_entries == 2);
+  CHECK(ix.plan_step(0, 0, cat(range(200, 10), {7})).restore == nullptr);  // dropped
+  ix.step_done(0, true);
+  CHECK(ix.plan_step(0, 0, cat(range(300, 10), {7})).restore != nullptr);
+  ix.step_done(0, true);
+  // A conversation larger than the limit is not kept at all; a longer turn of one replaces it.
+  ix.store(range(400, 30), std::vector<uint8_t>(120, 4));
+  CHECK(ix.stats().host_bytes == 80);
+  ix.store(range(300, 12), std::vector<uint8_t>(48, 5));
+  CHECK(ix.stats().host_entries == 2);
+  CHECK(ix.stats().host_bytes == 88);
+}
+
 TEST_CASE("prefix index: after a failed decode only the positions decoded before stay shareable", "[prefix]") {
   prefix_index ix(2, 4, 2);
   ix.plan_step(0, 0, range(1, 8));
