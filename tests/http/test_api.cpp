@@ -112,6 +112,11 @@ n_cpu_moe = 2
   REQUIRE(ex.engine.models.size() == 1);
   CHECK(ex.engine.models[0].name == "smollm2");
   CHECK(ex.server.port == 8080);
+  CHECK(ex.engine.models[0].kv_type == "f16");
+  CHECK(ex.engine.models[0].flash_attn == "auto");
+  CHECK_FALSE(ex.engine.models[0].context_shift);
+  CHECK(ex.engine.models[0].prompt_cache_mib == 8192);
+  CHECK(ex.engine.models[0].resolved().n_ctx_seq == 8192);
 }
 
 TEST_CASE("daemon config: errors name the file, the line and the key", "[http][config]") {
