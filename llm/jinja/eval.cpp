@@ -18,19 +18,29 @@ namespace {
 
 // ---- UTF-8 code points (Python's str indexes them) ----
 
+// Bytes of the code point at s[i]: its lead byte's length when the continuation bytes are there, else 1 (a
+// byte of invalid UTF-8 counts as one character).
+size_t code_point_bytes(const std::string& s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 1;
+  if (i + n > s.size()) return 1;
+  for (size_t k = 1; k < n; ++k) {
+    if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return 1;
+  }
+  return n;
+}
 std::vector<std::string> code_points(const std::string& s) {
   std::vector<std::string> out;
   for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 1;
-    out.push_back(s.substr(i, std::min(n, s.size() - i)));
+    const size_t n = code_point_bytes(s, i);
+    out.push_back(s.substr(i, n));
     i += n;
   }
   return out;
 }
 int64_t str_len(const std::string& s) {
   int64_t n = 0;
-  for (const char ch : s) n += (static_cast<unsigned char>(ch) & 0xc0) != 0x80;
+  for (size_t i = 0; i < s.size(); i += code_point_bytes(s, i)) ++n;
   return n;
 }
 
@@ -162,12 +172,20 @@ struct scope {
   std::map<std::string, value, std::less<>> vars;
 };
 
+// The render's output limit also bounds every string it builds on the way (join, replace, ...): set by the
+// renderer for the helpers below.
+thread_local size_t string_limit = SIZE_MAX;
+void check_size(size_t n) {
+  if (n > string_limit) throw error("a string of the template grows past the output limit (" + std::to_string(string_limit) + " bytes)");
+}
+
 struct loop_break {};
 struct loop_continue {};
 
 class renderer {
  public:
   renderer(const options& opt, value context) : opt_(opt) {
+    string_limit = opt.max_output;
     scopes_.emplace_back();
     for (auto& [k, v] : context.entries()) scopes_.back().vars[k] = v;
     globals();
@@ -412,6 +430,14 @@ class renderer {
   // ---- expressions ----
 
   value eval(const expr& e) {
+    value v = eval_inner(e);
+    if ((v.is_string() && v.str().size() > opt_.max_output) || (v.is_list() && v.items().size() > opt_.max_output)) {
+      fail(e.line, "a value of the template grows past the output limit (" + std::to_string(opt_.max_output) + ")");
+    }
+    return v;
+  }
+
+  value eval_inner(const expr& e) {
     step(e.line);
     switch (e.k) {
       case expr::literal: return e.lit;
@@ -451,7 +477,14 @@ class renderer {
         const value fn = eval(*e.a);
         return invoke(fn, arguments(e), e.line);
       }
-      case expr::filter: return apply_filter(e);
+      case expr::filter:
+        try {
+          return apply_filter(e);
+        } catch (const error& x) {  // a value's own error (tojson's) gets the line
+          const std::string what = x.what();
+          if (what.rfind("template line", 0) == 0) throw;
+          fail(e.line, what);
+        }
       case expr::test: {
         const bool r = apply_test(e);
         return value(e.negated ? !r : r);
@@ -733,6 +766,7 @@ class renderer {
             if (!x.is_string()) fail(line, "sequence item: expected str instance, " + x.type_name() + " found");
             if (!first) out += s;
             out += x.str();
+            check_size(out.size());
             first = false;
           }
           (void)this;
@@ -796,7 +830,7 @@ class renderer {
             const std::string field = s.substr(i + 1, j - i - 1);
             const value* v = nullptr;
             if (field.empty()) v = ai < a.pos.size() ? &a.pos[ai++] : nullptr;
-            else if (std::isdigit(static_cast<unsigned char>(field[0]))) v = a.get(static_cast<size_t>(std::stoul(field)), "");
+            else if (std::isdigit(static_cast<unsigned char>(field[0]))) v = field.size() < 6 ? a.get(static_cast<size_t>(std::stoul(field)), "") : nullptr;
             else v = a.get(SIZE_MAX, field);
             if (!v) fail(line, "format: no value for {" + field + "}");
             out += v->to_str();
@@ -888,6 +922,7 @@ class renderer {
           ++done;
         }
         out += c;
+        check_size(out.size());
       }
       if (count < 0 || done < count) out += n;
       return out;
@@ -902,6 +937,7 @@ class renderer {
         return out;
       }
       out += s.substr(i, j - i) + n;
+      check_size(out.size());
       i = j + o.size();
       ++done;
     }
@@ -933,6 +969,7 @@ class renderer {
       const std::string key = p.substr(i, j == std::string::npos ? std::string::npos : j - i);
       if (cur.is_undefined()) return cur;
       bool digits = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+      digits = digits && key.size() < 12;
       cur = digits && cur.is_list() ? get_item(cur, value(static_cast<int64_t>(std::stoll(key))), line)
             : cur.is_dict()       ? (cur.find(key) ? *cur.find(key) : value::undefined_named(key))
                                   : value::undefined_named(key);
@@ -986,6 +1023,7 @@ class renderer {
       for (const value& x : iterate(v, line)) {
         if (!first) out += sep ? sep->to_str() : "";
         out += (attr ? attribute_of(x, *attr, line) : x).to_str();
+        check_size(out.size());
         first = false;
       }
       return value(std::move(out));
@@ -1105,7 +1143,10 @@ class renderer {
       const value* width = arg(0, "width");
       const value* first = arg(1, "first");
       const value* blank = arg(2, "blank");
-      const std::string pad = width && width->is_string() ? width->str() : std::string(static_cast<size_t>(width ? width->as_int() : 4), ' ');
+      const int64_t w = width && !width->is_string() ? width->as_int() : 4;
+      if (w < 0) fail(line, "indent: a negative width");
+      check_size(static_cast<size_t>(w));
+      const std::string pad = width && width->is_string() ? width->str() : std::string(static_cast<size_t>(w), ' ');
       const std::string s = v.to_str();
       std::string out;
       size_t i = 0;
@@ -1116,6 +1157,7 @@ class renderer {
         const bool indent_it = first_line ? (first && first->truthy()) : (!ln.empty() || (blank && blank->truthy()));
         if (indent_it) out += pad;
         out += ln;
+        check_size(out.size());
         if (j == std::string::npos) break;
         out += '\n';
         i = j + 1;
@@ -1195,6 +1237,7 @@ class renderer {
       const std::string s = v.to_str();
       const int64_t width = w ? w->as_int() : 80, n = str_len(s);
       if (width <= n) return value(s);
+      check_size(static_cast<size_t>(width));
       const int64_t total = width - n, left = total / 2 + (total & width & 1);
       return value(std::string(static_cast<size_t>(left), ' ') + s + std::string(static_cast<size_t>(total - left), ' '));
     }
@@ -1374,7 +1417,7 @@ class renderer {
       list out;
       for (int64_t i = start; st > 0 ? i < stop : i > stop; i += st) {
         out.emplace_back(i);
-        if (out.size() > 10'000'000) throw error("range: too many items");
+        if (out.size() > 100'000) throw error("range: more than 100000 items");
       }
       return value(std::move(out));
     }));

@@ -302,7 +302,18 @@ class expr_parser {
     if (!at_end()) fail(peek().line, "unexpected " + describe(peek()));
   }
 
-  expr_ptr expression() { return conditional(); }
+  expr_ptr expression() {
+    // Nesting is bounded (parentheses, lists, calls): a template is untrusted input.
+    if (++depth_ > max_nesting) fail(peek().line, "expressions nest deeper than " + std::to_string(max_nesting));
+    expr_ptr e = conditional();
+    --depth_;
+    return e;
+  }
+  static constexpr int max_nesting = 128;
+  // Operators chained without parentheses (a + b + ...) build a tree as deep as the chain: bounded too.
+  static void chained(int& n, int line) {
+    if (++n > 256) fail(line, "more than 256 operators chained in one expression");
+  }
 
   // The tuple of a for target or a set target: names (a, b).
   std::vector<std::string> targets() {
@@ -352,9 +363,11 @@ class expr_parser {
     return then;
   }
   expr_ptr or_expr() {
+    int chain = 0;
     expr_ptr l = and_expr();
     while (is_name("or")) {
       auto e = make(expr::logic_or, next().line);
+      chained(chain, e->line);
       e->a = l;
       e->b = and_expr();
       l = e;
@@ -362,9 +375,11 @@ class expr_parser {
     return l;
   }
   expr_ptr and_expr() {
+    int chain = 0;
     expr_ptr l = not_expr();
     while (is_name("and")) {
       auto e = make(expr::logic_and, next().line);
+      chained(chain, e->line);
       e->a = l;
       e->b = not_expr();
       l = e;
@@ -374,12 +389,15 @@ class expr_parser {
   expr_ptr not_expr() {
     if (is_name("not")) {
       auto e = make(expr::logic_not, next().line);
+      if (++depth_ > max_nesting) fail(e->line, "expressions nest deeper than " + std::to_string(max_nesting));
       e->a = not_expr();
+      --depth_;
       return e;
     }
     return compare();
   }
   expr_ptr compare() {
+    int chain = 0;
     expr_ptr l = math1();
     for (;;) {
       std::string op;
@@ -398,6 +416,7 @@ class expr_parser {
       }
       auto e = make(expr::binary, l->line);
       e->name = op;
+      chained(chain, e->line);
       e->a = l;
       e->b = math1();
       l = e;
@@ -405,10 +424,12 @@ class expr_parser {
     return l;
   }
   expr_ptr math1() {
+    int chain = 0;
     expr_ptr l = concat();
     while (is_op("+") || is_op("-")) {
       auto e = make(expr::binary, peek().line);
       e->name = next().text;
+      chained(chain, e->line);
       e->a = l;
       e->b = concat();
       l = e;
@@ -416,10 +437,12 @@ class expr_parser {
     return l;
   }
   expr_ptr concat() {
+    int chain = 0;
     expr_ptr l = math2();
     while (is_op("~")) {
       auto e = make(expr::binary, next().line);
       e->name = "~";
+      chained(chain, e->line);
       e->a = l;
       e->b = math2();
       l = e;
@@ -427,10 +450,12 @@ class expr_parser {
     return l;
   }
   expr_ptr math2() {
+    int chain = 0;
     expr_ptr l = power();
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
       auto e = make(expr::binary, peek().line);
       e->name = next().text;
+      chained(chain, e->line);
       e->a = l;
       e->b = power();
       l = e;
@@ -438,10 +463,12 @@ class expr_parser {
     return l;
   }
   expr_ptr power() {
+    int chain = 0;
     expr_ptr l = unary(true);
     while (is_op("**")) {
       auto e = make(expr::binary, next().line);
       e->name = "**";
+      chained(chain, e->line);
       e->a = l;
       e->b = unary(true);
       l = e;
@@ -453,7 +480,9 @@ class expr_parser {
     if (is_op("-") || is_op("+")) {
       auto e = make(expr::unary, peek().line);
       e->name = next().text;
+      if (++depth_ > max_nesting) fail(e->line, "expressions nest deeper than " + std::to_string(max_nesting));
       e->a = unary(false);
+      --depth_;
       n = e;
     } else {
       n = primary();
@@ -638,6 +667,7 @@ class expr_parser {
 
   std::vector<token> t_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 // ---- statements ----
@@ -696,6 +726,13 @@ class stmt_parser {
   }
 
   node_ptr statement(const std::string& word, expr_parser& ep, int line) {
+    if (++nesting_ > 128) fail(line, "blocks nest deeper than 128");
+    node_ptr n = statement_inner(word, ep, line);
+    --nesting_;
+    return n;
+  }
+
+  node_ptr statement_inner(const std::string& word, expr_parser& ep, int line) {
     auto n = std::make_shared<node>();
     n->line = line;
     if (word == "if") {
@@ -886,6 +923,7 @@ class stmt_parser {
   size_t i_ = 0;
   int line_ = 1;
   std::unique_ptr<expr_parser> end_;  // the parser of the end tag that stopped body()
+  int nesting_ = 0;
 };
 
 }  // namespace

@@ -11,7 +11,11 @@
 #include <sstream>
 #include <string>
 
+#include "llm/chat_template.h"
 #include "llm/jinja/jinja.h"
+#include "llm/vocab.h"
+#include "loader/gguf.h"
+#include "tests/test_models.h"
 #include "tests/support/skip.h"
 
 using namespace troupe::llm;
@@ -83,6 +87,8 @@ TEST_CASE("jinja: the filters, tests and methods chat templates use", "[jinja]")
         "True True True True False");
   CHECK(render("{{ d.get('k', 'none') }} {{ 'k' in d }}", {{"d", json::object()}}) == "none False");
   CHECK(render("{{ 'é' | length }} {{ ['a', 'b', 'a'] | unique | list }}") == "1 ['a', 'b']");
+  // Bytes that are not UTF-8 count as one character each (the fuzzer's find: an index past the characters).
+  CHECK(render("{{ s | length }}|{{ s[2] }}|{{ s[1:] }}", {{"s", std::string("\xe0" "a=b")}}) == "4|=|a=b");
 }
 
 TEST_CASE("jinja: refusals are errors naming the line, never crashes: raise_exception, syntax, the sandbox, limits", "[jinja]") {
@@ -97,13 +103,24 @@ TEST_CASE("jinja: refusals are errors naming the line, never crashes: raise_exce
   // A template that never ends is stopped by the step limit; one that recurses by the depth limit.
   jinja::options o;
   o.max_steps = 100000;
-  CHECK_THROWS_WITH(jinja::template_::parse("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}", o).render(json::object()),
+  CHECK_THROWS_WITH(jinja::template_::parse("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", o).render(json::object()),
                     Catch::Contains("steps"));
   CHECK_THROWS_WITH(render("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"), Catch::Contains("deeper"));
+  CHECK_THROWS_WITH(render("{{ " + std::string(500, '(') + "1" + std::string(500, ')') + " }}"), Catch::Contains("nest deeper"));
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 1000; ++i) chain += " + 1";
+  CHECK_THROWS_WITH(render(chain + " }}"), Catch::Contains("chained"));
+  std::string ifs;
+  for (int i = 0; i < 300; ++i) ifs += "{% if true %}";
+  CHECK_THROWS_WITH(render(ifs), Catch::Contains("blocks nest deeper"));
+  CHECK_THROWS_WITH(render("{{ range(1000000) | length }}"), Catch::Contains("range"));
   jinja::options small;
   small.max_output = 1000;
   CHECK_THROWS_WITH(jinja::template_::parse("{% for i in range(100) %}{{ 'x' * 100 }}{% endfor %}", small).render(json::object()),
                     Catch::Contains("output exceeds"));
+  // A string built on the way is bounded too, not only what is printed (the fuzzer's find: joins of joins).
+  CHECK_THROWS_WITH(jinja::template_::parse("{% set s = ('ab' * 300) | join('--') %}", small).render(json::object()),
+                    Catch::Contains("grows past the output limit"));
 }
 
 TEST_CASE("jinja: the 44 real chat templates with render.py's 8 cases print what Python's Jinja2 prints, or refuse where it does", "[jinja][templates]") {
@@ -183,4 +200,30 @@ TEST_CASE("jinja: the 44 real chat templates with render.py's 8 cases print what
   INFO(agree << " of " << pairs << " agree (" << both_refuse << " refused on both sides)\n" << all);
   CHECK(pairs == 352);
   CHECK(agree == pairs);
+}
+
+TEST_CASE("jinja: SmolLM2's own template through the engine gives the prompts the built-in ChatML family gives, byte for byte", "[jinja][models]") {
+  const auto path = troupe::test::smollm2_path();
+  if (!path) return;
+  const troupe::gguf_file f = troupe::read_gguf(*path);
+  const auto src = f.get<std::string>("tokenizer.chat_template");
+  REQUIRE(src);
+  const jinja::template_ t = jinja::template_::parse(*src);
+  const chat_template family(f);
+  const vocab v(f);
+  const std::vector<std::vector<chat_message>> chats = {
+      {{"user", "Hi"}},
+      {{"system", "Be brief."}, {"user", "Hi"}},
+      {{"system", "Be brief."}, {"user", "Name a colour."}, {"assistant", "Blue."}, {"user", "Another, \"quoted\" & <b> — é"}},
+      {{"user", "Hi"}, {"assistant", "Hello."}}};
+  for (const auto& chat : chats) {
+    for (const bool gen : {true, false}) {
+      json messages = json::array();
+      for (const chat_message& m : chat) messages.push_back({{"role", m.role}, {"content", m.content}});
+      const std::string got = t.render(json{{"messages", messages}, {"add_generation_prompt", gen},
+                                            {"bos_token", v.token_to_piece(v.bos(), true)}, {"eos_token", v.token_to_piece(v.eos(), true)}});
+      INFO(chat.size() << " messages, generation prompt " << gen);
+      CHECK(got == family.apply(chat, gen));
+    }
+  }
 }

@@ -23,6 +23,9 @@ command_fn add_quantize(CLI::App& app);
 // troupe perplexity -m MODEL -f TEXT [-c 512] [-t THREADS] [-ngl N] [--device LIST]
 command_fn add_perplexity(CLI::App& app);
 
+// troupe template (FILE.jinja | MODEL.gguf) --case CASE.json [--case ...] [--name VARIANT]
+command_fn add_template(CLI::App& app);
+
 // troupe peer [--host 127.0.0.1] [--port 50052] [--device cpu|vulkan|cuda] [--cache-dir D] [--auth-key-file F]
 //             [--tls-cert C --tls-key K] [--insecure] [-t THREADS]
 command_fn add_peer(CLI::App& app);

@@ -6,6 +6,7 @@
 //   troupe peer --port 50052       serve this machine's devices to other troupe processes
 //   troupe node --join HOST:PORT   the same, as a node of a cluster (troupe serve with [cluster])
 //   troupe serve --config F.toml   the daemon: OpenAI-compatible HTTP API over the actor runtime
+//   troupe template T.jinja --case C.json   a chat template rendered over a conversation
 //   troupe perplexity -m M -f T    perplexity over a text file
 //   troupe devices                 the devices this build can use (also --list-devices on every program)
 //
@@ -32,6 +33,8 @@ int main(int argc, char** argv) {
   add("bench", "prompt-processing and generation throughput (llama-bench style)", troupe::cli::add_bench);
   add("quantize", "rewrite a model with its weight matrices in another type", troupe::cli::add_quantize);
   add("perplexity", "perplexity of a model over a text file", troupe::cli::add_perplexity);
+  CLI::App* tmpl = app.add_subcommand("template", "render a chat template (a .jinja file or a model's) over a conversation");
+  commands[tmpl] = troupe::cli::add_template(*tmpl);
   add("serve", "the daemon: an OpenAI-compatible HTTP API (configured by a TOML file)", troupe::cli::add_serve);
   add("peer", "serve this machine's devices to other troupe processes (remote peers)", troupe::cli::add_peer);
   add("node", "serve this machine's devices and join a cluster's coordinator", troupe::cli::add_node);
@@ -51,7 +54,8 @@ int main(int argc, char** argv) {
     troupe::set_log_level(troupe::log_level::debug);
   }
   try {
-    troupe::register_builtin_backends();
+    // Every command but `template` (no devices: it starts in milliseconds) may use the devices.
+    if (!tmpl->parsed()) troupe::register_builtin_backends();
     for (auto& [sub, run] : commands) {
       if (sub->parsed()) return run();
     }
