@@ -104,7 +104,7 @@ void run_batch(decoder_ptr self) {
       continue;
     }
     const size_t room = budget > used ? budget - used : 0;
-    if (room >= min_part && n - room >= 1) {
+    if (room >= std::min(min_part, budget) && room > 0 && n - room >= 1) {
       waiting_step part;
       part.step.seq = w.step.seq;
       part.step.keep = w.step.keep;
@@ -153,6 +153,28 @@ void try_batch(decoder_ptr self) {
 
 void release_deferred(decoder_ptr self, int32_t leader);
 
+// Whether a step of seq is waiting, deferred or in flight.
+bool has_step(const decoder_state& st, int32_t seq) {
+  if (st.in_flight(seq)) return true;
+  for (const waiting_step& w : st.waiting) {
+    if (w.step.seq == seq) return true;
+  }
+  for (const auto& [leader, w] : st.deferred) {
+    if (w.step.seq == seq) return true;
+  }
+  return false;
+}
+
+// A sequence whose answer ended (end_atom came while a step of it was still here) is idle once its last
+// step is done.
+void maybe_idle(decoder_ptr self, int32_t seq) {
+  auto& st = self->state;
+  if (st.prefixes && st.generating.count(seq) == 0 && seq >= 0 && static_cast<size_t>(seq) < st.seqs.size() &&
+      st.seqs[static_cast<size_t>(seq)] && !has_step(st, seq)) {
+    st.prefixes->set_idle(seq, true);
+  }
+}
+
 // The rest of seq's prompt step, waiting while its first part was decoded; taken out of `waiting`.
 std::optional<waiting_step> take_rest(decoder_state& st, int32_t seq) {
   for (auto it = st.waiting.begin(); it != st.waiting.end(); ++it) {
@@ -189,6 +211,8 @@ void job_done(decoder_ptr self, uint64_t id) {
   // evicted were pinned by later steps' shares): nothing was decoded, so the steps go again once, each
   // decoding its whole prompt.
   if (missing && st.prefixes && st.dec) {
+    const bool releasing = !st.release_waiters.empty();
+    std::vector<int32_t> ended;  // steps that fail here: their followers are released below
     for (waiting_step& w : job.steps) {
       const int32_t seq = w.step.seq;
       if (w.partial) {
@@ -200,11 +224,14 @@ void job_done(decoder_ptr self, uint64_t id) {
       }
       const bool held = seq >= 0 && static_cast<size_t>(seq) < st.seqs.size() && st.seqs[static_cast<size_t>(seq)];
       const std::vector<llm::token_id> whole = held ? st.prefixes->tokens_of(seq) : std::vector<llm::token_id>{};
-      if (whole.empty() || w.retried) {
-        // Detached meanwhile, a prompt the index does not know (after an earlier failure), or a second
-        // failure: this step fails alone, the others go again.
+      if (whole.empty() || w.retried || releasing) {
+        // Detached meanwhile, a prompt the index does not know (after an earlier failure), a second failure,
+        // or the context is being released: this step fails alone, the others go again.
         st.prefixes->step_done(seq, false);
-        w.promise.deliver(held ? err : make_error(errc::cancelled, "sequence " + std::to_string(seq) + " detached"));
+        w.promise.deliver(releasing ? make_error(errc::down, "model " + st.params.model + ": the context is being released")
+                          : held   ? err
+                                   : make_error(errc::cancelled, "sequence " + std::to_string(seq) + " detached"));
+        ended.push_back(seq);
         continue;
       }
       TROUPE_LOG(info, "prefix reuse: model " << st.params.model << ", sequence " << seq
@@ -218,6 +245,17 @@ void job_done(decoder_ptr self, uint64_t id) {
       w.reused = 0;
       w.retried = true;
       st.waiting.push_back(std::move(w));
+    }
+    for (const int32_t seq : ended) {
+      release_deferred(self, seq);
+      maybe_idle(self, seq);
+    }
+    if (st.jobs.empty() && !st.release_waiters.empty()) {
+      std::vector<caf::typed_response_promise<bool>> waiters = std::move(st.release_waiters);
+      st.release_waiters.clear();
+      release_context(self, waiters.front());
+      for (size_t i = 1; i < waiters.size(); ++i) waiters[i].deliver(true);
+      return;
     }
     try_batch(self);
     return;
@@ -243,7 +281,9 @@ void job_done(decoder_ptr self, uint64_t id) {
   report_compute(self);  // the compute buffers grow when a graph needs more than reserved
   report_prompt_cache(self);
   for (const waiting_step& w : job.steps) {
-    if (!w.partial) release_deferred(self, w.step.seq);
+    if (w.partial) continue;
+    release_deferred(self, w.step.seq);
+    maybe_idle(self, w.step.seq);
   }
   if (st.jobs.empty() && !st.release_waiters.empty()) {
     std::vector<caf::typed_response_promise<bool>> waiters = std::move(st.release_waiters);
@@ -479,10 +519,14 @@ decoder_actor::behavior_type decoder_fn(decoder_ptr self, engine_env_ptr env, me
         return rp;
       },
       [self](end_atom, int32_t seq) {
-        self->state.generating.erase(seq);
-        // Between answers its cells may go when the pool needs them (the index remembers its tokens).
-        if (self->state.prefixes && seq >= 0 && static_cast<size_t>(seq) < self->state.seqs.size()) {
-          self->state.prefixes->set_idle(seq, true);
+        auto& st = self->state;
+        st.generating.erase(seq);
+        // Between answers its cells may go when the pool needs them (the index remembers its tokens); not
+        // while a step of it is still here (a cancelled answer: job_done marks it then), and only for the
+        // session that holds it.
+        if (st.prefixes && seq >= 0 && static_cast<size_t>(seq) < st.seqs.size() &&
+            st.seqs[static_cast<size_t>(seq)] == caf::actor_cast<caf::actor_addr>(self->current_sender()) && !has_step(st, seq)) {
+          st.prefixes->set_idle(seq, true);
         }
         try_batch(self);
       },

@@ -33,16 +33,18 @@ generate_result generator::generate(std::span<const token_id> prompt, const gene
   sequence s(vocab_, cached_, prompt, p, ctx_.params().n_ctx);
   while (!s.done()) {
     const sequence_step& step = s.pending();
-    if (step.shift_n > 0) {
-      ctx_.shift(seq_, step.shift_at, step.shift_n);
-      cached_.erase(cached_.begin() + step.shift_at, cached_.begin() + step.shift_at + step.shift_n);
-    }
     if (static_cast<size_t>(step.keep) < cached_.size()) {
       ctx_.kv().seq_rm(seq_, step.keep, -1);
       cached_.resize(static_cast<size_t>(step.keep));
     }
     decode_tokens(step.tokens);
     const sequence_output out = s.advance(ctx_.logits(0));
+    // A shift the next step asks for is made now, before the piece goes out (which may cancel the answer), as
+    // the decoder actor makes it when the step arrives: the cache is then what the sequence records.
+    if (const sequence_step& next = s.pending(); next.shift_n > 0) {
+      ctx_.shift(seq_, next.shift_at, next.shift_n);
+      cached_.erase(cached_.begin() + next.shift_at, cached_.begin() + next.shift_at + next.shift_n);
+    }
     // The answer's last piece ends it whatever the callback says; an earlier one may cancel it.
     if (on_piece && !out.piece.empty() && !on_piece(out.piece, out.token) && !out.done) s.cancel();
   }

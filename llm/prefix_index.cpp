@@ -198,7 +198,8 @@ int32_t prefix_index::leader_for(int32_t seq, int32_t keep, std::span<const toke
   size_t most = decoded + min_gain;
   for (uint32_t d = 0; d < n_live_; ++d) {
     const entry& o = e_[d];
-    if (static_cast<int32_t>(d) == seq || o.tokens.size() <= o.stable) continue;  // nothing in progress
+    // Nothing in progress (an idle sequence, or one evicted while idle: its tokens are what it held).
+    if (static_cast<int32_t>(d) == seq || o.tokens.size() <= o.stable || o.evicted || o.idle) continue;
     const size_t m = std::min(common_prefix(o.tokens, full), full.size() - 1);
     if (m >= most) {
       most = m;
@@ -249,11 +250,21 @@ void prefix_index::shared(int32_t src, int32_t dst, int32_t n) {
   check(dst, "share");
   const entry& from = e_[static_cast<size_t>(src)];
   entry& to = e_[static_cast<size_t>(dst)];
+  to.used = ++tick_;
+  to.idle = false;
+  if (from.evicted && static_cast<size_t>(std::max(n, 0)) <= from.tokens.size()) {
+    // The source's cells went (evicted while idle): dst gets nothing but knows the tokens its session now
+    // believes it holds, so its next step is planned from position 0 (restored, shared or decoded).
+    to.tokens.assign(from.tokens.begin(), from.tokens.begin() + n);
+    to.stable = 0;
+    to.evicted = true;
+    return;
+  }
   // Only what is decoded is known to be there: dst then has no step in progress (leader_for).
   const size_t m = std::min({static_cast<size_t>(std::max(n, 0)), from.tokens.size(), from.stable});
   to.tokens.assign(from.tokens.begin(), from.tokens.begin() + static_cast<std::ptrdiff_t>(m));
   to.stable = m;
-  to.used = ++tick_;
+  to.evicted = false;
 }
 
 void prefix_index::unpin(int32_t seq) {
@@ -298,7 +309,7 @@ int32_t prefix_index::evict_locked(std::vector<token_id>* tokens) {
   // An idle session's sequence: its tokens stay known, its cells go.
   for (uint32_t r = 0; r < n_live_; ++r) {
     const entry& o = e_[r];
-    if (o.idle && !o.evicted && o.stable > 0 && o.pins == 0 && o.used < oldest) {
+    if (o.idle && !o.evicted && o.stable > 0 && o.stable == o.tokens.size() && o.pins == 0 && o.used < oldest) {
       oldest = o.used;
       victim = static_cast<int32_t>(r);
     }

@@ -31,7 +31,7 @@ sequence::sequence(const vocab& v, std::span<const token_id> cached, std::span<c
     // As llama-server: n_keep prompt tokens (-1: all of them) and the BOS the vocabulary adds.
     const int32_t n = static_cast<int32_t>(prompt.size());
     const int32_t bos = v.add_bos() && prompt.front() == v.bos() ? 1 : 0;
-    n_keep_ = p.n_keep < 0 ? n : std::min(n, p.n_keep + bos);
+    n_keep_ = p.n_keep < 0 ? n : static_cast<int32_t>(std::min<int64_t>(n, int64_t{p.n_keep} + bos));
   }
   // Reuse the cached prefix; always decode at least the last prompt token to get its logits.
   size_t common = 0;
@@ -66,9 +66,8 @@ sequence_output sequence::finish(std::string finish, bool flush) {
     t1_ = now;
   }
   result_.gen_seconds = std::chrono::duration<double>(now - t1_).count();
-  if (pending_.shift_n > 0) {  // a shift not decoded (cancelled): the cache still holds what it dropped
-    cached_.insert(cached_.begin() + pending_.shift_at, shift_dropped_.begin(), shift_dropped_.end());
-  }
+  // A shift the pending step asked for stays in cached_ (the caller made it when the step left: the decoder
+  // actor on the step's arrival, the generator right after advance()), cancelled or not.
   pending_.tokens.clear();
   pending_.keep = static_cast<int32_t>(cached_.size());
   pending_.shift_at = 0;
@@ -206,7 +205,6 @@ sequence_output sequence::advance(std::span<const float> logits) {
   pending_.shift_at = 0;
   pending_.shift_n = 0;
   if (shift_n > 0) {
-    shift_dropped_.assign(cached_.begin() + n_keep_, cached_.begin() + n_keep_ + shift_n);
     cached_.erase(cached_.begin() + n_keep_, cached_.begin() + n_keep_ + shift_n);
     pending_.shift_at = n_keep_;
     pending_.shift_n = shift_n;

@@ -36,7 +36,8 @@ struct sequence_step {
   std::vector<token_id> tokens;
   // A context shift before the step (generate_params::context_shift): positions [shift_at, shift_at +
   // shift_n) are dropped and the later ones move down by shift_n (their K turned back by as many positions);
-  // keep counts after the shift. shift_n 0: none.
+  // keep counts after the shift. shift_n 0: none. cached() already leaves the dropped positions out: the
+  // caller makes the shift as soon as the step is handed on, whether or not the answer is cancelled after.
   int32_t shift_at = 0;
   int32_t shift_n = 0;
 };
@@ -92,7 +93,6 @@ class sequence {
   int32_t n_sampled_ = 0;
   int32_t n_keep_ = 0;  // prompt positions a context shift keeps
   int32_t n_shifts_ = 0;
-  std::vector<token_id> shift_dropped_;  // the tokens pending_'s shift drops
   bool done_ = false;
   bool in_prompt_ = true;
   std::chrono::steady_clock::time_point t0_, t1_;

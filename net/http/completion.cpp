@@ -174,8 +174,10 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(bool chat, const std:
                           std::to_string(ms.model->settings.n_ctx) + " in all",
                       "n");
   }
-  st->claim = acquire(eng_, ms, metrics_, cfg_.server, stopping_, cells);
-  for (int32_t i = 1; i < r.n; ++i) st->more.push_back(acquire(eng_, ms, metrics_, cfg_.server, stopping_, cells));
+  // The n answers' cells are reserved with the first session, so two requests for several answers never each
+  // hold part of the room the other waits for.
+  st->claim = acquire(eng_, ms, metrics_, cfg_.server, stopping_, cells * static_cast<uint32_t>(std::max(r.n, 1)));
+  for (int32_t i = 1; i < r.n; ++i) st->more.push_back(acquire(eng_, ms, metrics_, cfg_.server, stopping_, 0));
   st->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id_.fetch_add(1));
   st->created = detail::unix_now();
   if (cfg_.server.request_timeout_s > 0) st->deadline = clock_type::now() + std::chrono::seconds(cfg_.server.request_timeout_s);

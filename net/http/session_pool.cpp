@@ -140,7 +140,7 @@ std::unique_ptr<lease> acquire(engine& eng, model_slots& ms, daemon_metrics& mx,
     }
     if (ms.cv.wait_until(l, deadline) == std::cv_status::timeout) {
       const bool session_free = !ms.idle.empty() || ms.open < ms.slots;
-      if (!session_free || !room()) {
+      if (!session_free || !room() || !my_turn()) {  // (an earlier request's turn: this one's time is up)
         const std::string why =
             session_free ? "room for its " + std::to_string(cells) + " KV cells (" + std::to_string(ms.reserved) + " of " +
                                std::to_string(pool) + " reserved by the answers in progress)"

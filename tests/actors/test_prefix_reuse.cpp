@@ -298,6 +298,19 @@ TEST_CASE("the prompt cache's bytes on the memory record stay within prompt_cach
   CHECK(end.context == 0);
 }
 
+TEST_CASE("with n_batch below the split threshold a long prompt is still decoded in parts, the answer the one from scratch", "[actors][prefix]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  auto m = llm::model::load(*path);
+  engine eng({.n_threads = 2});
+  eng.load_model("m", path->string(), {.n_ctx = 512, .n_batch = 16, .n_ubatch = 16, .n_seq_max = 2, .n_threads = 2});
+  session s = eng.open_session("m");
+  const std::string p = story + " in the park with her friends every day after school.";
+  const generate_reply r = s.generate(p, greedy_with_logprobs(16));  // ~60 prompt tokens in parts of 16
+  check_same(r, scratch(*m, p, 16));
+  CHECK(stats_of(eng).n_batches >= 4);
+}
+
 TEST_CASE("clients arriving together behind one new long prefix: it is decoded once, the others share it, every answer the one from scratch", "[actors][prefix]") {
   const auto path = test::model_path("stories260K.gguf");
   if (!path) return;

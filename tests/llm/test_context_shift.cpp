@@ -145,6 +145,21 @@ TEST_CASE("context shift: a greedy answer goes past its context, equal to the an
   const llm::generate_result next = gen.generate(prompt, llm::generate_params::greedy(8));
   CHECK(next.tokens == std::vector<int32_t>(without.tokens.begin(), without.tokens.begin() + static_cast<std::ptrdiff_t>(next.tokens.size())));
 
+  // An answer cancelled right after a shift (its piece refused): the cache holds what the generator records,
+  // so the next turn is right.
+  {
+    llm::llm_context c2(*m, {.n_ctx = n_ctx, .n_seq_max = 1, .n_threads = 2});
+    llm::generator g2(c2, v);
+    size_t pieces = 0;
+    const llm::generate_result cut = g2.generate(prompt, p, [&](std::string_view, llm::token_id) {
+      return ++pieces < cells - prompt.size() + 1;  // the first piece after the first shift refuses
+    });
+    CHECK(cut.finish == "cancelled");
+    CHECK(c2.kv().seq_pos_max(0) + 1 <= static_cast<int32_t>(cells));
+    const llm::generate_result again = g2.generate(prompt, llm::generate_params::greedy(8));
+    CHECK(again.tokens == std::vector<int32_t>(without.tokens.begin(), without.tokens.begin() + 8));
+  }
+
   // Two answers batched on one context (the batch decoder's shifts): both run to max_tokens, each the
   // unshifted answer until its first shift.
   llm::llm_context both_ctx(*m, {.n_ctx = static_cast<uint32_t>(2 * cells), .n_seq_max = 2, .n_threads = 2});
