@@ -25,6 +25,7 @@ struct expr {
   std::vector<expr_ptr> args;  // list / dict (key, value, ...) literals, call / filter / test arguments
   std::vector<std::pair<std::string, expr_ptr>> kwargs;
   bool negated = false;  // test: is not
+  bool tuple = false;    // list_lit: written as a tuple, (a, b) or a, b
 };
 
 struct node;

@@ -61,14 +61,82 @@ std::string strip_chars(const std::string& s, const value* chars, bool left, boo
   return s.substr(b, e - b);
 }
 
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
+// Python's str.lower / str.upper for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic (ß upper is "SS");
+// other characters are left as they are.
+uint32_t decode_cp(const std::string& s, size_t i, size_t n) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (n == 1) return c;
+  uint32_t cp = c & (n == 2 ? 0x1f : n == 3 ? 0x0f : 0x07);
+  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
+  return cp;
 }
-std::string upper(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return s;
+void encode_cp(uint32_t cp, std::string& out) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xc0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3f));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xe0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+    out += static_cast<char>(0x80 | (cp & 0x3f));
+  } else {
+    out += static_cast<char>(0xf0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+    out += static_cast<char>(0x80 | (cp & 0x3f));
+  }
 }
+uint32_t cp_lower(uint32_t c) {
+  if (c >= 'A' && c <= 'Z') return c + 32;
+  if ((c >= 0xc0 && c <= 0xde && c != 0xd7)) return c + 32;
+  if (c >= 0x100 && c <= 0x137 && c % 2 == 0) return c + 1;
+  if (c >= 0x139 && c <= 0x148 && c % 2 == 1) return c + 1;
+  if (c >= 0x14a && c <= 0x177 && c % 2 == 0) return c + 1;
+  if (c == 0x178) return 0xff;
+  if (c >= 0x179 && c <= 0x17e && c % 2 == 1) return c + 1;
+  if (c >= 0x391 && c <= 0x3a9 && c != 0x3a2) return c + 32;
+  if (c >= 0x410 && c <= 0x42f) return c + 32;
+  if (c >= 0x400 && c <= 0x40f) return c + 80;
+  return c;
+}
+uint32_t cp_upper(uint32_t c) {
+  if (c >= 'a' && c <= 'z') return c - 32;
+  if ((c >= 0xe0 && c <= 0xfe && c != 0xf7)) return c - 32;
+  if (c == 0xff) return 0x178;
+  if (c >= 0x101 && c <= 0x137 && c % 2 == 1) return c - 1;
+  if (c >= 0x13a && c <= 0x148 && c % 2 == 0) return c - 1;
+  if (c >= 0x14b && c <= 0x177 && c % 2 == 1) return c - 1;
+  if (c >= 0x17a && c <= 0x17e && c % 2 == 0) return c - 1;
+  if (c == 0x3c2) return 0x3a3;
+  if (c >= 0x3b1 && c <= 0x3c9) return c - 32;
+  if (c >= 0x430 && c <= 0x44f) return c - 32;
+  if (c >= 0x450 && c <= 0x45f) return c - 80;
+  return c;
+}
+size_t code_point_bytes(const std::string& s, size_t i);
+std::string map_case(const std::string& s, bool up) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = code_point_bytes(s, i);
+    const auto c0 = static_cast<unsigned char>(s[i]);
+    if (n == 1 && c0 >= 0x80) {  // a byte that is not UTF-8: as it is
+      out += s[i++];
+      continue;
+    }
+    const uint32_t cp = decode_cp(s, i, n);
+    if (up && cp == 0xdf) {
+      out += "SS";
+    } else {
+      encode_cp(up ? cp_upper(cp) : cp_lower(cp), out);
+    }
+    i += n;
+  }
+  return out;
+}
+std::string lower(const std::string& s) { return map_case(s, false); }
+std::string upper(const std::string& s) { return map_case(s, true); }
 
 // Python's comparison for sorting and <, <=, >, >=.
 int compare_values(const value& a, const value& b, int line) {
@@ -371,7 +439,7 @@ class renderer {
       }
       list varargs;
       for (size_t i = def->params.size(); i < a.pos.size(); ++i) varargs.push_back(a.pos[i]);
-      s.vars["varargs"] = value(std::move(varargs));
+      s.vars["varargs"] = value::tuple(std::move(varargs));
       dict kwargs;
       for (const auto& [k, v] : a.kw) {
         bool param = k == "caller";
@@ -445,7 +513,7 @@ class renderer {
       case expr::list_lit: {
         list l;
         for (const expr_ptr& x : e.args) l.push_back(eval(*x));
-        return value(std::move(l));
+        return e.tuple ? value::tuple(std::move(l)) : value(std::move(l));
       }
       case expr::dict_lit: {
         value d{dict{}};
@@ -846,7 +914,7 @@ class renderer {
       if (name == "items") {
         return fn([self](const call_args&) {
           list out;
-          for (const auto& [k, v] : self.entries()) out.emplace_back(list{value(k), v});
+          for (const auto& [k, v] : self.entries()) out.push_back(value::tuple(list{value(k), v}));
           return value(std::move(out));
         });
       }
@@ -1032,7 +1100,7 @@ class renderer {
       if (v.is_undefined()) return value(list{});
       if (!v.is_dict()) fail(line, "items: expected a mapping, got " + v.type_name());
       list out;
-      for (const auto& [k, x] : v.entries()) out.emplace_back(list{value(k), x});
+      for (const auto& [k, x] : v.entries()) out.push_back(value::tuple(list{value(k), x}));
       return value(std::move(out));
     }
     if (f == "list") return value(iterate(v, line));  // a generator becomes a list
@@ -1081,7 +1149,7 @@ class renderer {
       const value* by = arg(1, "by");
       const value* rev = arg(2, "reverse");
       list l;
-      for (const auto& [k, x] : v.entries()) l.emplace_back(list{value(k), x});
+      for (const auto& [k, x] : v.entries()) l.push_back(value::tuple(list{value(k), x}));
       const bool by_value = by && by->is_string() && by->str() == "value";
       std::stable_sort(l.begin(), l.end(), [&](const value& x, const value& y) {
         value kx = x.items()[by_value ? 1 : 0], ky = y.items()[by_value ? 1 : 0];
@@ -1203,7 +1271,7 @@ class renderer {
     if (f == "round") {
       const value* prec = arg(0, "precision");
       const double m = std::pow(10.0, prec ? static_cast<double>(prec->as_int()) : 0.0);
-      return value(std::round(v.as_number() * m) / m);
+      return value(std::nearbyint(v.as_number() * m) / m);  // Python's round: halves to even
     }
     if (f == "sum") {
       value total(int64_t{0});

@@ -330,6 +330,7 @@ class expr_parser {
     expr_ptr first = expression();
     if (!is_op(",")) return first;
     auto t = make(expr::list_lit, first->line);
+    t->tuple = true;
     t->args.push_back(first);
     while (is_op(",")) {
       next();
@@ -526,11 +527,14 @@ class expr_parser {
         if (t.text == "(") {
           if (is_op(")")) {
             next();
-            return make(expr::list_lit, t.line);  // ()
+            auto empty = make(expr::list_lit, t.line);  // ()
+            empty->tuple = true;
+            return empty;
           }
           expr_ptr inner = expression();
           if (is_op(",")) {
             auto tup = make(expr::list_lit, t.line);
+            tup->tuple = true;
             tup->args.push_back(inner);
             while (is_op(",")) {
               next();

@@ -22,7 +22,7 @@ bool value::truthy() const {
     case kind::integer: return i_ != 0;
     case kind::real: return d_ != 0.0;
     case kind::string: return !s_->empty();
-    case kind::list: return flag_ || !l_->empty();  // a generator is always true
+    case kind::list: return flag_ == 1 || !l_->empty();  // a generator is always true
     case kind::dict: return !d2_->empty();
     case kind::function: return true;
   }
@@ -129,12 +129,14 @@ std::string value::to_str() const {
 
 std::string value::repr() const {
   switch (k_) {
-    case kind::string: return flag_ ? "Markup(" + string_repr(*s_) + ")" : string_repr(*s_);
+    case kind::string: return flag_ == 1 ? "Markup(" + string_repr(*s_) + ")" : string_repr(*s_);
     case kind::list: {
-      if (flag_) return "<generator object>";
-      std::string out = "[";
+      if (flag_ == 1) return "<generator object>";
+      const bool tup = flag_ == 2;
+      std::string out = tup ? "(" : "[";
       for (size_t i = 0; i < l_->size(); ++i) out += (i ? ", " : "") + (*l_)[i].repr();
-      return out + "]";
+      if (tup && l_->size() == 1) out += ",";
+      return out + (tup ? ")" : "]");
     }
     case kind::dict: {
       std::string out = "{";
@@ -154,8 +156,8 @@ std::string value::type_name() const {
     case kind::boolean: return "bool";
     case kind::integer: return "int";
     case kind::real: return "float";
-    case kind::string: return flag_ ? "Markup" : "str";
-    case kind::list: return flag_ ? "generator" : "list";
+    case kind::string: return flag_ == 1 ? "Markup" : "str";
+    case kind::list: return flag_ == 1 ? "generator" : flag_ == 2 ? "tuple" : "list";
     case kind::dict: return "dict";
     case kind::function: return "function";
   }

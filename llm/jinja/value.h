@@ -53,12 +53,15 @@ class value {
   static value undefined_named(std::string name) { value v; v.s_ = std::make_shared<std::string>(std::move(name)); return v; }
   // A string marked safe (Python's markupsafe.Markup: `|safe`, `|escape`): a plain string added to it is
   // HTML-escaped first.
-  static value markup(std::string s) { value v(std::move(s)); v.flag_ = true; return v; }
+  static value markup(std::string s) { value v(std::move(s)); v.flag_ = 1; return v; }
   // The generator Jinja2's map / select / reject / selectattr / rejectattr give: iterable once, always true,
   // without a length, not JSON serializable.
-  static value generator(list l) { value v(std::move(l)); v.flag_ = true; return v; }
-  bool is_markup() const { return k_ == kind::string && flag_; }
-  bool is_generator() const { return k_ == kind::list && flag_; }
+  static value generator(list l) { value v(std::move(l)); v.flag_ = 1; return v; }
+  // A tuple (a list that prints as Python's tuple: dict items, (a, b) literals, varargs).
+  static value tuple(list l) { value v(std::move(l)); v.flag_ = 2; return v; }
+  bool is_markup() const { return k_ == kind::string && flag_ == 1; }
+  bool is_generator() const { return k_ == kind::list && flag_ == 1; }
+  bool is_tuple() const { return k_ == kind::list && flag_ == 2; }
 
   kind type() const { return k_; }
   bool is_undefined() const { return k_ == kind::undefined; }
@@ -100,7 +103,7 @@ class value {
 
  private:
   kind k_ = kind::undefined;
-  bool flag_ = false;  // a string: markup; a list: a generator
+  uint8_t flag_ = 0;  // a string: 1 markup; a list: 1 a generator, 2 a tuple
   int64_t i_ = 0;
   double d_ = 0;
   std::shared_ptr<std::string> s_;

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Renders every chat template of a folder with every case of its render.py (../shared/chat-templates), as
+"""Renders every chat template of a folder with every case of render.py (../shared/chat-templates), as
 transformers does, in one process: prints one JSON object {template file: {case: {"ok": bool, "text": str}}}
 for tests/llm/test_jinja.cpp to compare troupe's Jinja engine with.
 
-    jinja_reference.py DIR
+    jinja_reference.py DIR [RENDER_PY]       (RENDER_PY: DIR/render.py by default)
 """
 import importlib.util
 import json
@@ -13,7 +13,8 @@ import sys
 
 def main(argv):
     folder = argv[1]
-    spec = importlib.util.spec_from_file_location("render", os.path.join(folder, "render.py"))
+    render_py = argv[2] if len(argv) > 2 else os.path.join(folder, "render.py")
+    spec = importlib.util.spec_from_file_location("render", render_py)
     render = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(render)
     out = {}

@@ -79,7 +79,7 @@ TEST_CASE("jinja: the filters, tests and methods chat templates use", "[jinja]")
   CHECK(render("{{ messages[0].content | trim }}|{{ messages[0]['content'].strip() }}", {{"messages", msgs}}) == "sys|sys");
   CHECK(render("{{ {'b': 1, 'a': [1, 'é']} | tojson }}") == "{\"b\": 1, \"a\": [1, \"é\"]}");
   CHECK(render("{{ {'b': 1, 'a': 2} | tojson(indent=2) }}") == "{\n  \"b\": 1,\n  \"a\": 2\n}");
-  CHECK(render("{{ {'b': 1, 'a': 2} | dictsort }}") == "[['a', 2], ['b', 1]]");
+  CHECK(render("{{ {'b': 1, 'a': 2} | dictsort }}") == "[('a', 2), ('b', 1)]");  // tuples, as Python prints them
   CHECK(render("{{ missing | default('d') }} {{ '' | default('e', true) }}") == "d e");
   CHECK(render("{{ 'a\\nb' | indent(2) }}|{{ 'x,y' .split(',') }}|{{ 'Hello'.startswith('He') }}") == "a\n  b|['x', 'y']|True");
   CHECK(render("{{ 'abcdef'[1:3] }}{{ 'abc'[::-1] }}{{ [1, 2, 3][-1] }}") == "bccba3");
@@ -123,9 +123,13 @@ TEST_CASE("jinja: refusals are errors naming the line, never crashes: raise_exce
                     Catch::Contains("grows past the output limit"));
 }
 
-TEST_CASE("jinja: the 44 real chat templates with render.py's 8 cases print what Python's Jinja2 prints, or refuse where it does", "[jinja][templates]") {
-  const std::filesystem::path dir = std::filesystem::path(TROUPE_SOURCE_DIR) / ".." / "shared" / "chat-templates";
-  if (!std::filesystem::exists(dir / "render.py")) {
+namespace {
+
+// Renders every template of `dir` with render.py's cases through troupe's engine and through Python's Jinja2
+// (tests/llm/jinja_reference.py), and compares: the same bytes, or a refusal on both sides.
+void check_against_reference(const std::filesystem::path& dir, size_t expected_pairs) {
+  const std::filesystem::path shared = std::filesystem::path(TROUPE_SOURCE_DIR) / ".." / "shared" / "chat-templates";
+  if (!std::filesystem::exists(shared / "render.py")) {
     troupe::test::skip_unless_ci("../shared/chat-templates is not here");
     return;
   }
@@ -133,7 +137,7 @@ TEST_CASE("jinja: the 44 real chat templates with render.py's 8 cases print what
   const std::filesystem::path venv = std::filesystem::path(TROUPE_SOURCE_DIR) / ".venv" / "bin" / "python";
   const std::string python = std::filesystem::exists(venv) ? venv.string() : std::string("python3");
   const std::string cmd = python + " " + (std::filesystem::path(TROUPE_SOURCE_DIR) / "tests/llm/jinja_reference.py").string() +
-                          " " + dir.string() + " 2>&1";
+                          " " + dir.string() + " " + (shared / "render.py").string() + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   REQUIRE(pipe != nullptr);
   std::string text;
@@ -147,7 +151,7 @@ TEST_CASE("jinja: the 44 real chat templates with render.py's 8 cases print what
   }
   const json ref = json::parse(text);
   const json& cases = ref["__cases__"];
-  int pairs = 0, agree = 0, both_refuse = 0;
+  size_t pairs = 0, agree = 0, both_refuse = 0;
   std::vector<std::string> disagreements;
   for (auto it = ref.begin(); it != ref.end(); ++it) {
     if (it.key() == "__cases__") continue;
@@ -185,7 +189,8 @@ TEST_CASE("jinja: the 44 real chat templates with render.py's 8 cases print what
       }
       std::string what = it.key() + " / " + c.key() + ": ";
       if (ok != ref_ok) {
-        what += ok ? "troupe renders, Python refuses (" + want + ")" : "troupe refuses (" + got + "), Python renders";
+        what += ok ? "troupe renders '" + got.substr(0, 80) + "', Python refuses (" + want + ")"
+                   : "troupe refuses (" + got + "), Python renders '" + want.substr(0, 80) + "'";
       } else {
         size_t at = 0;
         while (at < got.size() && at < want.size() && got[at] == want[at]) ++at;
@@ -198,8 +203,18 @@ TEST_CASE("jinja: the 44 real chat templates with render.py's 8 cases print what
   std::string all;
   for (const std::string& d : disagreements) all += d + "\n";
   INFO(agree << " of " << pairs << " agree (" << both_refuse << " refused on both sides)\n" << all);
-  CHECK(pairs == 352);
+  CHECK(pairs == expected_pairs);
   CHECK(agree == pairs);
+}
+
+}  // namespace
+
+TEST_CASE("jinja: the 44 real chat templates with render.py's 8 cases print what Python's Jinja2 prints, or refuse where it does", "[jinja][templates]") {
+  check_against_reference(std::filesystem::path(TROUPE_SOURCE_DIR) / ".." / "shared" / "chat-templates", 352);
+}
+
+TEST_CASE("jinja: 47 snippets of the language's corners (scoping, printing, filters' arguments, whitespace, refusals) print what Python's Jinja2 prints", "[jinja][templates]") {
+  check_against_reference(std::filesystem::path(TROUPE_SOURCE_DIR) / "tests" / "data" / "jinja", 47 * 8);
 }
 
 TEST_CASE("jinja: SmolLM2's own template through the engine gives the prompts the built-in ChatML family gives, byte for byte", "[jinja][models]") {
