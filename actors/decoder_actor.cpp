@@ -175,6 +175,24 @@ void maybe_idle(decoder_ptr self, int32_t seq) {
   }
 }
 
+// After a job: the steps of `ended` are answered, so the steps deferred behind them are planned and their
+// sequences may be idle; then the release that waited for the jobs, or the next batch.
+void after_steps(decoder_ptr self, const std::vector<int32_t>& ended) {
+  auto& st = self->state;
+  for (const int32_t seq : ended) {
+    release_deferred(self, seq);
+    maybe_idle(self, seq);
+  }
+  if (st.jobs.empty() && !st.release_waiters.empty()) {
+    std::vector<caf::typed_response_promise<bool>> waiters = std::move(st.release_waiters);
+    st.release_waiters.clear();
+    release_context(self, waiters.front());
+    for (size_t i = 1; i < waiters.size(); ++i) waiters[i].deliver(true);
+    return;
+  }
+  try_batch(self);
+}
+
 // The rest of seq's prompt step, waiting while its first part was decoded; taken out of `waiting`.
 std::optional<waiting_step> take_rest(decoder_state& st, int32_t seq) {
   for (auto it = st.waiting.begin(); it != st.waiting.end(); ++it) {
@@ -246,18 +264,7 @@ void job_done(decoder_ptr self, uint64_t id) {
       w.retried = true;
       st.waiting.push_back(std::move(w));
     }
-    for (const int32_t seq : ended) {
-      release_deferred(self, seq);
-      maybe_idle(self, seq);
-    }
-    if (st.jobs.empty() && !st.release_waiters.empty()) {
-      std::vector<caf::typed_response_promise<bool>> waiters = std::move(st.release_waiters);
-      st.release_waiters.clear();
-      release_context(self, waiters.front());
-      for (size_t i = 1; i < waiters.size(); ++i) waiters[i].deliver(true);
-      return;
-    }
-    try_batch(self);
+    after_steps(self, ended);
     return;
   }
   const bool ok = !job.outcome->error;
@@ -280,19 +287,11 @@ void job_done(decoder_ptr self, uint64_t id) {
   }
   report_compute(self);  // the compute buffers grow when a graph needs more than reserved
   report_prompt_cache(self);
+  std::vector<int32_t> ended;
   for (const waiting_step& w : job.steps) {
-    if (w.partial) continue;
-    release_deferred(self, w.step.seq);
-    maybe_idle(self, w.step.seq);
+    if (!w.partial) ended.push_back(w.step.seq);
   }
-  if (st.jobs.empty() && !st.release_waiters.empty()) {
-    std::vector<caf::typed_response_promise<bool>> waiters = std::move(st.release_waiters);
-    st.release_waiters.clear();
-    release_context(self, waiters.front());
-    for (size_t i = 1; i < waiters.size(); ++i) waiters[i].deliver(true);
-    return;
-  }
-  try_batch(self);
+  after_steps(self, ended);
 }
 
 // Prompt positions a step must gain by waiting for another sequence's step in progress (leader_for).

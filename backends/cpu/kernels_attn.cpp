@@ -44,6 +44,23 @@ void softmax_row(float* y, const char* m, size_t sm, type mt, int64_t n, float s
   softmax_normalize(y, n, mx, reference);
 }
 
+// The scores of nj query rows (q_rows, q's row stride) against cells [c0, c1) of a K plane, into the tile's
+// score rows (n_kv floats apart): the table's tile product, or its dot per cell.
+void block_scores(const simd::kernel_table& tb, const tensor& k, const tensor& q, int64_t hd_k, int64_t c0, int64_t c1,
+                  int64_t nj, int64_t n_kv, const char* k_plane, const char* q_rows, float* scores) {
+  const char* k_rows = k_plane + c0 * static_cast<int64_t>(k.nb[1]);
+  if (const simd::vec_dot_tile_fn dot_tile = tb.dot_tile(k.type)) {
+    dot_tile(hd_k, c1 - c0, nj, scores + c0, static_cast<size_t>(n_kv), k_rows, k.nb[1], q_rows, q.nb[1]);
+    return;
+  }
+  const vec_dot_fn dot = tb.dot(k.type);
+  for (int64_t r = 0; r < nj; ++r) {
+    for (int64_t c = c0; c < c1; ++c) {
+      dot(hd_k, scores + r * n_kv + c, k_rows + (c - c0) * static_cast<int64_t>(k.nb[1]), q_rows + r * static_cast<int64_t>(q.nb[1]));
+    }
+  }
+}
+
 }  // namespace
 
 static void compute_flash_attn_sparse(const compute_params& params, tensor& node);
@@ -83,8 +100,6 @@ void compute_flash_attn(const compute_params& params, tensor& node) {
   const int64_t group = n_head / k.ne[2];
 
   const simd::kernel_table& tb = params.reference ? simd::table(isa::scalar) : simd::active_table();
-  const simd::vec_dot_tile_fn dot_tile = tb.dot_tile(k.type);
-  const vec_dot_fn dot = tb.dot(k.type);
   const simd::mad_tile_fn mad = tb.mad(v.type);
   float* scores =
       reinterpret_cast<float*>(params.wdata + cache_line + static_cast<size_t>(params.ith) * score_bytes(n_kv));
@@ -117,17 +132,7 @@ void compute_flash_attn(const compute_params& params, tensor& node) {
         continue;
       }
       live_end = c1;
-      const char* k_rows = k_plane + c0 * static_cast<int64_t>(k.nb[1]);
-      if (dot_tile != nullptr) {
-        dot_tile(hd_k, c1 - c0, nj, scores + c0, static_cast<size_t>(n_kv), k_rows, k.nb[1], q_rows, q.nb[1]);
-      } else {
-        for (int64_t r = 0; r < nj; ++r) {
-          for (int64_t c = c0; c < c1; ++c) {
-            dot(hd_k, scores + r * n_kv + c, k_rows + (c - c0) * static_cast<int64_t>(k.nb[1]),
-                q_rows + r * static_cast<int64_t>(q.nb[1]));
-          }
-        }
-      }
+      block_scores(tb, k, q, hd_k, c0, c1, nj, n_kv, k_plane, q_rows, scores);
     }
     for (int64_t r = 0; r < nj; ++r) {
       const char* m = mask != nullptr ? addr(*mask, 0, j0 + r, 0, 0) : nullptr;
@@ -211,8 +216,6 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
   }
 
   const simd::kernel_table& tb = simd::active_table();
-  const simd::vec_dot_tile_fn dot_tile = tb.dot_tile(k.type);
-  const vec_dot_fn dot = tb.dot(k.type);
   const simd::mad_tile_fn mad = tb.mad(v.type);
   // The thread's scores: zero outside the blocks an item writes, which it clears again when done (the
   // weights of the cells no row sees are exact zeros for mad, without writing them per item).
@@ -235,17 +238,7 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
     const char* k_plane = addr(k, 0, 0, h / group, 0);
     const char* q_rows = addr(q, 0, j0, h, 0);
     for (const auto& [c0, c1] : t.runs) {
-      const char* k_rows = k_plane + c0 * static_cast<int64_t>(k.nb[1]);
-      if (dot_tile != nullptr) {
-        dot_tile(hd_k, c1 - c0, nj, scores + c0, static_cast<size_t>(n_kv), k_rows, k.nb[1], q_rows, q.nb[1]);
-      } else {
-        for (int64_t r = 0; r < nj; ++r) {
-          for (int64_t c = c0; c < c1; ++c) {
-            dot(hd_k, scores + r * n_kv + c, k_rows + (c - c0) * static_cast<int64_t>(k.nb[1]),
-                q_rows + r * static_cast<int64_t>(q.nb[1]));
-          }
-        }
-      }
+      block_scores(tb, k, q, hd_k, c0, c1, nj, n_kv, k_plane, q_rows, scores);
     }
     // The softmax of each row over the runs, as softmax_row and softmax_normalize compute it over the whole
     // row: scale and mask, the max, the exponentials (elementwise), the nonzero ones summed in order into 16
@@ -265,21 +258,12 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
         for (const auto& [c0, c1] : t.runs) std::fill(y + c0, y + c1, 0.0f);
         continue;
       }
-      float lanes[16] = {};
-      unsigned lane = 0;
+      nonzero_lane_sum lanes;
       for (const auto& [c0, c1] : t.runs) {
         tb.exp_row(c1 - c0, y + c0, mx);
-        for (int64_t i = c0; i < c1; ++i) {
-          if (y[i] != 0.0f) {
-            lanes[lane] += y[i];
-            lane = (lane + 1) & 15u;
-          }
-        }
+        lanes.add(y + c0, c1 - c0);
       }
-      for (unsigned w = 8; w > 0; w /= 2) {
-        for (unsigned i = 0; i < w; ++i) lanes[i] += lanes[i + w];
-      }
-      const float inv = static_cast<float>(1.0 / static_cast<double>(lanes[0]));
+      const float inv = static_cast<float>(1.0 / static_cast<double>(lanes.total()));
       for (const auto& [c0, c1] : t.runs) {
         for (int64_t i = c0; i < c1; ++i) y[i] *= inv;
       }

@@ -133,6 +133,27 @@ void compute_scale(const compute_params& params, tensor& node);
 bool supports_norm(const tensor& node);  // rms_norm, norm
 void compute_norm(const compute_params& params, tensor& node);
 void softmax_normalize(float* y, int64_t n, float mx, bool reference);
+// The sum softmax_normalize (and flash_attn's sparse softmax) divides by: the nonzero values in order, the
+// r-th into lane r % 16, the lanes then added pairwise. It depends only on the nonzero values and their
+// order, not on where they lie in the row (a sequence's cells in the cache) or on the zeros between them.
+struct nonzero_lane_sum {
+  float lanes[16] = {};
+  unsigned lane = 0;
+  void add(const float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (y[i] != 0.0f) {
+        lanes[lane] += y[i];
+        lane = (lane + 1) & 15u;
+      }
+    }
+  }
+  float total() {
+    for (unsigned w = 8; w > 0; w /= 2) {
+      for (unsigned j = 0; j < w; ++j) lanes[j] += lanes[j + w];
+    }
+    return lanes[0];
+  }
+};
 bool supports_soft_max(const tensor& node);
 void compute_soft_max(const compute_params& params, tensor& node);
 

@@ -78,26 +78,16 @@ void softmax_normalize(float* y, int64_t ne0, float mx, bool reference) {
   double sum = 0.0;
   if (!reference) {
     // Entries after the last unmasked one (a causal prefill's rows end in -inf) are exp(-inf) = +0 and are
-    // not computed. The sum does not take exp_row's (whose lanes follow the entries' positions): it adds
-    // the nonzero values in order, the r-th of them into lane r % 16, so it depends only on the unmasked
-    // values and their order, not on where they lie in the row (a sequence's cells in the cache) or on the
-    // masked entries between them (other sequences' cells).
+    // not computed. The sum does not take exp_row's (whose lanes follow the entries' positions):
+    // nonzero_lane_sum's depends only on the unmasked values and their order, not on where they lie in the
+    // row (a sequence's cells in the cache) or on the masked entries between them (other sequences' cells).
     int64_t n_live = ne0;
     while (n_live > 0 && y[n_live - 1] == -INFINITY) --n_live;
     simd::active_table().exp_row(n_live, y, mx);
     for (int64_t i = n_live; i < ne0; ++i) y[i] = 0.0f;
-    float lanes[16] = {};
-    unsigned lane = 0;
-    for (int64_t i = 0; i < n_live; ++i) {
-      if (y[i] != 0.0f) {
-        lanes[lane] += y[i];
-        lane = (lane + 1) & 15u;
-      }
-    }
-    for (unsigned w = 8; w > 0; w /= 2) {
-      for (unsigned j = 0; j < w; ++j) lanes[j] += lanes[j + w];
-    }
-    sum = lanes[0];
+    nonzero_lane_sum lanes;
+    lanes.add(y, n_live);
+    sum = lanes.total();
   } else {
     for (int64_t i = 0; i < ne0; ++i) {
       const float e = std::exp(y[i] - mx);

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "llm/jinja/ast.h"
+#include "llm/unicode.h"
 
 namespace troupe::llm::jinja {
 
@@ -18,17 +19,8 @@ namespace {
 
 // ---- UTF-8 code points (Python's str indexes them) ----
 
-// Bytes of the code point at s[i]: its lead byte's length when the continuation bytes are there, else 1 (a
-// byte of invalid UTF-8 counts as one character).
-size_t code_point_bytes(const std::string& s, size_t i) {
-  const auto c = static_cast<unsigned char>(s[i]);
-  const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 1;
-  if (i + n > s.size()) return 1;
-  for (size_t k = 1; k < n; ++k) {
-    if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return 1;
-  }
-  return n;
-}
+// Bytes of the character at s[i] (llm/unicode.h's decoding: a byte of invalid UTF-8 counts as one).
+size_t code_point_bytes(const std::string& s, size_t i) { return utf8_decode(s, i).len; }
 std::vector<std::string> code_points(const std::string& s) {
   std::vector<std::string> out;
   for (size_t i = 0; i < s.size();) {
@@ -63,30 +55,6 @@ std::string strip_chars(const std::string& s, const value* chars, bool left, boo
 
 // Python's str.lower / str.upper for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic (ß upper is "SS");
 // other characters are left as they are.
-uint32_t decode_cp(const std::string& s, size_t i, size_t n) {
-  const auto c = static_cast<unsigned char>(s[i]);
-  if (n == 1) return c;
-  uint32_t cp = c & (n == 2 ? 0x1f : n == 3 ? 0x0f : 0x07);
-  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
-  return cp;
-}
-void encode_cp(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xc0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xe0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else {
-    out += static_cast<char>(0xf0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  }
-}
 uint32_t cp_lower(uint32_t c) {
   if (c >= 'A' && c <= 'Z') return c + 32;
   if ((c >= 0xc0 && c <= 0xde && c != 0xd7)) return c + 32;
@@ -114,24 +82,21 @@ uint32_t cp_upper(uint32_t c) {
   if (c >= 0x450 && c <= 0x45f) return c - 80;
   return c;
 }
-size_t code_point_bytes(const std::string& s, size_t i);
 std::string map_case(const std::string& s, bool up) {
   std::string out;
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
-    const size_t n = code_point_bytes(s, i);
-    const auto c0 = static_cast<unsigned char>(s[i]);
-    if (n == 1 && c0 >= 0x80) {  // a byte that is not UTF-8: as it is
+    const utf8_unit u = utf8_decode(s, i);
+    if (u.cp == invalid_code_point) {  // a byte that is not UTF-8: as it is
       out += s[i++];
       continue;
     }
-    const uint32_t cp = decode_cp(s, i, n);
-    if (up && cp == 0xdf) {
+    if (up && u.cp == 0xdf) {
       out += "SS";
     } else {
-      encode_cp(up ? cp_upper(cp) : cp_lower(cp), out);
+      utf8_append(out, up ? cp_upper(u.cp) : cp_lower(u.cp));
     }
-    i += n;
+    i += u.len;
   }
   return out;
 }
@@ -295,7 +260,7 @@ class renderer {
       case node::text_piece: emit(out, n.text, n.line); return;
       case node::output: {
         const value v = eval(*n.e);
-        if (!n.discard) emit(out, printable(v, n.line), n.line);
+        if (!n.discard) emit(out, v.to_str(), n.line);
         return;
       }
       case node::if_:
@@ -324,14 +289,14 @@ class renderer {
         assign(n.names[0], value(std::move(s)));
         return;
       }
-      case node::macro: assign(n.names[0], make_macro(n, nullptr)); return;
+      case node::macro: assign(n.names[0], make_macro(n)); return;
       case node::call_block: {
-        const value caller = make_macro(n, nullptr);
+        const value caller = make_macro(n);
         const expr& call = *n.e;
         value fn = eval(*call.a);
         call_args args = arguments(call);
         args.kw.emplace_back("caller", caller);
-        emit(out, printable(invoke(fn, args, call.line), n.line), n.line);
+        emit(out, invoke(fn, args, call.line).to_str(), n.line);
         return;
       }
       case node::filter_block: {
@@ -341,17 +306,12 @@ class renderer {
         assign("\x01block", value(std::move(s)));
         const value v = eval(*n.e);
         scopes_.pop_back();
-        emit(out, printable(v, n.line), n.line);
+        emit(out, v.to_str(), n.line);
         return;
       }
       case node::break_: throw loop_break{};
       case node::continue_: throw loop_continue{};
     }
-  }
-
-  std::string printable(const value& v, int line) {
-    (void)line;
-    return v.to_str();
   }
 
   void unpack(const std::vector<std::string>& names, value v, int line) {
@@ -368,7 +328,7 @@ class renderer {
 
   void run_for(const node& n, std::string& out) {
     const value seq = eval(*n.e);
-    list items = seq.is_dict() ? iterate(seq, n.line) : iterate(seq, n.line);
+    list items = iterate(seq, n.line);
     if (n.filter) {  // the loop's filter sees each item bound to the targets
       list kept;
       for (const value& it : items) {
@@ -422,7 +382,7 @@ class renderer {
     return tag != nullptr;
   }
 
-  value make_macro(const node& n, const value* /*unused*/) {
+  value make_macro(const node& n) {
     // Parameters with defaults evaluated at the call; the body sees the template's top scope.
     const node* def = &n;
     return value(function([this, def](const call_args& a) -> value {
@@ -825,7 +785,7 @@ class renderer {
         });
       }
       if (name == "join") {
-        return fn([s, this, line](const call_args& a) {
+        return fn([s, line](const call_args& a) {
           const value* it = a.get(0, "iterable");
           if (!it) fail(line, "join takes an iterable");
           std::string out;
@@ -837,7 +797,6 @@ class renderer {
             check_size(out.size());
             first = false;
           }
-          (void)this;
           return value(std::move(out));
         });
       }
@@ -1365,16 +1324,13 @@ class renderer {
   static std::string ascii_escape(const std::string& json) {
     std::string out;
     for (size_t i = 0; i < json.size();) {
-      const auto c = static_cast<unsigned char>(json[i]);
-      if (c < 0x80) {
+      const utf8_unit u = utf8_decode(json, i);
+      if (u.cp < 0x80 || u.cp == invalid_code_point) {  // ASCII, or a byte that is not UTF-8: as it is
         out += json[i++];
         continue;
       }
-      uint32_t cp = 0;
-      size_t n = (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : 4;
-      cp = c & (n == 2 ? 0x1f : n == 3 ? 0x0f : 0x07);
-      for (size_t k = 1; k < n && i + k < json.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(json[i + k]) & 0x3f);
-      i += n;
+      uint32_t cp = u.cp;
+      i += u.len;
       char b[16];
       if (cp >= 0x10000) {
         cp -= 0x10000;

@@ -148,6 +148,21 @@ std::vector<piece> split(std::string_view src, const options& opt) {
   int line = 1;
   bool strip_next = false;  // a -%} before: the next text loses its leading whitespace
   bool trim_next = false;   // trim_blocks after a block tag or comment: one newline
+  // The start of the text after a tag, as the tag asks (then the next tag decides again).
+  const auto lead = [&](std::string& t) {
+    if (strip_next) {
+      size_t i = 0;
+      while (i < t.size() && is_space(t[i])) ++i;
+      t.erase(0, i);
+    } else if (trim_next && !t.empty()) {
+      if (t[0] == '\n') t.erase(0, 1);
+      else if (t.size() > 1 && t[0] == '\r' && t[1] == '\n') t.erase(0, 2);
+    }
+    strip_next = trim_next = false;
+  };
+  const auto strip_end = [](std::string& t) {  // a {%- after: the text loses its trailing whitespace
+    while (!t.empty() && is_space(t.back())) t.pop_back();
+  };
   const auto count_lines = [](std::string_view t) { return static_cast<int>(std::count(t.begin(), t.end(), '\n')); };
   while (p <= src.size()) {
     size_t open = src.find('{', p);
@@ -157,15 +172,7 @@ std::vector<piece> split(std::string_view src, const options& opt) {
     }
     if (open != std::string_view::npos && open + 1 >= src.size()) open = std::string_view::npos;
     std::string text(src.substr(p, open == std::string_view::npos ? std::string_view::npos : open - p));
-    if (strip_next) {
-      size_t i = 0;
-      while (i < text.size() && is_space(text[i])) ++i;
-      text.erase(0, i);
-    } else if (trim_next && !text.empty()) {
-      if (text[0] == '\n') text.erase(0, 1);
-      else if (text.size() > 1 && text[0] == '\r' && text[1] == '\n') text.erase(0, 2);
-    }
-    strip_next = trim_next = false;
+    lead(text);
     if (open == std::string_view::npos) {
       if (!text.empty()) out.push_back({piece::text, text, line});
       break;
@@ -176,7 +183,7 @@ std::vector<piece> split(std::string_view src, const options& opt) {
     const bool plus = inner < src.size() && src[inner] == '+';
     if (minus || plus) ++inner;
     if (minus) {
-      while (!text.empty() && is_space(text.back())) text.pop_back();
+      strip_end(text);
     } else if (opt.lstrip_blocks && !plus && kind != '{') {
       // Spaces and tabs between the start of the tag's line and the tag go (from this text's end).
       size_t ws = open;
@@ -243,16 +250,8 @@ std::vector<piece> split(std::string_view src, const options& opt) {
           size_t c2 = src.find("%}", r);
           if (c2 == std::string_view::npos) fail(tag_line, "unterminated endraw");
           std::string raw(src.substr(p, o - p));
-          if (strip_next) {
-            size_t i = 0;
-            while (i < raw.size() && is_space(raw[i])) ++i;
-            raw.erase(0, i);
-          } else if (trim_next && !raw.empty() && raw[0] == '\n') {
-            raw.erase(0, 1);
-          }
-          if (rminus) {
-            while (!raw.empty() && is_space(raw.back())) raw.pop_back();
-          }
+          lead(raw);
+          if (rminus) strip_end(raw);
           if (!raw.empty()) out.push_back({piece::text, raw, line});
           const bool eminus = c2 > 0 && src[c2 - 1] == '-';
           line += count_lines(src.substr(p, c2 + 2 - p));
@@ -300,6 +299,37 @@ class expr_parser {
   }
   void expect_end() {
     if (!at_end()) fail(peek().line, "unexpected " + describe(peek()));
+  }
+
+  // A macro's or caller's parameters, "(a, b=default, ...)", the defaults unevaluated.
+  std::vector<std::pair<std::string, expr_ptr>> parameters() {
+    std::vector<std::pair<std::string, expr_ptr>> out;
+    expect_op("(");
+    while (!is_op(")")) {
+      out.push_back({expect_name(), nullptr});
+      if (is_op("=")) {
+        next();
+        out.back().second = expression();
+      }
+      if (!is_op(",")) break;
+      next();
+    }
+    expect_op(")");
+    return out;
+  }
+
+  // The filters of a {% filter f(a) | g %} tag (its rest: "f(a) | g"), applied to `subject`.
+  expr_ptr filter_chain(expr_ptr subject) {
+    expr_ptr n = std::move(subject);
+    for (;;) {
+      auto f = make(expr::filter, peek().line);
+      f->a = n;
+      f->name = expect_name();
+      if (is_op("(")) call_arguments(*f);
+      n = f;
+      if (!is_op("|")) return n;
+      next();
+    }
   }
 
   expr_ptr expression() {
@@ -363,29 +393,34 @@ class expr_parser {
     }
     return then;
   }
-  expr_ptr or_expr() {
+  // One level of left-associative operators (Jinja2's: or, and, + -, ~, * / // %, ** too): operands from
+  // `operand`, joined while `op` names an operator at the current token ("": none).
+  template <class Operand, class Op>
+  expr_ptr left_assoc(expr::kind k, Operand operand, Op op) {
     int chain = 0;
-    expr_ptr l = and_expr();
-    while (is_name("or")) {
-      auto e = make(expr::logic_or, next().line);
+    expr_ptr l = operand();
+    for (std::string o = op(); !o.empty(); o = op()) {
+      auto e = make(k, next().line);
+      e->name = o;
       chained(chain, e->line);
       e->a = l;
-      e->b = and_expr();
+      e->b = operand();
       l = e;
     }
     return l;
   }
-  expr_ptr and_expr() {
-    int chain = 0;
-    expr_ptr l = not_expr();
-    while (is_name("and")) {
-      auto e = make(expr::logic_and, next().line);
-      chained(chain, e->line);
-      e->a = l;
-      e->b = not_expr();
-      l = e;
+  std::string word_op(const char* w) const { return is_name(w) ? w : ""; }
+  std::string symbol_op(std::initializer_list<const char*> ops) const {
+    for (const char* o : ops) {
+      if (is_op(o)) return o;
     }
-    return l;
+    return "";
+  }
+  expr_ptr or_expr() {
+    return left_assoc(expr::logic_or, [this] { return and_expr(); }, [this] { return word_op("or"); });
+  }
+  expr_ptr and_expr() {
+    return left_assoc(expr::logic_and, [this] { return not_expr(); }, [this] { return word_op("and"); });
   }
   expr_ptr not_expr() {
     if (is_name("not")) {
@@ -398,83 +433,28 @@ class expr_parser {
     return compare();
   }
   expr_ptr compare() {
-    int chain = 0;
-    expr_ptr l = math1();
-    for (;;) {
-      std::string op;
-      if (peek().k == token::op && (peek().text == "==" || peek().text == "!=" || peek().text == "<" || peek().text == "<=" ||
-                                    peek().text == ">" || peek().text == ">=")) {
-        op = next().text;
-      } else if (is_name("in")) {
-        next();
-        op = "in";
-      } else if (is_name("not") && is_name("in", 1)) {
-        next();
-        next();
-        op = "not in";
-      } else {
-        break;
+    return left_assoc(expr::binary, [this] { return math1(); }, [this]() -> std::string {
+      std::string o = symbol_op({"==", "!=", "<", "<=", ">", ">="});
+      if (!o.empty()) return o;
+      if (is_name("in")) return "in";
+      if (is_name("not") && is_name("in", 1)) {
+        next();  // "not" here, "in" as the operator
+        return "not in";
       }
-      auto e = make(expr::binary, l->line);
-      e->name = op;
-      chained(chain, e->line);
-      e->a = l;
-      e->b = math1();
-      l = e;
-    }
-    return l;
+      return "";
+    });
   }
   expr_ptr math1() {
-    int chain = 0;
-    expr_ptr l = concat();
-    while (is_op("+") || is_op("-")) {
-      auto e = make(expr::binary, peek().line);
-      e->name = next().text;
-      chained(chain, e->line);
-      e->a = l;
-      e->b = concat();
-      l = e;
-    }
-    return l;
+    return left_assoc(expr::binary, [this] { return concat(); }, [this] { return symbol_op({"+", "-"}); });
   }
   expr_ptr concat() {
-    int chain = 0;
-    expr_ptr l = math2();
-    while (is_op("~")) {
-      auto e = make(expr::binary, next().line);
-      e->name = "~";
-      chained(chain, e->line);
-      e->a = l;
-      e->b = math2();
-      l = e;
-    }
-    return l;
+    return left_assoc(expr::binary, [this] { return math2(); }, [this] { return symbol_op({"~"}); });
   }
   expr_ptr math2() {
-    int chain = 0;
-    expr_ptr l = power();
-    while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
-      auto e = make(expr::binary, peek().line);
-      e->name = next().text;
-      chained(chain, e->line);
-      e->a = l;
-      e->b = power();
-      l = e;
-    }
-    return l;
+    return left_assoc(expr::binary, [this] { return power(); }, [this] { return symbol_op({"*", "/", "//", "%"}); });
   }
   expr_ptr power() {
-    int chain = 0;
-    expr_ptr l = unary(true);
-    while (is_op("**")) {
-      auto e = make(expr::binary, next().line);
-      e->name = "**";
-      chained(chain, e->line);
-      e->a = l;
-      e->b = unary(true);
-      l = e;
-    }
-    return l;
+    return left_assoc(expr::binary, [this] { return unary(true); }, [this] { return symbol_op({"**"}); });
   }
   expr_ptr unary(bool with_filter) {
     expr_ptr n;
@@ -826,34 +806,12 @@ class stmt_parser {
     if (word == "macro" || word == "call") {
       n->k = word == "macro" ? node::macro : node::call_block;
       if (word == "call") {
-        if (ep.is_op("(")) {  // caller's parameters
-          ep.next();
-          while (!ep.is_op(")")) {
-            n->params.push_back({ep.expect_name(), nullptr});
-            if (ep.is_op("=")) {
-              ep.next();
-              n->params.back().second = ep.expression();
-            }
-            if (!ep.is_op(",")) break;
-            ep.next();
-          }
-          ep.expect_op(")");
-        }
+        if (ep.is_op("(")) n->params = ep.parameters();  // caller's parameters
         n->e = ep.expression();
         if (n->e->k != expr::call) fail(line, "call needs a call expression");
       } else {
         n->names = {ep.expect_name()};
-        ep.expect_op("(");
-        while (!ep.is_op(")")) {
-          n->params.push_back({ep.expect_name(), nullptr});
-          if (ep.is_op("=")) {
-            ep.next();
-            n->params.back().second = ep.expression();
-          }
-          if (!ep.is_op(",")) break;
-          ep.next();
-        }
-        ep.expect_op(")");
+        n->params = ep.parameters();
       }
       ep.expect_end();
       auto b = std::make_shared<node>();
@@ -866,40 +824,12 @@ class stmt_parser {
     }
     if (word == "filter") {
       n->k = node::filter_block;
-      // A chain of filters applied to the block's text: parsed as filters over a placeholder name.
-      std::vector<token> toks;
+      // The chain applied to the block's text, bound to a name no template can write.
       auto placeholder = std::make_shared<expr>();
       placeholder->k = expr::variable;
       placeholder->name = "\x01block";
       placeholder->line = line;
-      // Re-parse "x | f(...) | g" by hand: the tag's rest is "f(...) | g".
-      n->e = placeholder;
-      expr_parser& q = ep;
-      for (;;) {
-        auto f = std::make_shared<expr>();
-        f->k = expr::filter;
-        f->line = line;
-        f->a = n->e;
-        f->name = q.expect_name();
-        if (q.is_op("(")) {
-          q.next();
-          while (!q.is_op(")")) {
-            if (q.peek().k == token::name && q.is_op("=", 1)) {
-              std::string k = q.next().text;
-              q.next();
-              f->kwargs.emplace_back(std::move(k), q.expression());
-            } else {
-              f->args.push_back(q.expression());
-            }
-            if (!q.is_op(",")) break;
-            q.next();
-          }
-          q.expect_op(")");
-        }
-        n->e = f;
-        if (!q.is_op("|")) break;
-        q.next();
-      }
+      n->e = ep.filter_chain(placeholder);
       ep.expect_end();
       auto b = std::make_shared<node>();
       b->k = node::sequence;
