@@ -34,7 +34,8 @@ command_fn add_peer(CLI::App& app);
 command_fn add_node(CLI::App& app);
 
 // troupe serve [--config FILE] [-m MODEL] [--name N] [--host H] [--port P] [--api-key K]... [-t THREADS]
-//              [--parallel N] [--ctx N] [--log-level L] [-ngl N] [--device LIST]
+//              [-c/--ctx-size N] [-np/--parallel N] [-b N] [-ub N] [-ctk T] [-ctv T] [-fa on|off|auto]
+//              [-cram/--cache-ram MiB] [--context-shift] [--log-level L] [-ngl N] [--device LIST]
 command_fn add_serve(CLI::App& app);
 
 }  // namespace troupe::cli
