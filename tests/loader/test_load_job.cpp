@@ -4,7 +4,10 @@
 
 #include <filesystem>
 #include <numeric>
+#include <string>
 #include <thread>
+
+#include <unistd.h>
 
 #include "backends/cpu/cpu_backend.h"
 #include "loader/gguf_writer.h"
@@ -19,7 +22,9 @@ using testing::copy_device;
 
 struct fixture {
   std::vector<std::vector<float>> data;
-  std::filesystem::path path = std::filesystem::temp_directory_path() / "troupe_load_job.gguf";
+  // A file of this process's own: ctest runs this file's cases as processes side by side, and one case's
+  // fixture removing a shared file under another's load made the other fail on a busy machine.
+  std::filesystem::path path = std::filesystem::temp_directory_path() / ("troupe_load_job_" + std::to_string(::getpid()) + ".gguf");
   std::vector<std::string> names = {"h0", "a0", "b0", "a1", "b1", "h1"};
   fixture() {
     gguf_writer w;
