@@ -63,7 +63,7 @@ void parse_peers(const toml::table& root, engine_config& c, const std::string& s
 // the error placed at the key at fault.
 model_settings parse_model(const toml::table& t, const std::string& source) {
   check_keys(t, {"name", "path", "devices", "use_mmap", "huge_pages", "parallel", "n_ctx", "n_batch", "n_ubatch", "n_pipeline", "n_seq_max", "threads",
-                 "n_ctx_seq", "prompt_cache_mib", "kv_type", "cache_type_k", "cache_type_v", "flash_attn", "context_shift", "chat_template", "overrides", "cpu_moe", "n_cpu_moe", "placement", "min_nodes"},
+                 "n_ctx_seq", "prompt_cache_mib", "kv_type", "cache_type_k", "cache_type_v", "flash_attn", "context_shift", "chat_template", "chat_template_file", "overrides", "cpu_moe", "n_cpu_moe", "placement", "min_nodes"},
              "[[model]]", source);
   model_settings m;
   m.name = get<std::string>(t, "name", "", "model", source);
@@ -86,6 +86,7 @@ model_settings parse_model(const toml::table& t, const std::string& source) {
   m.flash_attn = get<std::string>(t, "flash_attn", m.flash_attn, "model", source);
   m.context_shift = get<bool>(t, "context_shift", m.context_shift, "model", source);
   m.chat_template = get<std::string>(t, "chat_template", m.chat_template, "model", source);
+  m.chat_template_file = get<std::string>(t, "chat_template_file", m.chat_template_file, "model", source);
   m.placement = get<std::string>(t, "placement", m.placement, "model", source);
   m.min_nodes = get<uint32_t>(t, "min_nodes", m.min_nodes, "model", source);
   const std::string overrides = "model.overrides";

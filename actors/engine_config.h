@@ -27,6 +27,7 @@
 //   n_ctx_seq = 0                  # cells one session may use; 0: n_ctx (one pool)
 //   kv_type = "f16"                # KV cache type: "f16", "f32" or "q8_0"
 //   chat_template = ""             # "": the model's own; or a family ("chatml", "llama3", "raw", ...)
+//   chat_template_file = ""        # a Jinja chat template used instead of the model's own
 //   devices = [{ device = "CPU1", layers = 4 }]
 //   overrides = [{ pattern = "ffn_.*", device = "CPU" }]   # tensor-name regex -> device
 //   cpu_moe = false                # a mixture of experts' expert weights on the CPU (after `overrides`)

@@ -19,7 +19,7 @@
 #include "actors/messages.h"
 #include "loader/load_job.h"
 #include "runtime/backend.h"
-#include "llm/chat_template.h"
+#include "llm/chat_prompt.h"
 #include "llm/model.h"
 #include "llm/vocab.h"
 #include "runtime/sched.h"
@@ -30,7 +30,7 @@ namespace troupe::actors {
 struct loaded_model {
   std::unique_ptr<llm::model> model;
   std::unique_ptr<llm::vocab> vocab;
-  std::unique_ptr<llm::chat_template> chat;
+  std::unique_ptr<llm::chat_prompt> chat;  // the model's own chat template (or a family)
   model_settings settings;  // as loaded, resolved (model_settings::resolved): its context's and sessions' sizes
   model_info info;
 };

@@ -3,16 +3,30 @@
 #include <caf/all.hpp>
 
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <map>
 
 #include "actors/device_actor.h"
 #include "actors/errors.h"
+#include "runtime/error.h"
 #include "runtime/log.h"
 #include "runtime/memory.h"
 
 namespace troupe::actors {
 
 namespace {
+
+// A chat_template_file's text ("" for none); throws naming the key and the path.
+std::string read_template_file(const std::string& path) {
+  if (path.empty()) return {};
+  std::ifstream in(path, std::ios::binary);
+  if (!in.is_open()) throw troupe::error("chat_template_file: cannot open '" + path + "'");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw troupe::error("chat_template_file: cannot read '" + path + "'");
+  if (text.empty()) throw troupe::error("chat_template_file: '" + path + "' is empty");
+  return text;
+}
 
 using clock_type = std::chrono::steady_clock;
 
@@ -73,9 +87,8 @@ void complete(loader_ptr self, const std::string& name) {
     lm->model = std::move(f.load->opened);
     lm->model->attach(f.load->job->finish());
     lm->vocab = std::make_unique<llm::vocab>(lm->model->meta());
-    lm->chat = f.settings.chat_template.empty()
-                   ? std::make_unique<llm::chat_template>(lm->model->meta())
-                   : std::make_unique<llm::chat_template>(llm::chat_template::named(f.settings.chat_template));
+    lm->chat = std::make_unique<llm::chat_prompt>(llm::chat_prompt::for_model(
+        lm->model->meta(), *lm->vocab, f.settings.chat_template, read_template_file(f.settings.chat_template_file)));
     lm->settings = f.settings;
     model_info& info = lm->info;
     const llm::hparams& hp = lm->model->hp();
@@ -87,7 +100,7 @@ void complete(loader_ptr self, const std::string& name) {
     info.n_ctx_train = hp.n_ctx_train;
     info.n_params = lm->model->n_params();
     for (const auto& [buft, bytes] : lm->model->weight_bytes()) info.weight_bytes += bytes;
-    info.chat_template = std::string(lm->chat->name());
+    info.chat_template = lm->chat->name();
     info.uploads = f.uploads;
     info.upload_seconds = upload_seconds;
     info.load_seconds = std::chrono::duration<double>(clock_type::now() - f.t0).count();

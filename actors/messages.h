@@ -207,7 +207,9 @@ struct chat_message {
 };
 
 struct generate_request {
-  bool chat = false;                   // true: messages through the model's chat template; false: prompt
+  bool chat = false;                   // true: messages through the model's chat template, or (messages empty)
+                                       // the prompt is a chat already rendered with it (llm::chat_tokens);
+                                       // false: prompt as plain text
   std::string prompt;
   std::vector<int32_t> prompt_ids;     // chat false and not empty: the prompt as token ids, used as given
   std::vector<chat_message> messages;
@@ -457,7 +459,7 @@ typename Inspector::result_type inspect(Inspector& f, tensor_override& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_settings& x) {
   return f(caf::meta::type_name("model_settings"), x.name, x.path, x.devices, x.use_mmap, x.huge_pages, x.parallel, x.n_ctx, x.n_batch,
-           x.n_ubatch, x.n_pipeline, x.n_seq_max, x.n_threads, x.n_ctx_seq, x.prompt_cache_mib, x.kv_type, x.kv_type_v, x.flash_attn, x.context_shift, x.chat_template,
+           x.n_ubatch, x.n_pipeline, x.n_seq_max, x.n_threads, x.n_ctx_seq, x.prompt_cache_mib, x.kv_type, x.kv_type_v, x.flash_attn, x.context_shift, x.chat_template, x.chat_template_file,
            x.overrides, x.placement, x.min_nodes);
 }
 
@@ -563,7 +565,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_params& x) {
   return f(caf::meta::type_name("generate_params"), x.max_tokens, x.seed, x.temperature, x.top_k, x.top_p, x.min_p,
            x.penalty_last_n, x.repeat_penalty, x.frequency_penalty, x.presence_penalty, x.logit_bias, x.stop,
-           x.logprobs, x.grammar, x.n_ctx, x.context_shift, x.n_keep);
+           x.logprobs, x.grammar, x.grammar_triggers, x.n_ctx, x.context_shift, x.n_keep, x.reasoning_budget,
+           x.reasoning_start, x.reasoning_end, x.reasoning_open);
 }
 
 template <class Inspector>

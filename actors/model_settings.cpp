@@ -58,6 +58,9 @@ void model_settings::validate() const {
       throw settings_error("chat_template", "chat_template: " + std::string(e.what()));
     }
   }
+  if (!chat_template.empty() && !chat_template_file.empty()) {
+    throw settings_error("chat_template_file", "chat_template_file and chat_template are exclusive: one template per model");
+  }
   for (const tensor_override& o : overrides) {
     if (o.pattern.empty() || o.device.empty()) throw settings_error("overrides", "overrides entries need a pattern and a device");
     try {

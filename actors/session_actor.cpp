@@ -212,9 +212,10 @@ std::vector<llm::token_id> prompt_tokens(const loaded_model& m, const generate_r
     return r.prompt_ids;
   }
   if (!r.chat) return m.vocab->tokenize(r.prompt, true);
+  if (r.messages.empty()) return llm::chat_tokens(*m.vocab, r.prompt);  // rendered by the caller
   std::vector<llm::chat_message> chat;
   for (const chat_message& c : r.messages) chat.push_back({c.role, c.content});
-  return m.vocab->tokenize(m.chat->apply(chat, true), true, true);
+  return llm::chat_tokens(*m.vocab, m.chat->apply(chat, true));
 }
 
 session_actor spawn_session_actor(caf::actor_system& sys, std::shared_ptr<const loaded_model> model,

@@ -33,6 +33,16 @@ struct generate_params : sampling_params {
   // the context) come close to the bytes the grammar still needs, only tokens that bring its end nearer
   // are allowed, so a JSON answer closes its strings and brackets instead of being cut off.
   std::string grammar;
+  // A lazy grammar (tool calls in free text): with triggers, the answer is free until one of these strings
+  // appears in it; from that trigger's first byte on, the grammar constrains the rest. Text that already left
+  // the grammar's language by the time the trigger completes drops the grammar (the answer stays free).
+  std::vector<std::string> grammar_triggers;
+  // Reasoning budget: at most this many tokens inside the reasoning block (from reasoning_start, or from the
+  // first token when the prompt opened it: reasoning_open), then reasoning_end is forced as the next tokens.
+  // -1: no limit.
+  int32_t reasoning_budget = -1;
+  std::string reasoning_start, reasoning_end;
+  bool reasoning_open = false;
   // Cache positions the answer's sequence may hold (prompt and answer); 0: the context's (the session's
   // n_ctx_seq). The daemon sets its request's reservation here.
   int32_t n_ctx = 0;

@@ -23,6 +23,8 @@ sequence::sequence(const vocab& v, std::span<const token_id> cached, std::span<c
     }
   }
   if (!p.grammar.empty()) grammar_ = std::make_unique<grammar_matcher>(grammar::parse(p.grammar));
+  grammar_on_ = p.grammar_triggers.empty();
+  in_reasoning_ = p.reasoning_budget >= 0 && p.reasoning_open && !p.reasoning_end.empty();
   if (prompt.size() >= n_ctx_) {
     throw capacity_error("generate: the prompt has " + std::to_string(prompt.size()) + " tokens, the context holds " +
                          std::to_string(n_ctx_));
@@ -119,6 +121,45 @@ token_logprob sequence::logprob_of(token_id t) const {
   return out;
 }
 
+void sequence::watch_text(size_t before) {
+  const std::string& text = result_.text;
+  if (grammar_ && !grammar_on_) {
+    // A trigger may end in this token's text but begin before it.
+    size_t longest = 0;
+    for (const std::string& s : params_.grammar_triggers) longest = std::max(longest, s.size());
+    const size_t from = before >= longest ? before - longest + 1 : 0;
+    size_t at = std::string::npos;
+    for (const std::string& s : params_.grammar_triggers) {
+      if (s.empty()) continue;
+      const size_t p = text.find(s, from);
+      if (p != std::string::npos && p + s.size() > before) at = std::min(at, p);
+    }
+    if (at != std::string::npos) {
+      grammar_on_ = true;
+      if (!grammar_->accept(std::string_view(text).substr(at))) {
+        grammar_.reset();  // the text left the grammar's language already: the answer stays free
+      }
+    }
+  }
+  if (params_.reasoning_budget >= 0 && !reasoning_done_ && !params_.reasoning_end.empty()) {
+    if (in_reasoning_) {
+      if (text.find(params_.reasoning_end, before >= params_.reasoning_end.size() ? before - params_.reasoning_end.size() + 1 : 0) !=
+          std::string::npos) {
+        in_reasoning_ = false;
+        reasoning_done_ = true;
+      }
+    } else if (!params_.reasoning_start.empty()) {
+      const size_t first = text.find_first_not_of(" \t\r\n");
+      if (first != std::string::npos && text.compare(first, params_.reasoning_start.size(), params_.reasoning_start) == 0) {
+        in_reasoning_ = true;
+        n_reasoning_ = 0;
+      } else if (first != std::string::npos && text.size() - first >= params_.reasoning_start.size()) {
+        reasoning_done_ = true;  // the answer did not begin with reasoning
+      }
+    }
+  }
+}
+
 sequence_output sequence::advance(std::span<const float> logits) {
   if (done_) throw error("sequence: advance after the answer is done");
   cached_.insert(cached_.end(), pending_.tokens.begin(), pending_.tokens.end());
@@ -137,7 +178,13 @@ sequence_output sequence::advance(std::span<const float> logits) {
                               ? (static_cast<int32_t>(cached_.size()) - n_keep_) / 2
                               : 0;
   if (n_sampled_ >= params_.max_tokens || (shift_n <= 0 && cached_.size() >= n_ctx_)) return finish("length", true);
-  if (grammar_) {
+  if (in_reasoning_ && forced_.empty() && n_reasoning_ >= params_.reasoning_budget) {
+    forced_ = vocab_.tokenize(params_.reasoning_end, false, true);
+    std::reverse(forced_.begin(), forced_.end());
+    reasoning_done_ = true;
+    in_reasoning_ = false;
+  }
+  if (grammar_ && grammar_on_ && forced_.empty()) {
     // Ban what the grammar does not allow; the chain then samples among the rest as usual.
     // Tokens left for this answer: when they are about to run out before the grammar's sentence is
     // complete, only tokens that bring its end nearer are allowed (the answer closes instead of being cut).
@@ -154,16 +201,30 @@ sequence_output sequence::advance(std::span<const float> logits) {
     }
     logits = masked_;
   }
-  const token_id t = chain_.sample(logits);
+  token_id t;
+  const bool forced = !forced_.empty();
+  if (forced) {
+    t = forced_.back();  // the reasoning budget's end marker
+    forced_.pop_back();
+  } else {
+    t = chain_.sample(logits);
+  }
   chain_.accept(t);
   ++n_sampled_;
   if (vocab_.is_eog(t)) return finish("stop", true);
-  if (grammar_ && !grammar_->accept(vocab_.token_to_piece(t))) {
-    throw grammar_error("grammar: token " + std::to_string(t) + " was sampled outside the grammar");  // internal invariant
+  if (grammar_ && grammar_on_ && !grammar_->accept(vocab_.token_to_piece(t))) {
+    if (forced) {
+      grammar_.reset();  // the reasoning budget's end marker outside a grammar: the answer goes on free
+    } else {
+      throw grammar_error("grammar: token " + std::to_string(t) + " was sampled outside the grammar");  // internal invariant
+    }
   }
   result_.tokens.push_back(t);
   if (params_.logprobs >= 0) result_.logprobs.push_back(logprob_of(t));
+  const size_t before = result_.text.size();
   result_.text += detok_.push(t);
+  if (in_reasoning_) ++n_reasoning_;
+  watch_text(before);
   // Stop strings: cut the text before the first match; hold back a tail that may begin one.
   bool stopped = false;
   size_t safe = result_.text.size();
@@ -195,7 +256,7 @@ sequence_output sequence::advance(std::span<const float> logits) {
     last.token = t;
     return last;
   }
-  if (grammar_ && grammar_->must_end()) {
+  if (grammar_ && grammar_on_ && grammar_->must_end()) {
     // The grammar takes nothing more: the answer is complete.
     sequence_output last = finish("stop", true);
     last.piece = out.piece + last.piece;

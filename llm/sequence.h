@@ -77,12 +77,20 @@ class sequence {
  private:
   sequence_output finish(std::string finish, bool flush);
   token_logprob logprob_of(token_id t) const;
+  // After a token's text was added: switches a lazy grammar on at a trigger, follows the reasoning block.
+  void watch_text(size_t before);
+
 
   const vocab& vocab_;
   generate_params params_;
   uint32_t n_ctx_;
   sampler_chain chain_;
   std::unique_ptr<grammar_matcher> grammar_;  // when params_.grammar is set
+  bool grammar_on_ = true;                    // false while a lazy grammar waits for its trigger
+  // The reasoning budget: inside the block, tokens taken in it, the end marker's tokens still to force.
+  bool in_reasoning_ = false, reasoning_done_ = false;
+  int32_t n_reasoning_ = 0;
+  std::vector<token_id> forced_;
   std::vector<uint8_t> allowed_;              // the grammar's mask at this step
   std::vector<float> masked_;                 // the logits with disallowed tokens at -inf
   detokenizer detok_;

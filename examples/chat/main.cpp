@@ -101,6 +101,9 @@ int run(int argc, char** argv) {
   app.add_option("-t,--threads", n_threads, "CPU threads (0: all)");
   app.add_option("-p,--prompt", prompt, "prompt (with --no-chat: complete it and exit)");
   app.add_flag("--no-chat", no_chat, "complete the prompt instead of chatting");
+  std::string chat_template, chat_template_file;
+  app.add_option("--chat-template", chat_template, "a built-in template family instead of the model's own (chatml, llama3, gemma, raw, ...)");
+  app.add_option("--chat-template-file", chat_template_file, "a Jinja chat template file instead of the model's own");
   cli::add_offload_options(app, offload);
   std::string trace_path;
   cli::add_trace_option(app, trace_path);
@@ -121,6 +124,8 @@ int run(int argc, char** argv) {
   // --device CPU1,...: the engine makes those CPU instances.
   engine eng({.cpu_instances = cli::max_cpu_instance(offload), .n_threads = 1});
   actors::model_settings ms{.n_ctx = n_ctx, .n_seq_max = 1, .n_threads = n_threads};
+  ms.chat_template = chat_template;
+  ms.chat_template_file = chat_template_file;
   for (const auto& [name, layers] : llm::offload_layers(offload, model_path)) ms.devices.push_back({name, layers});
   for (const std::string& p : llm::cpu_moe_patterns(offload.cpu_moe, offload.n_cpu_moe)) ms.overrides.push_back({p, "CPU"});
   const actors::model_info info = eng.load_model("chat", model_path, ms);

@@ -901,12 +901,71 @@ class renderer {
           return d ? *d : value::none();
         });
       }
+      if (opt_.mutable_values && (name == "update" || name == "pop" || name == "setdefault")) {
+        return fn([target = self, name, line](const call_args& a) mutable {
+          if (name == "update") {
+            const value* o = a.get(0, "other");
+            if (o && o->is_dict()) {
+              for (const auto& [k, v] : o->entries()) target.set(k, fresh(v));
+            }
+            return value::none();
+          }
+          const value* k = a.get(0, "key");
+          const value* d = a.get(1, "default");
+          if (!k || !k->is_string()) fail(line, "dict." + name + " takes a string key");
+          if (const value* x = target.find(k->str())) {
+            value out = *x;
+            if (name == "pop") {
+              dict& e = target.entries();
+              e.erase(std::find_if(e.begin(), e.end(), [&](const auto& kv) { return kv.first == k->str(); }));
+            }
+            return out;
+          }
+          if (name == "pop" && !d) fail(line, "KeyError: " + k->repr());
+          const value v = d ? *d : value::none();
+          if (name == "setdefault") target.set(k->str(), fresh(v));
+          return v;
+        });
+      }
       if (name == "update" || name == "pop" || name == "setdefault" || name == "clear" || name == "popitem") {
         return sandboxed(name, "dict", line);
       }
       return value::undefined_named(name);
     }
     if (self.is_list()) {
+      if (opt_.mutable_values && (name == "append" || name == "pop" || name == "insert" || name == "extend" || name == "clear")) {
+        return fn([target = self, name, line](const call_args& a) mutable {
+          list& items = target.items();
+          const value* x = a.get(0, "value");
+          if (name == "append") {
+            if (!x) fail(line, "list.append takes a value");
+            items.push_back(fresh(*x));
+          } else if (name == "extend") {
+            if (!x || !x->is_list()) fail(line, "list.extend takes a list");
+            const list more = x->items();
+            for (const value& m : more) items.push_back(fresh(m));
+          } else if (name == "clear") {
+            items.clear();
+          } else if (name == "insert") {
+            const value* v = a.get(1, "value");
+            if (!x || !x->is_int() || !v) fail(line, "list.insert takes an index and a value");
+            int64_t i = x->as_int();
+            const int64_t n = static_cast<int64_t>(items.size());
+            i = i < 0 ? std::max<int64_t>(0, n + i) : std::min(i, n);
+            items.insert(items.begin() + i, fresh(*v));
+          } else {  // pop
+            if (items.empty()) fail(line, "IndexError: pop from empty list");
+            int64_t i = x && x->is_int() ? x->as_int() : -1;
+            const int64_t n = static_cast<int64_t>(items.size());
+            if (i < 0) i += n;
+            if (i < 0 || i >= n) fail(line, "IndexError: pop index out of range");
+            value out = items[static_cast<size_t>(i)];
+            items.erase(items.begin() + i);
+            return out;
+          }
+          return value::none();
+        });
+      }
       if (name == "append" || name == "pop" || name == "insert" || name == "extend" || name == "remove" || name == "sort" ||
           name == "reverse" || name == "clear") {
         return sandboxed(name, "list", line);
@@ -930,6 +989,24 @@ class renderer {
       return value::undefined_named(name);
     }
     return value::undefined_named(name);
+  }
+
+  // A container stored into another by a mutating method is a copy of it, so that no list or dict can come
+  // to hold itself (a cycle would never print).
+  static value fresh(const value& v, int depth = 0) {
+    if (depth > 256) fail(0, "a value nests deeper than 256 levels");
+    if (v.is_list()) {
+      list out;
+      for (const value& x : v.items()) out.push_back(fresh(x, depth + 1));
+      value c(std::move(out));
+      return v.is_tuple() ? value::tuple(c.items()) : c;
+    }
+    if (v.is_dict()) {
+      dict out;
+      for (const auto& [k, x] : v.entries()) out.emplace_back(k, fresh(x, depth + 1));
+      return value(std::move(out));
+    }
+    return v;
   }
 
   // The sandbox refuses what would modify a list or a dict (jinja2.sandbox.ImmutableSandboxedEnvironment).

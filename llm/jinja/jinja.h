@@ -28,6 +28,13 @@ struct options {
   size_t max_output = size_t{64} << 20;  // bytes a render may produce
   int max_depth = 256;                   // nested calls and blocks
   uint64_t max_steps = 50'000'000;       // statements and expressions evaluated in one render
+  // Python's list.append / pop / insert / extend / clear and dict.update / pop / setdefault (as llama.cpp's
+  // and vLLM's renderers allow; Kimi K2's template appends to a namespace's list). false: transformers'
+  // immutable sandbox refuses them, as the reference does.
+  bool mutable_values = false;
+  // {% generation %} ... {% endgeneration %} (transformers' marker of assistant text for training masks)
+  // rendered as its body. false: an unknown tag, as plain Jinja2 says.
+  bool generation_tag = false;
   // strftime_now's clock: a fixed time (seconds since the epoch, UTC) for reproducible renders; < 0: now.
   int64_t fixed_time = -1;
 };

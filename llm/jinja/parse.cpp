@@ -658,7 +658,7 @@ class expr_parser {
 
 class stmt_parser {
  public:
-  stmt_parser(std::vector<piece> pieces) : p_(std::move(pieces)) {}
+  stmt_parser(std::vector<piece> pieces, bool generation_tag) : p_(std::move(pieces)), generation_tag_(generation_tag) {}
 
   node_ptr parse_all() {
     auto root = std::make_shared<node>();
@@ -850,10 +850,18 @@ class stmt_parser {
       ep.expect_end();
       return n;
     }
+    if (word == "generation" && generation_tag_) {
+      ep.expect_end();
+      n->k = node::sequence;
+      body(*n, {"endgeneration"});
+      end_->expect_end();
+      return n;
+    }
     fail(line, "unknown tag '" + word + "'");
   }
 
   std::vector<piece> p_;
+  bool generation_tag_ = false;
   size_t i_ = 0;
   int line_ = 1;
   std::unique_ptr<expr_parser> end_;  // the parser of the end tag that stopped body()
@@ -863,7 +871,7 @@ class stmt_parser {
 }  // namespace
 
 node_ptr parse_template(std::string_view source, const options& opt) {
-  return stmt_parser(split(source, opt)).parse_all();
+  return stmt_parser(split(source, opt), opt.generation_tag).parse_all();
 }
 
 }  // namespace troupe::llm::jinja

@@ -124,8 +124,9 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(bool chat, const std:
     throw api_error(503, "unavailable_error",
                     "the model '" + r.model + "' is " + (why.empty() ? std::string("still loading") : "unavailable: " + why));
   }
-  // Tools, their calls and results in the model family's syntax (and the grammar of a forced call).
-  prepare_tools(st->request, ms.info.chat_template);
+  // The chat through the model's template (tools, their calls and results in its syntax; the grammar of a
+  // call; the reasoning markers).
+  prepare_chat(st->request, *ms.model->chat);
   // The prompt must leave room for at least one token of answer in the session's context.
   const actors::generate_request gr = generate_request_of(r);
   size_t n_prompt = 0;
@@ -192,23 +193,34 @@ bool daemon::write_answer(answer_state& st, front::body_sink& sink) {
   bool first = true;  // nothing of a streamed answer went out yet
   auto last_beat = clock_type::now();
   size_t text_offset = 0;  // of the streamed text so far (the completions' legacy logprobs)
-  // With tools, the answer's text is kept and only what cannot begin a call is streamed as content; the
-  // calls go out as tool_calls deltas at the end.
-  const bool hold_calls = req.stream && req.tools_active();
-  std::string answer_text;
-  size_t content_sent = 0;
+  // A chat answer with reasoning or tools goes through a chat_stream: reasoning_content deltas, content
+  // held back where a call may begin, each call's deltas once it is complete.
+  const bool split = req.stream && req.chat && (req.tools_active() || req.split_reasoning());
+  std::optional<chat_stream> deltas;
+  if (split) deltas.emplace(req, st.id);
+  size_t calls_streamed = 0;
+  const auto write_deltas = [&](const chat_stream::deltas& d, const std::vector<llm::token_logprob>* logprobs) {
+    bool ok = true;
+    if (!d.reasoning.empty()) {
+      ok = out.write("data: " + dump(stream_reasoning_chunk(req, st.id, st.created, d.reasoning, first)) + "\n\n") && ok;
+      first = false;
+    }
+    if (!d.content.empty() || (logprobs != nullptr && !logprobs->empty())) {
+      ok = out.write("data: " + dump(stream_chunk(req, st.id, st.created, d.content, first, logprobs, text_offset)) + "\n\n") && ok;
+      first = false;
+    }
+    for (size_t i = 0; i < d.calls.size(); ++i) {
+      for (const json& c : stream_tool_call_chunks(req, st.id, st.created, d.calls[i], d.first_index + i, first)) {
+        ok = out.write("data: " + dump(c) + "\n\n") && ok;
+        first = false;
+      }
+      ++calls_streamed;
+    }
+    return ok;
+  };
   const auto on_event = [&](const actors::token_event& e) -> bool {
     if (cancel_all_.load() || clock_type::now() >= st.deadline) return false;
-    if (hold_calls) {
-      answer_text += e.piece;
-      const size_t safe = std::max(content_sent, llm::streamable_content(req.syntax, answer_text));
-      const std::string piece = answer_text.substr(content_sent, safe - content_sent);
-      content_sent = safe;
-      if (piece.empty() && e.logprobs.empty()) return true;
-      const bool ok = out.write("data: " + dump(stream_chunk(req, st.id, st.created, piece, first, &e.logprobs, text_offset)) + "\n\n");
-      first = false;
-      return ok;
-    }
+    if (split) return write_deltas(deltas->feed(e.piece), &e.logprobs);
     if (req.stream) {
       const bool ok =
           out.write("data: " + dump(stream_chunk(req, st.id, st.created, e.piece, first, &e.logprobs, text_offset)) + "\n\n");
@@ -267,22 +279,8 @@ bool daemon::write_answer(answer_state& st, front::body_sink& sink) {
   st.claim.reset();
   count_request(endpoint, 200);
   if (req.stream) {
-    bool called = false;
-    if (hold_calls) {
-      const llm::tool_output calls = tool_calls_of(req, st.id, reply.text);
-      if (calls.calls.empty()) {
-        if (content_sent < reply.text.size()) {
-          out.write("data: " + dump(stream_chunk(req, st.id, st.created, std::string_view(reply.text).substr(content_sent), first)) + "\n\n");
-          first = false;
-        }
-      } else {
-        for (size_t i = 0; i < calls.calls.size(); ++i) {
-          out.write("data: " + dump(stream_tool_call(req, st.id, st.created, calls.calls[i], i, first)) + "\n\n");
-          first = false;
-        }
-        called = true;
-      }
-    }
+    if (split) write_deltas(deltas->finish(), nullptr);
+    const bool called = calls_streamed > 0;
     out.write("data: " + dump(stream_finish(req, st.id, st.created, reply.finish, called)) + "\n\n");
     if (req.include_usage) out.write("data: " + dump(stream_usage(req, st.id, st.created, reply)) + "\n\n");
     out.write("data: [DONE]\n\n");

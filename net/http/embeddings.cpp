@@ -87,6 +87,13 @@ void daemon::embeddings(const front::request& req, front::response& res) {
     const llm::vocab& v = *lm->vocab;
     std::vector<std::vector<int32_t>> inputs = r.token_ids;
     for (const std::string& t : r.texts) inputs.push_back(v.tokenize(t, /*add_special=*/true));
+    if (r.messages.is_array()) {
+      try {
+        inputs.push_back(llm::chat_tokens(v, lm->chat->render(r.messages, nullptr, false)));
+      } catch (const llm::chat_prompt_error& e) {
+        throw bad_request(e.what(), "messages");
+      }
+    }
     const uint32_t n_ctx = lm->settings.embedding_cells();
     for (size_t i = 0; i < inputs.size(); ++i) {
       for (const int32_t id : inputs[i]) {

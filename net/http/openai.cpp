@@ -74,6 +74,17 @@ bool boolean(const json& body, const char* key) {
   return v.get<bool>();
 }
 
+// A field of the body in its own key order (templates print JSON as the client wrote it); a body with
+// duplicate keys may read differently that way: then as checked.
+nlohmann::ordered_json ordered_field(std::string_view text, const json& body, const char* key) {
+  try {
+    nlohmann::ordered_json v = nlohmann::ordered_json::parse(text).at(key);
+    if (v.type() == body.at(key).type() && v.size() == body.at(key).size()) return v;
+  } catch (const nlohmann::ordered_json::exception&) {
+  }
+  return nlohmann::ordered_json::parse(body.at(key).dump());
+}
+
 // Chat message content: a string, or an array of {"type": "text", "text": ...} parts.
 std::string content_text(const json& c, const std::string& param) {
   if (c.is_string()) return c.get<std::string>();
@@ -153,6 +164,30 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
       r.messages.push_back({role == "developer" ? "system" : role,
                             m.contains("content") ? content_text(m["content"], p + ".content") : std::string()});
       r.message_calls.push_back(std::move(calls));
+      if (m.contains("reasoning_content") && !m["reasoning_content"].is_null() && !m["reasoning_content"].is_string()) {
+        throw bad_request("'" + p + ".reasoning_content' must be a string", p + ".reasoning_content");
+      }
+    }
+    // The messages again in their own key order for the template (tool call arguments, tojson).
+    r.template_messages = ordered_field(text, body, "messages");
+    for (nlohmann::ordered_json& m : r.template_messages) {
+      if (m.is_object() && m.value("role", "") == "developer") m["role"] = "system";
+    }
+    if (present(body, "chat_template_kwargs")) {
+      if (!body["chat_template_kwargs"].is_object()) {
+        throw bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+      }
+      r.template_kwargs = ordered_field(text, body, "chat_template_kwargs");
+    }
+    if (present(body, "reasoning_format")) {
+      const json& f = body["reasoning_format"];
+      if (!f.is_string() || (f != "none" && f != "auto" && f != "deepseek")) {
+        throw bad_request("'reasoning_format' must be 'none', 'auto' or 'deepseek'", "reasoning_format");
+      }
+      r.reasoning_format = f.get<std::string>();
+    }
+    if (present(body, "reasoning_budget")) {
+      r.reasoning_budget = static_cast<int32_t>(in_range(body, "reasoning_budget", -1, INT32_MAX, true));
     }
   } else {
     if (!present(body, "prompt")) throw bad_request("'prompt' is required", "prompt");
@@ -291,13 +326,9 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
         throw bad_request("'response_format.json_schema.schema' is missing", "response_format.json_schema.schema");
       }
       // The schema again in its own key order (properties are generated in the order the schema lists them).
-      std::string schema;
-      try {
-        schema = nlohmann::ordered_json::parse(text).at("response_format").at("json_schema").at("schema").dump();
-      } catch (const nlohmann::ordered_json::exception&) {
-        // Only a body with duplicate keys reads differently in key order; take the checked value.
-        schema = js["schema"].dump();
-      }
+      std::string schema = js["schema"].dump();
+      const nlohmann::ordered_json ordered = ordered_field(text, body, "response_format");
+      if (ordered.contains("json_schema") && ordered["json_schema"].contains("schema")) schema = ordered["json_schema"]["schema"].dump();
       try {
         g.grammar = llm::json_schema_to_gbnf(schema);
       } catch (const llm::grammar_error& e) {
@@ -325,11 +356,7 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
     const json& tools = body["tools"];
     if (!tools.is_array()) throw bad_request("'tools' must be an array", "tools");
     if (tools.size() > 128) throw bad_request("'tools' may hold at most 128 functions", "tools");
-    nlohmann::ordered_json ordered;
-    try {
-      ordered = nlohmann::ordered_json::parse(text).at("tools");
-    } catch (const nlohmann::ordered_json::exception&) {
-    }
+    const nlohmann::ordered_json ordered = ordered_field(text, body, "tools");
     for (size_t i = 0; i < tools.size(); ++i) {
       const std::string p = "tools[" + std::to_string(i) + "]";
       const json& t = tools[i];
@@ -361,6 +388,7 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
       }
       r.tools.push_back(std::move(fn));
     }
+    r.template_tools = ordered;
   }
   if (present(body, "tool_choice") && !body["tool_choice"].is_null()) {
     const json& tc = body["tool_choice"];
@@ -390,44 +418,52 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
   return r;
 }
 
-void prepare_tools(completion_request& r, std::string_view template_name) {
+void prepare_chat(completion_request& r, const llm::chat_prompt& p) {
   if (!r.chat) return;
-  r.syntax = llm::tool_syntax_for(template_name);
-  std::vector<actors::chat_message> out;
-  for (size_t i = 0; i < r.messages.size(); ++i) {
-    actors::chat_message m = r.messages[i];
-    if (m.role == "tool") {
-      const llm::chat_message t = llm::render_tool_result(r.syntax, m.content);
-      out.push_back({t.role, t.content});
-      continue;
-    }
-    if (i < r.message_calls.size() && !r.message_calls[i].empty()) {
-      const std::string calls = llm::render_tool_calls(r.syntax, r.message_calls[i]);
-      m.content = m.content.empty() ? calls : m.content + "\n" + calls;
-    }
-    out.push_back(std::move(m));
+  r.syntax = p.tool_format();
+  r.reasoning = p.reasoning();
+  nlohmann::ordered_json kwargs = r.template_kwargs;
+  // A budget of 0 switches thinking off where the template has the switch (Qwen 3, Granite, ...).
+  if (r.reasoning_budget == 0 && !kwargs.contains("enable_thinking")) kwargs["enable_thinking"] = false;
+  try {
+    r.prompt = p.render(r.template_messages, r.tools_active() ? r.template_tools : nlohmann::ordered_json(nullptr), true, kwargs);
+  } catch (const llm::chat_prompt_error& e) {
+    throw bad_request(e.what(), "messages");
   }
-  if (r.tools_active()) {
-    const std::string prompt = llm::tools_prompt(r.syntax, r.tools);
-    if (!out.empty() && out.front().role == "system") {
-      out.front().content += "\n\n" + prompt;
-    } else {
-      out.insert(out.begin(), actors::chat_message{"system", prompt});
-    }
-    if (r.tool_choice == "required" || r.tool_choice == "function") {
-      std::vector<llm::tool_function> which;
-      for (const llm::tool_function& f : r.tools) {
-        if (r.tool_choice == "required" || f.name == r.tool_choice_name) which.push_back(f);
-      }
-      try {
-        r.params.grammar = llm::tool_call_gbnf(r.syntax, which, r.tool_choice == "required" && r.parallel_tool_calls);
-        (void)llm::grammar::parse(r.params.grammar);
-      } catch (const llm::grammar_error& e) {
-        throw bad_request(e.what(), "tools");
-      }
-    }
+  r.messages.clear();  // the session tokenizes the rendered chat
+  r.reasoning_open = llm::prompt_opens_reasoning(r.reasoning, r.prompt);
+  actors::generation_params& g = r.params;
+  if (!r.reasoning.empty() && r.reasoning_budget >= 0) {
+    g.reasoning_budget = r.reasoning_budget;
+    g.reasoning_start = r.reasoning.start;
+    g.reasoning_end = r.reasoning.end;
+    g.reasoning_open = r.reasoning_open;
   }
-  r.messages = std::move(out);
+  if (!r.tools_active()) return;
+  std::vector<llm::tool_function> which;
+  for (const llm::tool_function& f : r.tools) {
+    if (r.tool_choice != "function" || f.name == r.tool_choice_name) which.push_back(f);
+  }
+  if (r.tool_choice == "required" || r.tool_choice == "function") {
+    try {
+      g.grammar = llm::tool_call_gbnf(r.syntax, which, r.tool_choice == "required" && r.parallel_tool_calls);
+      (void)llm::grammar::parse(g.grammar);
+    } catch (const llm::grammar_error& e) {
+      throw bad_request(e.what(), "tools");
+    }
+    return;
+  }
+  // tool_choice auto: the text is free; once a call's opening appears, the call follows the tools' schemas.
+  // A schema the grammar compiler does not take leaves the answer unconstrained (the call is still parsed).
+  if (!g.grammar.empty() || r.syntax == llm::tool_syntax::generic) return;
+  try {
+    std::string gbnf = llm::tool_call_gbnf(r.syntax, which, r.parallel_tool_calls);
+    (void)llm::grammar::parse(gbnf);
+    g.grammar = std::move(gbnf);
+    g.grammar_triggers = llm::tool_call_triggers(r.syntax);
+  } catch (const llm::grammar_error&) {
+    g.grammar.clear();
+  }
 }
 
 embedding_request parse_embedding_request(std::string_view text) {
@@ -443,40 +479,56 @@ embedding_request parse_embedding_request(std::string_view text) {
     throw bad_request("'model' is required and must be a non-empty string", "model");
   }
   r.model = body["model"].get<std::string>();
-  if (!body.contains("input")) throw bad_request("'input' is required", "input");
-  const json& in = body["input"];
-  const auto ids = [&](const json& a, const std::string& where) {
-    std::vector<int32_t> out;
-    if (a.empty()) throw bad_request("'" + where + "' must not be empty", "input");
-    for (const json& t : a) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
-        throw bad_request("'" + where + "' must hold token ids (integers >= 0)", "input");
+  if (present(body, "messages")) {
+    if (body.contains("input")) throw bad_request("'input' and 'messages' cannot be used together", "messages");
+    const json& msgs = body["messages"];
+    if (!msgs.is_array() || msgs.empty()) throw bad_request("'messages' must be a non-empty array of messages", "messages");
+    for (size_t i = 0; i < msgs.size(); ++i) {
+      const std::string p = "messages[" + std::to_string(i) + "]";
+      if (!msgs[i].is_object() || !msgs[i].contains("role") || !msgs[i]["role"].is_string()) {
+        throw bad_request("'" + p + "' must be an object with a string 'role'", p);
       }
-      out.push_back(static_cast<int32_t>(t.get<int64_t>()));
+      (void)content_text(msgs[i].contains("content") ? msgs[i]["content"] : json(""), p + ".content");
     }
-    return out;
-  };
-  if (in.is_string()) {
-    r.texts.push_back(in.get<std::string>());
-  } else if (in.is_array() && !in.empty() && in[0].is_string()) {
-    for (size_t i = 0; i < in.size(); ++i) {
-      if (!in[i].is_string()) throw bad_request("'input[" + std::to_string(i) + "]' must be a string like the others", "input");
-      r.texts.push_back(in[i].get<std::string>());
-    }
-  } else if (in.is_array() && !in.empty() && in[0].is_number()) {
-    r.token_ids.push_back(ids(in, "input"));
-  } else if (in.is_array() && !in.empty() && in[0].is_array()) {
-    for (size_t i = 0; i < in.size(); ++i) {
-      if (!in[i].is_array()) throw bad_request("'input[" + std::to_string(i) + "]' must be an array of token ids", "input");
-      r.token_ids.push_back(ids(in[i], "input[" + std::to_string(i) + "]"));
-    }
-  } else {
-    throw bad_request("'input' must be a string, an array of strings, an array of token ids or an array of them", "input");
+    r.messages = ordered_field(text, body, "messages");  // text parts are joined by the template's renderer
+  } else if (!body.contains("input")) {
+    throw bad_request("'input' is required", "input");
   }
-  const size_t n = r.texts.size() + r.token_ids.size();
-  if (n > 2048) throw bad_request("'input' may hold at most 2048 inputs", "input");
-  for (const std::string& t : r.texts) {
-    if (t.empty()) throw bad_request("'input' strings must not be empty", "input");
+  if (body.contains("input")) {
+    const json& in = body["input"];
+    const auto ids = [&](const json& a, const std::string& where) {
+      std::vector<int32_t> out;
+      if (a.empty()) throw bad_request("'" + where + "' must not be empty", "input");
+      for (const json& t : a) {
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
+          throw bad_request("'" + where + "' must hold token ids (integers >= 0)", "input");
+        }
+        out.push_back(static_cast<int32_t>(t.get<int64_t>()));
+      }
+      return out;
+    };
+    if (in.is_string()) {
+      r.texts.push_back(in.get<std::string>());
+    } else if (in.is_array() && !in.empty() && in[0].is_string()) {
+      for (size_t i = 0; i < in.size(); ++i) {
+        if (!in[i].is_string()) throw bad_request("'input[" + std::to_string(i) + "]' must be a string like the others", "input");
+        r.texts.push_back(in[i].get<std::string>());
+      }
+    } else if (in.is_array() && !in.empty() && in[0].is_number()) {
+      r.token_ids.push_back(ids(in, "input"));
+    } else if (in.is_array() && !in.empty() && in[0].is_array()) {
+      for (size_t i = 0; i < in.size(); ++i) {
+        if (!in[i].is_array()) throw bad_request("'input[" + std::to_string(i) + "]' must be an array of token ids", "input");
+        r.token_ids.push_back(ids(in[i], "input[" + std::to_string(i) + "]"));
+      }
+    } else {
+      throw bad_request("'input' must be a string, an array of strings, an array of token ids or an array of them", "input");
+    }
+    const size_t n = r.texts.size() + r.token_ids.size();
+    if (n > 2048) throw bad_request("'input' may hold at most 2048 inputs", "input");
+    for (const std::string& t : r.texts) {
+      if (t.empty()) throw bad_request("'input' strings must not be empty", "input");
+    }
   }
   if (body.contains("encoding_format") && !body["encoding_format"].is_null()) {
     const json& f = body["encoding_format"];

@@ -13,12 +13,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "actors/messages.h"
+#include "llm/chat_prompt.h"
+#include "llm/reasoning.h"
 #include "llm/tool_calls.h"
 
 namespace troupe::http {
@@ -61,7 +64,21 @@ struct completion_request {
   std::string tool_choice_name;
   bool parallel_tool_calls = true;
   std::vector<std::vector<llm::tool_call>> message_calls;  // [messages.size()]
-  llm::tool_syntax syntax = llm::tool_syntax::hermes;     // set for the model's template (prepare_tools)
+  llm::tool_syntax syntax = llm::tool_syntax::hermes;     // set for the model's template (prepare_chat)
+  // The conversation and tools as sent (key order kept) for the model's chat template, and the template's
+  // extra variables (chat_template_kwargs, e.g. {"enable_thinking": false}).
+  nlohmann::ordered_json template_messages = nlohmann::ordered_json::array();
+  nlohmann::ordered_json template_tools = nullptr;
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
+  // Reasoning: reasoning_format "none" leaves it in content; "auto" / "deepseek" split it into
+  // reasoning_content. reasoning_budget: tokens of reasoning at most (-1: no limit; 0: thinking switched
+  // off through the template's enable_thinking). Set by prepare_chat: the model's markers, and whether the
+  // rendered prompt opened the block.
+  std::string reasoning_format = "auto";
+  int32_t reasoning_budget = -1;
+  llm::reasoning_markers reasoning;
+  bool reasoning_open = false;
+  bool split_reasoning() const { return chat && reasoning_format != "none" && !reasoning.empty(); }
   // Whether the answer may hold tool calls (tools given and tool_choice is not "none").
   bool tools_active() const { return !tools.empty() && tool_choice != "none"; }
 };
@@ -73,19 +90,56 @@ struct embedding_request {
   std::string model;
   std::vector<std::string> texts;               // inputs given as text
   std::vector<std::vector<int32_t>> token_ids;  // or as token ids (one of the two is used)
+  // Or a conversation ('messages' instead of 'input', OpenAI chat messages): rendered through the model's
+  // chat template (no generation prompt) and embedded as one input.
+  nlohmann::ordered_json messages;
   bool base64 = false;
 };
 // Throws api_error (400) naming the field.
 embedding_request parse_embedding_request(std::string_view body);
 
-// Once the model is known: renders tools, assistant tool calls and tool results into r.messages in the
-// syntax of the model's chat template, and sets the grammar of a required or named call. Throws api_error.
-void prepare_tools(completion_request& r, std::string_view template_name);
+// Once the model is known: renders the chat (messages, tools, kwargs) through the model's template into
+// r.prompt (r.messages emptied: the session tokenizes the rendered chat), takes the model's tool call syntax
+// and reasoning markers, and sets the grammar of a call: forced for a required or named call, lazy (on at
+// the call's opening) for tool_choice auto. Throws api_error (400 where the template refuses).
+void prepare_chat(completion_request& r, const llm::chat_prompt& p);
 // The calls in an answer when r.tools_active() (ids "call_<answer id>_<i>").
 llm::tool_output tool_calls_of(const completion_request& r, const std::string& id, const std::string& text);
 // A streamed chunk with one call (delta.tool_calls[0], index i).
 json stream_tool_call(const completion_request& r, const std::string& id, int64_t created, const llm::tool_call& call,
                       size_t index, bool first);
+
+// A streamed chat answer's deltas: reasoning split off (r.split_reasoning()), content held back where a
+// tool call may begin (r.tools_active()), each call handed out once it is complete (a later call began, or
+// the answer ended). Fed the answer's pieces in order; the calls carry their ids (tool_calls_of's).
+class chat_stream {
+ public:
+  chat_stream(const completion_request& r, std::string id);
+  struct deltas {
+    std::string reasoning, content;
+    std::vector<llm::tool_call> calls;  // complete calls, in order
+    size_t first_index = 0;             // the index of calls[0] among the answer's calls
+  };
+  deltas feed(std::string_view piece);
+  // The end of the answer: what was held back, and the calls not handed out yet.
+  deltas finish();
+  size_t calls_sent() const { return calls_sent_; }
+
+ private:
+  deltas content(std::string_view piece, bool last);
+  const completion_request& r_;
+  std::string id_;
+  std::optional<llm::reasoning_stream> reasoning_;
+  std::string text_;  // the content so far (tools active)
+  size_t content_sent_ = 0, calls_sent_ = 0;
+};
+
+// The chunks of one streamed tool call as OpenAI sends them: the id, type and name first (arguments ""),
+// then the arguments in pieces.
+std::vector<json> stream_tool_call_chunks(const completion_request& r, const std::string& id, int64_t created,
+                                          const llm::tool_call& call, size_t index, bool first);
+// A streamed piece of reasoning: delta.reasoning_content.
+json stream_reasoning_chunk(const completion_request& r, const std::string& id, int64_t created, std::string_view piece, bool first);
 
 // The whole answer (stream false).
 json completion_response(const completion_request& r, const std::string& id, int64_t created,

@@ -3,6 +3,7 @@
 // requests are parsed in openai.cpp.
 #include "net/http/openai.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,75 @@ json stream_tool_call(const completion_request& r, const std::string& id, int64_
   if (first) delta["content"] = nullptr;
   j["choices"] = json::array({{{"index", 0}, {"finish_reason", nullptr}, {"logprobs", nullptr}, {"delta", delta}}});
   return j;
+}
+
+std::vector<json> stream_tool_call_chunks(const completion_request& r, const std::string& id, int64_t created,
+                                          const llm::tool_call& call, size_t index, bool first) {
+  std::vector<json> out;
+  llm::tool_call head = call;
+  head.arguments.clear();
+  out.push_back(stream_tool_call(r, id, created, head, index, first));
+  // The arguments in pieces of up to 32 bytes, cut only between UTF-8 characters.
+  const std::string& a = call.arguments;
+  for (size_t at = 0; at < a.size();) {
+    size_t n = std::min<size_t>(32, a.size() - at);
+    while (at + n < a.size() && (static_cast<unsigned char>(a[at + n]) & 0xC0) == 0x80) ++n;
+    json j = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", r.model}, {"system_fingerprint", "troupe"}};
+    json tc = {{"index", index}, {"function", {{"arguments", a.substr(at, n)}}}};
+    j["choices"] = json::array({{{"index", 0}, {"finish_reason", nullptr}, {"logprobs", nullptr}, {"delta", {{"tool_calls", json::array({tc})}}}}});
+    out.push_back(std::move(j));
+    at += n;
+  }
+  return out;
+}
+
+json stream_reasoning_chunk(const completion_request& r, const std::string& id, int64_t created, std::string_view piece, bool first) {
+  json j = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", r.model}, {"system_fingerprint", "troupe"}};
+  json delta = {{"reasoning_content", std::string(piece)}};
+  if (first) delta["role"] = "assistant";
+  j["choices"] = json::array({{{"index", 0}, {"finish_reason", nullptr}, {"logprobs", nullptr}, {"delta", delta}}});
+  return j;
+}
+
+chat_stream::chat_stream(const completion_request& r, std::string id) : r_(r), id_(std::move(id)) {
+  if (r.split_reasoning()) reasoning_.emplace(r.reasoning, r.reasoning_open);
+}
+
+chat_stream::deltas chat_stream::content(std::string_view piece, bool last) {
+  deltas d;
+  if (!r_.tools_active()) {
+    d.content = std::string(piece);
+    return d;
+  }
+  text_ += piece;
+  const llm::tool_output sofar = tool_calls_of(r_, id_, text_);
+  // A call is complete once a later one began (its text can only grow), or at the end.
+  const size_t complete = last ? sofar.calls.size() : (sofar.calls.empty() ? 0 : sofar.calls.size() - 1);
+  d.first_index = calls_sent_;
+  for (size_t i = calls_sent_; i < complete; ++i) d.calls.push_back(sofar.calls[i]);
+  calls_sent_ = std::max(calls_sent_, complete);
+  // Content: what no call can begin in; at the end, the parsed content beyond what was sent when no call came.
+  size_t safe = std::max(content_sent_, llm::streamable_content(r_.syntax, text_));
+  if (last && sofar.calls.empty()) safe = text_.size();
+  d.content = text_.substr(content_sent_, safe - content_sent_);
+  content_sent_ = safe;
+  return d;
+}
+
+chat_stream::deltas chat_stream::feed(std::string_view piece) {
+  if (!reasoning_) return content(piece, false);
+  llm::reasoning_split s = reasoning_->feed(piece);
+  deltas d = content(s.content, false);
+  d.reasoning = std::move(s.reasoning);
+  return d;
+}
+
+chat_stream::deltas chat_stream::finish() {
+  if (!reasoning_) return content("", true);
+  llm::reasoning_split s = reasoning_->finish();
+  deltas d = content(s.content, true);
+  d.reasoning = std::move(s.reasoning);
+  return d;
 }
 
 std::string finish_reason(const std::string& finish) { return finish == "stop" ? "stop" : "length"; }
@@ -94,9 +164,16 @@ json completion_response(const completion_request& r, const std::string& id, int
   json j = envelope(r, id, created, false);
   json choice = {{"index", 0}, {"finish_reason", finish_reason(reply.finish)}, {"logprobs", logprobs_json(r, reply.logprobs)}};
   if (r.chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", reply.text}};
+    std::string text = reply.text;
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+    if (r.split_reasoning()) {
+      llm::reasoning_split s = llm::split_reasoning(r.reasoning, text, r.reasoning_open);
+      text = std::move(s.content);
+      choice["message"]["content"] = text;
+      if (!s.reasoning.empty()) choice["message"]["reasoning_content"] = s.reasoning;
+    }
     if (r.tools_active()) {
-      const llm::tool_output t = tool_calls_of(r, id, reply.text);
+      const llm::tool_output t = tool_calls_of(r, id, text);
       if (!t.calls.empty()) {
         json calls = json::array();
         for (const llm::tool_call& c : t.calls) calls.push_back(call_json(c));

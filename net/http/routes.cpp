@@ -212,6 +212,10 @@ void daemon::list_models(front::response& res) const {
                       {"context_shift", ms->model->settings.context_shift},
                       {"prompt_cache_mib", ms->model->settings.prompt_cache_mib},
                       {"chat_template", ms->info.chat_template},
+                      {"tool_call_format", std::string(llm::tool_syntax_name(ms->model->chat->tool_format()))},
+                      {"reasoning", ms->model->chat->reasoning().empty()
+                                        ? json(nullptr)
+                                        : json{{"start", ms->model->chat->reasoning().start}, {"end", ms->model->chat->reasoning().end}}},
                       {"weight_bytes", ms->info.weight_bytes}}}});
   }
   res.set_content(dump(json{{"object", "list"}, {"data", data}}), "application/json");

@@ -229,16 +229,25 @@ class OpenAIClient(unittest.TestCase):
         if call.function.name == "get_weather":
             self.assertIn(args["unit"], ("celsius", "fahrenheit"))
         # A named function, streamed: the call arrives as a tool_calls delta.
-        calls = []
+        # As OpenAI streams a call: the first delta of an index has its id and name (arguments ""), the later
+        # ones pieces of the arguments.
+        calls = {}
         finish = None
         for chunk in self.chat(messages=messages, tools=tools, max_tokens=80, temperature=0, stream=True,
                                tool_choice={"type": "function", "function": {"name": "get_weather"}}):
             if chunk.choices:
-                calls.extend(chunk.choices[0].delta.tool_calls or [])
+                for d in chunk.choices[0].delta.tool_calls or []:
+                    if d.index not in calls:
+                        self.assertTrue(d.id)
+                        self.assertEqual(d.function.arguments, "")
+                        calls[d.index] = {"id": d.id, "name": d.function.name, "arguments": ""}
+                    else:
+                        self.assertIsNone(d.id)
+                        calls[d.index]["arguments"] += d.function.arguments
                 finish = chunk.choices[0].finish_reason or finish
         self.assertEqual(finish, "tool_calls")
-        self.assertEqual(calls[0].function.name, "get_weather")
-        self.assertIsInstance(json.loads(calls[0].function.arguments)["city"], str)
+        self.assertEqual(calls[0]["name"], "get_weather")
+        self.assertIsInstance(json.loads(calls[0]["arguments"])["city"], str)
         # The call and its result go back into the conversation; the model answers in text.
         follow = messages + [{"role": "assistant", "content": None, "tool_calls": [
             {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},

@@ -1,13 +1,15 @@
 // libFuzzer entry point for the daemon's request reading and validation: the bytes of a connection as the
 // HTTP front parses them (first byte 0xf0 and above), the OpenAI JSON of /v1/chat/completions,
-// /v1/completions and /v1/embeddings, the tools rendered for both syntaxes, the grammars those requests
-// compile (response_format, grammar, forced tool calls), the answers' tool-call parsing, and GBNF / JSON
-// Schema directly. Build with clang (see tests/fuzz/CMakeLists.txt):
+// /v1/completions and /v1/embeddings, the chats rendered through the ChatML and Llama 3 families and a Jinja
+// template that knows tools and reasoning, the grammars those requests compile (response_format, grammar,
+// forced and lazy tool calls), the answers' tool-call parsing in every syntax, the reasoning split, and GBNF /
+// JSON Schema directly. Build with clang (see tests/fuzz/CMakeLists.txt):
 //   CXX=clang++ cmake -S . -B build-fuzz -DTROUPE_FUZZ=ON -DTROUPE_CUDA=OFF -DTROUPE_VULKAN=OFF
 //   cmake --build build-fuzz --target fuzz_http
 //   ./build-fuzz/tests/fuzz/fuzz_http -max_len=8192 -dict=tests/fuzz/http.dict tests/fuzz/http/
 // The first byte picks the surface (below 0xf0: its value modulo 8). Any input must be accepted or refused with api_error / grammar_error;
 // anything else (another exception, a sanitizer report, a crash, a hang) is a bug.
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -16,15 +18,28 @@
 #include "net/http/front.h"
 #include "net/http/openai.h"
 #include "llm/grammar.h"
+#include "llm/reasoning.h"
 #include "llm/tool_calls.h"
 
 using namespace troupe;
 
 namespace {
 
-void request(std::string_view body, bool chat, std::string_view tmpl) {
+// The chat renderers requests go through: two built-in families and a Jinja template with tools and reasoning.
+const llm::chat_prompt& renderer(int which) {
+  static const llm::chat_prompt chatml(llm::chat_prompt::parts{.family = "chatml"});
+  static const llm::chat_prompt llama3(llm::chat_prompt::parts{.family = "llama3"});
+  static const llm::chat_prompt jinja(llm::chat_prompt::parts{
+      .jinja = "{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n"
+               "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}"
+               "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+               "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is not false %}<think>\n{% endif %}{% endif %}"});
+  return which == 0 ? chatml : which == 1 ? llama3 : jinja;
+}
+
+void request(std::string_view body, bool chat, int tmpl) {
   http::completion_request r = http::parse_completion_request(body, chat);
-  http::prepare_tools(r, tmpl);
+  http::prepare_chat(r, renderer(tmpl));
   if (!r.params.grammar.empty()) {
     // What the request compiled must be a grammar that parses and matches from its start.
     llm::grammar_matcher m(llm::grammar::parse(r.params.grammar));
@@ -36,6 +51,11 @@ void request(std::string_view body, bool chat, std::string_view tmpl) {
   reply.finish = "stop";
   (void)http::dump(http::completion_response(r, "id", 0, reply));
   (void)http::dump(http::stream_chunk(r, "id", 0, reply.text, true));
+  if (r.chat) {
+    http::chat_stream s(r, "id");
+    for (size_t i = 0; i < reply.text.size(); i += 7) (void)s.feed(std::string_view(reply.text).substr(i, 7));
+    (void)s.finish();
+  }
 }
 
 void grammar_text(std::string_view text) {
@@ -63,7 +83,7 @@ void connection_bytes(std::string_view bytes) {
     (void)r.header("Authorization");
     if (r.method == "POST" && (r.path == "/v1/chat/completions" || r.path == "/v1/completions")) {
       try {
-        request(r.body, r.path == "/v1/chat/completions", "chatml");
+        request(r.body, r.path == "/v1/chat/completions", 0);
       } catch (const http::api_error&) {
       } catch (const llm::grammar_error&) {
       }
@@ -82,9 +102,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   try {
     switch (data[0] % 8) {
-      case 0: request(in, true, "chatml"); break;
-      case 1: request(in, true, "llama3"); break;
-      case 2: request(in, false, "chatml"); break;
+      case 0: request(in, true, 0); break;
+      case 1: request(in, true, in.size() % 2 == 0 ? 1 : 2); break;
+      case 2: request(in, false, 0); break;
       case 3: (void)http::parse_embedding_request(in); break;
       case 4: grammar_text(in); break;
       case 5: {
@@ -96,17 +116,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       case 6: {
         const std::vector<llm::tool_function> tools = {{"get_weather", "", R"({"properties": {"city": {"type": "string"}}})"}, {"f", "", "{}"}};
-        for (const auto syn : {llm::tool_syntax::hermes, llm::tool_syntax::llama3}) {
-          (void)llm::parse_tool_calls(syn, in, tools);
-          (void)llm::streamable_content(syn, in);
+        for (int k = 0;; ++k) {
+          const auto syn = llm::tool_syntax_named(std::array{"hermes", "llama3", "mistral", "deepseek-r1", "deepseek-v3.1", "dsml",
+                                                             "functionary-v3.1", "functionary-v3.2", "granite", "command-r7b", "gpt-oss",
+                                                             "qwen3-coder", "glm4", "kimi-k2", "apriel", "generic"}[k]);
+          if (!syn) __builtin_trap();
+          (void)llm::parse_tool_calls(*syn, in, tools);
+          if (llm::streamable_content(*syn, in) > in.size()) __builtin_trap();
+          if (k == 15) break;
         }
+        // The reasoning split, whole and streamed.
+        const llm::reasoning_markers m{"<think>", "</think>", {"<response>"}};
+        (void)llm::split_reasoning(m, in, in.size() % 2 == 0);
+        llm::reasoning_stream rs(m, in.size() % 2 == 0);
+        for (size_t i = 0; i < in.size(); i += 3) (void)rs.feed(in.substr(i, 3));
+        (void)rs.finish();
         break;
       }
       default: {
         // Tools given as the input (a function list's JSON), rendered and compiled to a forced call.
         const std::string body = R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required", "tools": )" +
                                  std::string(in) + "}";
-        request(body, true, "chatml");
+        request(body, true, in.size() % 2 == 0 ? 0 : 2);
         break;
       }
     }

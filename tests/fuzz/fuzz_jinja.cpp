@@ -1,5 +1,6 @@
 // libFuzzer entry point for the Jinja engine of chat templates (llm/jinja): the input is a template, parsed
-// and rendered over a conversation with tools, a tool call and reasoning (the shape of render.py's cases).
+// and rendered over a conversation with tools, a tool call and reasoning (the shape of render.py's cases),
+// with the strict sandbox or (odd lengths) the daemon's options (mutable lists and dicts, generation blocks).
 // Build with clang (see tests/fuzz/CMakeLists.txt):
 //   CXX=clang++ cmake -S . -B build-fuzz -DTROUPE_FUZZ=ON -DTROUPE_CUDA=OFF -DTROUPE_VULKAN=OFF
 //   cmake --build build-fuzz --target fuzz_jinja
@@ -44,6 +45,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.max_output = 1 << 20;
   o.max_depth = 64;
   o.fixed_time = 0;
+  // Templates whose length is odd run as the daemon runs them: lists and dicts mutable, generation blocks.
+  o.mutable_values = o.generation_tag = size % 2 == 1;
   try {
     const jinja::template_ t = jinja::template_::parse(src, o);
     const std::string out = t.render(context());

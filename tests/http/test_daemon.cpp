@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "llm/chat_template.h"
+#include "llm/generator.h"
 #include "net/http/loadgen.h"
 #include "tests/http/daemon_fixture.h"
 #include "tests/http/daemon_process.h"
@@ -727,4 +729,151 @@ TEST_CASE("troupe serve takes llama-server's flags: -c, -np, -ctk, -ctv, -fa, --
   CHECK(meta["flash_attn"] == "off");
   CHECK(meta["prompt_cache_mib"] == 0);
   CHECK(meta["context_shift"] == false);
+}
+
+TEST_CASE("daemon: a chat_template_file renders the chat, chat_template_kwargs reach it, reasoning is split off plain and streamed, and reasoning_budget ends it", "[http][daemon][reasoning]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  // A template that opens a reasoning block in its generation prompt unless enable_thinking is false, as
+  // DeepSeek R1's and Qwen 3's do.
+  const auto dir = std::filesystem::temp_directory_path() / ("troupe-template-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const auto file = dir / "think.jinja";
+  std::ofstream(file) << "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}"
+                         "{% if add_generation_prompt and enable_thinking is not false %}<think>\n{% endif %}"
+                         "{# a finished block: <think> ... </think> #}";
+  const std::string config = "[server]\nport = 0\n[runtime]\nthreads = 2\n[[model]]\nname = \"stories\"\npath = \"" +
+                             model->string() + "\"\nchat_template_file = \"" + file.string() + "\"\nthreads = 2\nn_ctx = 1024\n";
+  test::daemon_process d(config);
+  httplib::Client c("127.0.0.1", d.port());
+  c.set_read_timeout(60, 0);
+  const auto ask = [&](json body) {
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    REQUIRE(r);
+    INFO(r->body);
+    REQUIRE(r->status == 200);
+    return json::parse(r->body);
+  };
+  json body = greedy_chat(24);
+  // Thinking off by the template's switch: the prompt is the plain chat, whose answer is the reference.
+  body["chat_template_kwargs"] = {{"enable_thinking", false}};
+  const json off = ask(body);
+  CHECK(off["choices"][0]["tokens"].get<std::vector<int>>() == std::vector<int>(reference_tokens.begin(), reference_tokens.begin() + 24));
+  CHECK_FALSE(off["choices"][0]["message"].contains("reasoning_content"));
+  body.erase("chat_template_kwargs");
+  body["reasoning_budget"] = 0;  // the same switch
+  CHECK(ask(body)["choices"][0]["tokens"] == off["choices"][0]["tokens"]);
+  body.erase("reasoning_budget");
+  // Thinking on: the prompt ends inside the block; the model never closes it, so all of it is reasoning...
+  body["reasoning_format"] = "none";
+  const json inline_ = ask(body);
+  const std::string raw = inline_["choices"][0]["message"]["content"];
+  CHECK_FALSE(inline_["choices"][0]["message"].contains("reasoning_content"));
+  body.erase("reasoning_format");
+  const json split = ask(body);
+  CHECK(split["choices"][0]["message"]["reasoning_content"] == raw.substr(raw.find_first_not_of(" \n"), raw.find_last_not_of(" \n") + 1 - raw.find_first_not_of(" \n")));
+  CHECK(split["choices"][0]["message"]["content"] == "");
+  CHECK(split["choices"][0]["tokens"] == inline_["choices"][0]["tokens"]);
+  // ...unless the budget ends it: after 6 tokens "</think>" is forced, and the answer goes on as content.
+  body["reasoning_budget"] = 6;
+  body["max_tokens"] = 30;
+  const json budget = ask(body);
+  const auto tokens = budget["choices"][0]["tokens"].get<std::vector<int>>();
+  const auto free_tokens = split["choices"][0]["tokens"].get<std::vector<int>>();
+  REQUIRE(tokens.size() > 6);
+  CHECK(std::equal(tokens.begin(), tokens.begin() + 6, free_tokens.begin()));
+  const std::string reasoning = budget["choices"][0]["message"]["reasoning_content"];
+  const std::string content = budget["choices"][0]["message"]["content"];
+  CHECK(raw.substr(raw.find_first_not_of(" \n")).rfind(reasoning, 0) == 0);  // the first 6 tokens' text
+  CHECK_FALSE(content.empty());
+  CHECK(content.find("</think>") == std::string::npos);
+  // Streamed: reasoning_content deltas, then content deltas, the same texts.
+  body["stream"] = true;
+  auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  std::string streamed_reasoning, streamed_content;
+  bool content_began = false, reasoning_after_content = false;
+  for (const std::string& e : sse_events(r->body)) {
+    if (e == "[DONE]") break;
+    const json delta = json::parse(e)["choices"][0]["delta"];
+    if (delta.contains("reasoning_content")) {
+      streamed_reasoning += delta["reasoning_content"].get<std::string>();
+      reasoning_after_content = reasoning_after_content || content_began;
+    }
+    if (delta.contains("content") && delta["content"].is_string()) {
+      streamed_content += delta["content"].get<std::string>();
+      content_began = content_began || !delta["content"].get<std::string>().empty();
+    }
+  }
+  CHECK(streamed_reasoning == reasoning);
+  CHECK(streamed_content == content);
+  CHECK_FALSE(reasoning_after_content);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("daemon: SmolLM2's answers through its own Jinja template are the tokens of the built-in ChatML prompt, plain and with tools", "[http][daemon][chat_prompt]") {
+  const auto path = test::smollm2_path();
+  if (!path) return;
+  // The prompt as troupe wrote it before templates were run (the ChatML family) and its greedy answer.
+  auto m = llm::model::load(*path);
+  const llm::vocab v(m->meta());
+  const llm::chat_template family(m->meta());
+  llm::llm_context ctx(*m, {.n_ctx = 1024, .n_threads = 2});
+  llm::generator gen(ctx, v);
+  const std::vector<llm::chat_message> chat = {{"system", "You are terse."}, {"user", "Name three colours."}};
+  const llm::generate_result want = gen.generate(v.tokenize(family.apply(chat, true), true, true), llm::generate_params::greedy(24));
+  REQUIRE(want.tokens.size() == 24);
+
+  test::daemon_process d("[server]\nport = 0\n[runtime]\nthreads = 2\n[[model]]\nname = \"smollm2\"\npath = \"" + path->string() +
+                         "\"\nthreads = 2\nn_ctx = 1024\nn_seq_max = 1\n");
+  httplib::Client c("127.0.0.1", d.port());
+  c.set_read_timeout(120, 0);
+  json body = {{"model", "smollm2"},
+               {"messages", {{{"role", "system"}, {"content", "You are terse."}}, {{"role", "user"}, {"content", "Name three colours."}}}},
+               {"temperature", 0},
+               {"max_tokens", 24},
+               {"return_tokens", true}};
+  auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  const json j = json::parse(r->body);
+  CHECK(j["choices"][0]["tokens"].get<std::vector<int>>() == std::vector<int>(want.tokens.begin(), want.tokens.end()));
+  CHECK(j["choices"][0]["message"]["content"] == want.text);
+  CHECK(j["usage"]["prompt_tokens"] == want.n_prompt);
+  auto models = c.Get("/v1/models");
+  REQUIRE(models);
+  const json meta = json::parse(models->body)["data"][0]["meta"];
+  CHECK(meta["chat_template"] == "jinja");
+  CHECK(meta["tool_call_format"] == "hermes");
+  CHECK(meta["reasoning"].is_null());
+
+  // With tools (SmolLM2's template has none, so the Hermes instructions go into the system message as
+  // before): the prompt is the one the daemon built before templates were run.
+  const std::string tools_json = R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])";
+  const std::vector<llm::tool_function> fns = {{"get_weather", "Weather of a city",
+                                                R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})"}};
+  std::vector<llm::chat_message> with_tools = chat;
+  with_tools[0].content += "\n\n" + llm::tools_prompt(llm::tool_syntax::hermes, fns);
+  gen.reset();
+  const llm::generate_result want_tools =
+      gen.generate(v.tokenize(family.apply(with_tools, true), true, true), llm::generate_params::greedy(24));
+  body["tools"] = json::parse(tools_json);
+  body["tool_choice"] = "none";  // no grammar: the same free answer
+  auto rt = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  REQUIRE(rt);
+  REQUIRE(rt->status == 200);
+  const json jt = json::parse(rt->body);
+  CHECK(jt["usage"]["prompt_tokens"] == json::parse(r->body)["usage"]["prompt_tokens"]);  // tool_choice none: no tools in the prompt
+  body["tool_choice"] = "auto";
+  auto ra = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  REQUIRE(ra);
+  REQUIRE(ra->status == 200);
+  const json ja = json::parse(ra->body);
+  CHECK(ja["usage"]["prompt_tokens"] == want_tools.n_prompt);
+  // The lazy grammar changes nothing until a call opens.
+  if (want_tools.text.find("<tool_call>") == std::string::npos) {
+    CHECK(ja["choices"][0]["tokens"].get<std::vector<int>>() == std::vector<int>(want_tools.tokens.begin(), want_tools.tokens.end()));
+  }
 }

@@ -47,6 +47,7 @@ struct serve_options {
   int cache_ram = -1;  // MiB
   std::string cache_type_k, cache_type_v, flash_attn;
   bool context_shift = false;
+  std::string chat_template, chat_template_file;
   std::string log_level;
   llm::offload_request offload;
   std::string trace;  // Chrome trace of the daemon's run, written at exit
@@ -121,6 +122,8 @@ int run_serve(const serve_options& o) {
     if (!o.cache_type_v.empty()) m.kv_type_v = o.cache_type_v;
     if (!o.flash_attn.empty()) m.flash_attn = o.flash_attn;
     if (o.context_shift) m.context_shift = true;
+    if (!o.chat_template.empty()) m.chat_template = o.chat_template;
+    if (!o.chat_template_file.empty()) m.chat_template_file = o.chat_template_file;
   }
   if (o.offload.given()) {  // -ngl / --device replace every model's devices table
     for (actors::model_settings& m : cfg.engine.models) {
@@ -243,6 +246,8 @@ command_fn add_serve(CLI::App& app) {
       ->check(CLI::IsMember({"on", "off", "auto"}));
   app.add_flag("--context-shift", o->context_shift,
                "an answer at its context's limit drops the oldest half after the request's n_keep tokens and goes on");
+  app.add_option("--chat-template", o->chat_template, "a built-in template family instead of the models' own (chatml, llama3, gemma, raw, ...)");
+  app.add_option("--chat-template-file", o->chat_template_file, "a Jinja chat template file instead of the models' own");
   add_offload_options(app, o->offload);
   app.add_option("--log-level", o->log_level, "debug, info, warn or error")
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}));
