@@ -566,7 +566,7 @@ typename Inspector::result_type inspect(Inspector& f, generate_params& x) {
   return f(caf::meta::type_name("generate_params"), x.max_tokens, x.seed, x.temperature, x.top_k, x.top_p, x.min_p,
            x.penalty_last_n, x.repeat_penalty, x.frequency_penalty, x.presence_penalty, x.logit_bias, x.stop,
            x.logprobs, x.grammar, x.grammar_triggers, x.n_ctx, x.context_shift, x.n_keep, x.reasoning_budget,
-           x.reasoning_start, x.reasoning_end, x.reasoning_open);
+           x.reasoning_start, x.reasoning_end, x.reasoning_open, x.preserved_tokens);
 }
 
 template <class Inspector>

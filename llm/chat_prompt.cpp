@@ -76,6 +76,7 @@ ojson normalized(const ojson& messages) {
   for (const ojson& in : messages) {
     if (!in.is_object()) continue;
     ojson m = in;
+    if (m.value("role", "") == "developer") m["role"] = "system";  // OpenAI's newer name
     // Content as text; none (an assistant turn of calls only) as "", which templates test as they test none.
     if (!m.contains("content") || !m["content"].is_string()) m["content"] = m.contains("content") ? text_of(m["content"]) : "";
     if (m.contains("tool_calls") && m["tool_calls"].is_array()) {
@@ -84,7 +85,7 @@ ojson normalized(const ojson& messages) {
         if (!c.contains("type")) c["type"] = "function";
         if (c.contains("function") && c["function"].is_object()) {
           ojson& f = c["function"];
-          if (f.contains("arguments") && f["arguments"].is_string()) {
+          if (f.contains("arguments") && f["arguments"].is_string() && json_nesting(f["arguments"].get<std::string>()) <= 64) {
             try {
               ojson a = ojson::parse(f["arguments"].get<std::string>());
               if (a.is_object()) f["arguments"] = std::move(a);
@@ -102,7 +103,11 @@ ojson normalized(const ojson& messages) {
       const auto it = call_names.find(m["tool_call_id"].get<std::string>());
       if (it != call_names.end()) m["name"] = it->second;
     }
-    if (m.contains("reasoning_content") && !m.contains("thinking")) m["thinking"] = m["reasoning_content"];
+    if (m.contains("reasoning_content")) {
+      for (const char* name : {"thinking", "reasoning"}) {
+        if (!m.contains(name)) m[name] = m["reasoning_content"];
+      }
+    }
     out.push_back(std::move(m));
   }
   return out;
@@ -175,6 +180,21 @@ void chat_prompt::init() {
     template_tools_ = own != tool_syntax::generic && src.find("tools") != std::string_view::npos;
     tools_ = template_tools_ ? own : family_syntax(detect_chat_template(parts_.jinja));
     reasoning_ = detect_reasoning(parts_.jinja);
+    // A template without a system role (Gemma's, Mistral's first ones refuse it; some drop it): the system
+    // message goes into the first user turn, as the gemma family writes it.
+    const auto renders = [&](const char* msgs, std::string* out) {
+      try {
+        *out = main_->render(ojson{{"messages", ojson::parse(msgs)}, {"add_generation_prompt", true},
+                                   {"bos_token", parts_.bos_token}, {"eos_token", parts_.eos_token}});
+        return true;
+      } catch (const jinja::error&) {
+        return false;
+      }
+    };
+    std::string with_system, user_only;
+    const bool system_ok = renders(R"([{"role": "system", "content": "Sys\u0001"}, {"role": "user", "content": "Hi"}])", &with_system);
+    fold_system_ = renders(R"([{"role": "user", "content": "Hi"}])", &user_only) &&
+                   (!system_ok || with_system.find("Sys\x01") == std::string::npos);
     return;
   }
   family_ = std::make_unique<chat_template>(parts_.family.empty() ? std::string_view(parts_.jinja)
@@ -226,6 +246,10 @@ std::string chat_prompt::render(const ojson& messages, const ojson& tools, bool 
   } else if (have_tools) {
     ctx["tools"] = tools;
   }
+  if (fold_system_ && msgs.size() >= 2 && msgs[0].value("role", "") == "system" && msgs[1].value("role", "") == "user") {
+    msgs[1]["content"] = text_of(msgs[0]["content"]) + "\n\n" + text_of(msgs[1]["content"]);
+    msgs.erase(msgs.begin());
+  }
   if (kwargs.is_object()) {
     for (const auto& [k, v] : kwargs.items()) ctx[k] = v;
   }
@@ -233,7 +257,8 @@ std::string chat_prompt::render(const ojson& messages, const ojson& tools, bool 
   ctx["add_generation_prompt"] = add_generation_prompt;
   ctx["bos_token"] = parts_.bos_token;
   ctx["eos_token"] = parts_.eos_token;
-  const jinja::template_& t = have_tools && template_tools_ && tool_use_ ? *tool_use_ : *main_;
+  // The tool_use variant for tools, and for a conversation with tool turns (which the main one may not know).
+  const jinja::template_& t = (have_tools || tool_turns) && template_tools_ && tool_use_ ? *tool_use_ : *main_;
   try {
     return t.render(ctx);
   } catch (const jinja::error& e) {

@@ -15,7 +15,9 @@
 // (OpenAI's: {"id", "type": "function", "function": {"name", "arguments"}}; arguments given as JSON text are
 // passed to the template as the object, as Hugging Face templates expect), tool_call_id and name (a tool
 // result's name is filled in from the call it answers when absent), reasoning_content (a past turn's reasoning,
-// also given as `thinking` for templates that read that).
+// also given as `thinking` and `reasoning` for templates that read those). A template that has no system
+// role (it refuses one, as Gemma's do, or drops it) gets the system message at the head of the first user
+// turn, as the gemma family writes it.
 //
 // Tools through a template that has no tool format of its own (no tool call syntax detected, or it never
 // reads `tools`): the instructions and the tool list go into the system message in the syntax of the family
@@ -106,6 +108,7 @@ class chat_prompt {
   std::unique_ptr<chat_template> family_;
   tool_syntax tools_ = tool_syntax::hermes;
   bool template_tools_ = false;
+  bool fold_system_ = false;  // the template has no system role: the system message joins the first user turn
   reasoning_markers reasoning_;
 };
 

@@ -1,5 +1,6 @@
 #include "llm/detokenizer.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "llm/unicode.h"
@@ -10,7 +11,8 @@ detokenizer::detokenizer(const vocab& v, detokenize_options options)
     : vocab_(&v), options_(options), at_start_(options.strip_leading_space) {}
 
 std::string detokenizer::push(token_id id) {
-  std::string piece = vocab_->token_to_piece(id, options_.special);
+  const bool as_text = !as_text_.empty() && std::find(as_text_.begin(), as_text_.end(), id) != as_text_.end();
+  std::string piece = vocab_->token_to_piece(id, options_.special || as_text);
   if (at_start_ && !piece.empty()) {
     // The first text out: drop the space the tokenizer prefixed (as vocab::detokenize does).
     const token_type t = vocab_->type_of(id);

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "llm/vocab.h"
 
@@ -31,12 +32,15 @@ class detokenizer {
   void reset();
   // Bytes held back.
   size_t pending() const { return held_.size(); }
+  // Control tokens given their text (a chat's markers) while the others print as options.special says.
+  void render_as_text(std::vector<token_id> ids) { as_text_ = std::move(ids); }
 
  private:
   const vocab* vocab_;
   detokenize_options options_;
   bool at_start_;
   std::string held_;
+  std::vector<token_id> as_text_;
 };
 
 }  // namespace troupe::llm

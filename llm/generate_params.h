@@ -37,12 +37,16 @@ struct generate_params : sampling_params {
   // appears in it; from that trigger's first byte on, the grammar constrains the rest. Text that already left
   // the grammar's language by the time the trigger completes drops the grammar (the answer stays free).
   std::vector<std::string> grammar_triggers;
-  // Reasoning budget: at most this many tokens inside the reasoning block (from reasoning_start, or from the
-  // first token when the prompt opened it: reasoning_open), then reasoning_end is forced as the next tokens.
+  // The reasoning block (from reasoning_start at the answer's beginning, or from its first token when the
+  // prompt opened it: reasoning_open, up to reasoning_end): a grammar, lazy or not, applies only after it.
+  // reasoning_budget: at most this many tokens inside it, then reasoning_end is forced as the next tokens;
   // -1: no limit.
   int32_t reasoning_budget = -1;
   std::string reasoning_start, reasoning_end;
   bool reasoning_open = false;
+  // Control tokens shown in the answer's text (by their text, e.g. "[TOOL_CALLS]", "<|channel|>"): the markers
+  // of tool calls and reasoning, which a chat's parser must see. Other control tokens print as nothing.
+  std::vector<std::string> preserved_tokens;
   // Cache positions the answer's sequence may hold (prompt and answer); 0: the context's (the session's
   // n_ctx_seq). The daemon sets its request's reservation here.
   int32_t n_ctx = 0;

@@ -24,7 +24,17 @@ sequence::sequence(const vocab& v, std::span<const token_id> cached, std::span<c
   }
   if (!p.grammar.empty()) grammar_ = std::make_unique<grammar_matcher>(grammar::parse(p.grammar));
   grammar_on_ = p.grammar_triggers.empty();
-  in_reasoning_ = p.reasoning_budget >= 0 && p.reasoning_open && !p.reasoning_end.empty();
+  if (!p.preserved_tokens.empty()) {
+    // The markers the vocabulary holds as single control tokens print as their text.
+    std::vector<token_id> ids;
+    for (const std::string& text : p.preserved_tokens) {
+      const std::vector<token_id> t = v.tokenize(text, false, true);
+      if (t.size() == 1 && v.token_to_piece(t[0]).empty() && !v.token_to_piece(t[0], true).empty()) ids.push_back(t[0]);
+    }
+    detok_.render_as_text(std::move(ids));
+  }
+  in_reasoning_ = p.reasoning_open && !p.reasoning_end.empty();
+  reasoning_done_ = p.reasoning_end.empty() || (!p.reasoning_open && p.reasoning_start.empty());
   if (prompt.size() >= n_ctx_) {
     throw capacity_error("generate: the prompt has " + std::to_string(prompt.size()) + " tokens, the context holds " +
                          std::to_string(n_ctx_));
@@ -123,38 +133,49 @@ token_logprob sequence::logprob_of(token_id t) const {
 
 void sequence::watch_text(size_t before) {
   const std::string& text = result_.text;
-  if (grammar_ && !grammar_on_) {
-    // A trigger may end in this token's text but begin before it.
+  if (!reasoning_done_) {
+    const std::string& end = params_.reasoning_end;
+    if (in_reasoning_) {
+      const size_t at = text.find(end, before >= end.size() ? before - end.size() + 1 : 0);
+      if (at != std::string::npos) {
+        in_reasoning_ = false;
+        reasoning_done_ = true;
+        free_from_ = at + end.size();
+      }
+    } else {
+      const std::string& start = params_.reasoning_start;
+      const size_t first = text.find_first_not_of(" \t\r\n");
+      if (first != std::string::npos && text.compare(first, start.size(), start) == 0) {
+        in_reasoning_ = true;
+        n_reasoning_ = 0;
+        before = first + start.size();  // the end marker may follow in the same text
+        const size_t at = text.find(end, before);
+        if (at != std::string::npos) {
+          in_reasoning_ = false;
+          reasoning_done_ = true;
+          free_from_ = at + end.size();
+        }
+      } else if (first != std::string::npos && (text.size() - first >= start.size() ||
+                                                start.compare(0, text.size() - first, text, first) != 0)) {
+        reasoning_done_ = true;  // the answer did not begin with reasoning
+      }
+    }
+  }
+  if (grammar_ && !grammar_on_ && !in_reasoning_) {
+    // A trigger after the reasoning block; it may end in this token's text but begin before it.
     size_t longest = 0;
     for (const std::string& s : params_.grammar_triggers) longest = std::max(longest, s.size());
-    const size_t from = before >= longest ? before - longest + 1 : 0;
+    const size_t from = std::max(free_from_, before >= longest ? before - longest + 1 : 0);
     size_t at = std::string::npos;
     for (const std::string& s : params_.grammar_triggers) {
       if (s.empty()) continue;
       const size_t p = text.find(s, from);
-      if (p != std::string::npos && p + s.size() > before) at = std::min(at, p);
+      if (p != std::string::npos) at = std::min(at, p);
     }
     if (at != std::string::npos) {
       grammar_on_ = true;
       if (!grammar_->accept(std::string_view(text).substr(at))) {
         grammar_.reset();  // the text left the grammar's language already: the answer stays free
-      }
-    }
-  }
-  if (params_.reasoning_budget >= 0 && !reasoning_done_ && !params_.reasoning_end.empty()) {
-    if (in_reasoning_) {
-      if (text.find(params_.reasoning_end, before >= params_.reasoning_end.size() ? before - params_.reasoning_end.size() + 1 : 0) !=
-          std::string::npos) {
-        in_reasoning_ = false;
-        reasoning_done_ = true;
-      }
-    } else if (!params_.reasoning_start.empty()) {
-      const size_t first = text.find_first_not_of(" \t\r\n");
-      if (first != std::string::npos && text.compare(first, params_.reasoning_start.size(), params_.reasoning_start) == 0) {
-        in_reasoning_ = true;
-        n_reasoning_ = 0;
-      } else if (first != std::string::npos && text.size() - first >= params_.reasoning_start.size()) {
-        reasoning_done_ = true;  // the answer did not begin with reasoning
       }
     }
   }
@@ -178,13 +199,14 @@ sequence_output sequence::advance(std::span<const float> logits) {
                               ? (static_cast<int32_t>(cached_.size()) - n_keep_) / 2
                               : 0;
   if (n_sampled_ >= params_.max_tokens || (shift_n <= 0 && cached_.size() >= n_ctx_)) return finish("length", true);
-  if (in_reasoning_ && forced_.empty() && n_reasoning_ >= params_.reasoning_budget) {
+  if (in_reasoning_ && params_.reasoning_budget >= 0 && !budget_spent_ && n_reasoning_ >= params_.reasoning_budget) {
     forced_ = vocab_.tokenize(params_.reasoning_end, false, true);
     std::reverse(forced_.begin(), forced_.end());
-    reasoning_done_ = true;
-    in_reasoning_ = false;
+    budget_spent_ = true;
   }
-  if (grammar_ && grammar_on_ && forced_.empty()) {
+  // A grammar constrains the answer outside the reasoning block (a tool call, a JSON answer after thinking).
+  const bool constrained = grammar_ && grammar_on_ && !in_reasoning_ && forced_.empty();
+  if (constrained) {
     // Ban what the grammar does not allow; the chain then samples among the rest as usual.
     // Tokens left for this answer: when they are about to run out before the grammar's sentence is
     // complete, only tokens that bring its end nearer are allowed (the answer closes instead of being cut).
@@ -212,12 +234,8 @@ sequence_output sequence::advance(std::span<const float> logits) {
   chain_.accept(t);
   ++n_sampled_;
   if (vocab_.is_eog(t)) return finish("stop", true);
-  if (grammar_ && grammar_on_ && !grammar_->accept(vocab_.token_to_piece(t))) {
-    if (forced) {
-      grammar_.reset();  // the reasoning budget's end marker outside a grammar: the answer goes on free
-    } else {
-      throw grammar_error("grammar: token " + std::to_string(t) + " was sampled outside the grammar");  // internal invariant
-    }
+  if (constrained && !grammar_->accept(vocab_.token_to_piece(t))) {
+    throw grammar_error("grammar: token " + std::to_string(t) + " was sampled outside the grammar");  // internal invariant
   }
   result_.tokens.push_back(t);
   if (params_.logprobs >= 0) result_.logprobs.push_back(logprob_of(t));
@@ -225,6 +243,12 @@ sequence_output sequence::advance(std::span<const float> logits) {
   result_.text += detok_.push(t);
   if (in_reasoning_) ++n_reasoning_;
   watch_text(before);
+  if (forced && forced_.empty() && in_reasoning_) {
+    // The end marker is in (whatever text its tokens make): the block is over.
+    in_reasoning_ = false;
+    reasoning_done_ = true;
+    free_from_ = result_.text.size();
+  }
   // Stop strings: cut the text before the first match; hold back a tail that may begin one.
   bool stopped = false;
   size_t safe = result_.text.size();
@@ -256,7 +280,7 @@ sequence_output sequence::advance(std::span<const float> logits) {
     last.token = t;
     return last;
   }
-  if (grammar_ && grammar_on_ && grammar_->must_end()) {
+  if (grammar_ && grammar_on_ && !in_reasoning_ && grammar_->must_end()) {
     // The grammar takes nothing more: the answer is complete.
     sequence_output last = finish("stop", true);
     last.piece = out.piece + last.piece;

@@ -88,8 +88,9 @@ class sequence {
   std::unique_ptr<grammar_matcher> grammar_;  // when params_.grammar is set
   bool grammar_on_ = true;                    // false while a lazy grammar waits for its trigger
   // The reasoning budget: inside the block, tokens taken in it, the end marker's tokens still to force.
-  bool in_reasoning_ = false, reasoning_done_ = false;
+  bool in_reasoning_ = false, reasoning_done_ = false, budget_spent_ = false;
   int32_t n_reasoning_ = 0;
+  size_t free_from_ = 0;  // bytes of text after the reasoning block: where a lazy grammar's trigger may begin
   std::vector<token_id> forced_;
   std::vector<uint8_t> allowed_;              // the grammar's mask at this step
   std::vector<float> masked_;                 // the logits with disallowed tokens at -inf

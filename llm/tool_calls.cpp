@@ -10,6 +10,29 @@
 #include "llm/grammar.h"
 
 namespace troupe::llm {
+
+int json_nesting(std::string_view text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return deepest;
+}
 namespace {
 
 using ojson = nlohmann::ordered_json;
@@ -87,26 +110,7 @@ size_t json_end(sv s, size_t pos) {
 
 // JSON text, or null where it is not JSON (or nests deeper than any arguments should: dump recurses).
 ojson parse_or_null(sv text) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  if (deepest > 128) return nullptr;
+  if (json_nesting(text) > 128) return nullptr;
   try {
     return ojson::parse(text);
   } catch (const ojson::exception&) {
@@ -1057,6 +1061,32 @@ std::vector<std::string> tool_call_triggers(tool_syntax syntax) {
     case tool_syntax::generic: return {"{"};
   }
   return {};
+}
+
+std::vector<std::string> tool_call_markers(tool_syntax syntax) {
+  std::vector<std::string> out;
+  const auto add = [&](std::initializer_list<sv> m) {
+    for (const sv s : m) out.emplace_back(s);
+  };
+  switch (syntax) {
+    case tool_syntax::hermes: add({call_open, call_close}); break;
+    case tool_syntax::qwen3_coder: add({call_open, call_close, fn_open, fn_close, param_open, param_close}); break;
+    case tool_syntax::glm4: add({call_open, call_close, arg_key, arg_key_end, arg_value, arg_value_end}); break;
+    case tool_syntax::llama3: add({python_tag}); break;
+    case tool_syntax::mistral: add({mistral_calls, mistral_args, mistral_call_id}); break;
+    case tool_syntax::deepseek_r1:
+    case tool_syntax::deepseek_v31: add({ds_calls_begin, ds_calls_end, ds_call_begin, ds_call_end, ds_sep}); break;
+    case tool_syntax::dsml: add({dsml_function_calls, dsml_tool_calls}); break;
+    case tool_syntax::functionary_v31: add({python_tag}); break;
+    case tool_syntax::functionary_v32: break;
+    case tool_syntax::granite: add({granite_open}); break;
+    case tool_syntax::command_r7b: add({action_open, action_close}); break;
+    case tool_syntax::gpt_oss: add({oss_start, oss_channel, oss_message, "<|constrain|>", "<|call|>", "<|end|>"}); break;
+    case tool_syntax::kimi_k2: add({kimi_begin, kimi_begin2, kimi_end, kimi_end2, kimi_call, kimi_arg, kimi_call_end}); break;
+    case tool_syntax::apriel: add({apriel_open, apriel_close}); break;
+    case tool_syntax::generic: break;
+  }
+  return out;
 }
 
 std::string tool_call_gbnf(tool_syntax syntax, std::span<const tool_function> tools, bool parallel) {

@@ -95,6 +95,10 @@ enum class tool_syntax {
 tool_syntax tool_syntax_for(std::string_view template_name);
 // The syntax a Jinja chat template's source text writes calls in, by its distinctive markers (generic when
 // it has none).
+// The deepest nesting of arrays and objects in JSON text (strings skipped; not validated). Callers refuse
+// deep values before parsing them: printing and copying nlohmann values recurses.
+int json_nesting(std::string_view text);
+
 tool_syntax detect_tool_syntax(std::string_view template_source);
 // "hermes", "llama3", "mistral", "deepseek-r1", "deepseek-v3.1", "dsml", "functionary-v3.1",
 // "functionary-v3.2", "granite", "command-r7b", "gpt-oss", "qwen3-coder", "glm4", "kimi-k2", "apriel",
@@ -121,6 +125,9 @@ std::string tool_call_gbnf(tool_syntax syntax, std::span<const tool_function> to
 // The strings a call begins with: generation may run free until one appears, then tool_call_gbnf
 // constrains the rest from the trigger's first byte on.
 std::vector<std::string> tool_call_triggers(tool_syntax syntax);
+// Every marker of the syntax (openings, separators, closings): where the vocabulary has one as a control
+// token, the answer must show it as text for the parser to see it (generate_params::preserved_tokens).
+std::vector<std::string> tool_call_markers(tool_syntax syntax);
 
 struct tool_output {
   std::string content;          // the text outside the calls (trimmed)

@@ -902,11 +902,11 @@ class renderer {
         });
       }
       if (opt_.mutable_values && (name == "update" || name == "pop" || name == "setdefault")) {
-        return fn([target = self, name, line](const call_args& a) mutable {
+        return fn([this, target = self, name, line](const call_args& a) mutable {
           if (name == "update") {
             const value* o = a.get(0, "other");
             if (o && o->is_dict()) {
-              for (const auto& [k, v] : o->entries()) target.set(k, fresh(v));
+              for (const auto& [k, v] : o->entries()) target.set(k, fresh(v, line));
             }
             return value::none();
           }
@@ -923,7 +923,7 @@ class renderer {
           }
           if (name == "pop" && !d) fail(line, "KeyError: " + k->repr());
           const value v = d ? *d : value::none();
-          if (name == "setdefault") target.set(k->str(), fresh(v));
+          if (name == "setdefault") target.set(k->str(), fresh(v, line));
           return v;
         });
       }
@@ -934,16 +934,16 @@ class renderer {
     }
     if (self.is_list()) {
       if (opt_.mutable_values && (name == "append" || name == "pop" || name == "insert" || name == "extend" || name == "clear")) {
-        return fn([target = self, name, line](const call_args& a) mutable {
+        return fn([this, target = self, name, line](const call_args& a) mutable {
           list& items = target.items();
           const value* x = a.get(0, "value");
           if (name == "append") {
             if (!x) fail(line, "list.append takes a value");
-            items.push_back(fresh(*x));
+            items.push_back(fresh(*x, line));
           } else if (name == "extend") {
             if (!x || !x->is_list()) fail(line, "list.extend takes a list");
             const list more = x->items();
-            for (const value& m : more) items.push_back(fresh(m));
+            for (const value& m : more) items.push_back(fresh(m, line));
           } else if (name == "clear") {
             items.clear();
           } else if (name == "insert") {
@@ -952,8 +952,8 @@ class renderer {
             int64_t i = x->as_int();
             const int64_t n = static_cast<int64_t>(items.size());
             i = i < 0 ? std::max<int64_t>(0, n + i) : std::min(i, n);
-            items.insert(items.begin() + i, fresh(*v));
-          } else {  // pop
+            items.insert(items.begin() + i, fresh(*v, line));
+          } else if (name == "pop") {
             if (items.empty()) fail(line, "IndexError: pop from empty list");
             int64_t i = x && x->is_int() ? x->as_int() : -1;
             const int64_t n = static_cast<int64_t>(items.size());
@@ -963,6 +963,7 @@ class renderer {
             items.erase(items.begin() + i);
             return out;
           }
+          if (items.size() > opt_.max_output) fail(line, "a list grows past the output limit (" + std::to_string(opt_.max_output) + ")");
           return value::none();
         });
       }
@@ -993,17 +994,19 @@ class renderer {
 
   // A container stored into another by a mutating method is a copy of it, so that no list or dict can come
   // to hold itself (a cycle would never print).
-  static value fresh(const value& v, int depth = 0) {
-    if (depth > 256) fail(0, "a value nests deeper than 256 levels");
+  // Each copied value is a step (a list built of shared halves is cheap to make and costly to copy).
+  value fresh(const value& v, int line, int depth = 0) {
+    if (depth > opt_.max_depth) fail(line, "a value nests deeper than " + std::to_string(opt_.max_depth) + " levels");
+    step(line);
     if (v.is_list()) {
       list out;
-      for (const value& x : v.items()) out.push_back(fresh(x, depth + 1));
+      for (const value& x : v.items()) out.push_back(fresh(x, line, depth + 1));
       value c(std::move(out));
       return v.is_tuple() ? value::tuple(c.items()) : c;
     }
     if (v.is_dict()) {
       dict out;
-      for (const auto& [k, x] : v.entries()) out.emplace_back(k, fresh(x, depth + 1));
+      for (const auto& [k, x] : v.entries()) out.emplace_back(k, fresh(x, line, depth + 1));
       return value(std::move(out));
     }
     return v;
@@ -1573,7 +1576,8 @@ std::string template_::render(const value& context) const {
 
 std::string template_::render(const nlohmann::ordered_json& context) const { return render(from_json(context)); }
 
-value from_json(const nlohmann::ordered_json& j) {
+static value from_json_at(const nlohmann::ordered_json& j, int depth) {
+  if (depth > 256) throw error("the template's context nests deeper than 256 levels");
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return value::none();
     case nlohmann::ordered_json::value_t::boolean: return value(j.get<bool>());
@@ -1583,16 +1587,18 @@ value from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::string: return value(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       list l;
-      for (const auto& x : j) l.push_back(from_json(x));
+      for (const auto& x : j) l.push_back(from_json_at(x, depth + 1));
       return value(std::move(l));
     }
     case nlohmann::ordered_json::value_t::object: {
       value d{dict{}};
-      for (auto it = j.begin(); it != j.end(); ++it) d.set(it.key(), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) d.set(it.key(), from_json_at(it.value(), depth + 1));
       return d;
     }
     default: return value();
   }
 }
+
+value from_json(const nlohmann::ordered_json& j) { return from_json_at(j, 0); }
 
 }  // namespace troupe::llm::jinja

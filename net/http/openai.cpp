@@ -74,6 +74,15 @@ bool boolean(const json& body, const char* key) {
   return v.get<bool>();
 }
 
+// Values nested deeper than any request needs are refused before parsing: copying and printing JSON
+// values recurses.
+void refuse_deep(std::string_view text) {
+  constexpr int max_depth = 64;
+  if (llm::json_nesting(text) > max_depth) {
+    throw bad_request("the body nests arrays and objects deeper than " + std::to_string(max_depth) + " levels");
+  }
+}
+
 // A field of the body in its own key order (templates print JSON as the client wrote it); a body with
 // duplicate keys may read differently that way: then as checked.
 nlohmann::ordered_json ordered_field(std::string_view text, const json& body, const char* key) {
@@ -110,6 +119,7 @@ std::string content_text(const json& c, const std::string& param) {
 
 completion_request parse_completion_request(std::string_view text, bool chat) {
   json body;
+  refuse_deep(text);
   try {
     body = json::parse(text);
   } catch (const json::exception& e) {  // parse_error, and out_of_range for a number beyond double
@@ -170,9 +180,6 @@ completion_request parse_completion_request(std::string_view text, bool chat) {
     }
     // The messages again in their own key order for the template (tool call arguments, tojson).
     r.template_messages = ordered_field(text, body, "messages");
-    for (nlohmann::ordered_json& m : r.template_messages) {
-      if (m.is_object() && m.value("role", "") == "developer") m["role"] = "system";
-    }
     if (present(body, "chat_template_kwargs")) {
       if (!body["chat_template_kwargs"].is_object()) {
         throw bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs");
@@ -433,7 +440,16 @@ void prepare_chat(completion_request& r, const llm::chat_prompt& p) {
   r.messages.clear();  // the session tokenizes the rendered chat
   r.reasoning_open = llm::prompt_opens_reasoning(r.reasoning, r.prompt);
   actors::generation_params& g = r.params;
-  if (!r.reasoning.empty() && r.reasoning_budget >= 0) {
+  // The markers the parsers look for print as text where the vocabulary has them as control tokens.
+  for (const std::string* m : {&r.reasoning.start, &r.reasoning.end}) {
+    if (!m->empty()) g.preserved_tokens.push_back(*m);
+  }
+  if (r.split_reasoning()) g.preserved_tokens.insert(g.preserved_tokens.end(), r.reasoning.strip.begin(), r.reasoning.strip.end());
+  if (r.tools_active()) {
+    for (std::string& m : llm::tool_call_markers(r.syntax)) g.preserved_tokens.push_back(std::move(m));
+  }
+  if (!r.reasoning.empty()) {
+    // The block is followed as the answer is generated: a grammar applies after it, a budget ends it.
     g.reasoning_budget = r.reasoning_budget;
     g.reasoning_start = r.reasoning.start;
     g.reasoning_end = r.reasoning.end;
@@ -468,6 +484,7 @@ void prepare_chat(completion_request& r, const llm::chat_prompt& p) {
 
 embedding_request parse_embedding_request(std::string_view text) {
   json body;
+  refuse_deep(text);
   try {
     body = json::parse(text);
   } catch (const json::exception& e) {  // parse_error, and out_of_range for a number beyond double
@@ -480,7 +497,7 @@ embedding_request parse_embedding_request(std::string_view text) {
   }
   r.model = body["model"].get<std::string>();
   if (present(body, "messages")) {
-    if (body.contains("input")) throw bad_request("'input' and 'messages' cannot be used together", "messages");
+    if (present(body, "input")) throw bad_request("'input' and 'messages' cannot be used together", "messages");
     const json& msgs = body["messages"];
     if (!msgs.is_array() || msgs.empty()) throw bad_request("'messages' must be a non-empty array of messages", "messages");
     for (size_t i = 0; i < msgs.size(); ++i) {
@@ -494,7 +511,7 @@ embedding_request parse_embedding_request(std::string_view text) {
   } else if (!body.contains("input")) {
     throw bad_request("'input' is required", "input");
   }
-  if (body.contains("input")) {
+  if (!present(body, "messages")) {
     const json& in = body["input"];
     const auto ids = [&](const json& a, const std::string& where) {
       std::vector<int32_t> out;

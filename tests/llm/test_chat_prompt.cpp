@@ -93,19 +93,23 @@ TEST_CASE("SmolLM2's own template gives the prompt and token ids the ChatML fami
   CHECK_THROWS_WITH(chat_prompt::for_model(f, v, "", "{% if x %}"), Catch::Contains("chat template file: ") && Catch::Contains("line 1"));
 }
 
-TEST_CASE("Gemma's own template gives the gemma family's prompt, and refuses what it refuses", "[llm][chat_prompt]") {
+TEST_CASE("Gemma's own template gives the gemma family's prompt, a system message in the first user turn", "[llm][chat_prompt]") {
   const auto src = shared_template("google-gemma-2-2b-it.jinja");
   if (!src) return test::skip_unless_ci("../shared/chat-templates is not here");
   const chat_prompt p(chat_prompt::parts{.jinja = *src, .bos_token = "<bos>", .eos_token = "<eos>"});
   REQUIRE(p.jinja());
   const chat_template family("gemma");
-  for (size_t i : {0u, 2u}) {  // no system message: Gemma 2's template refuses one
-    const std::string jinja = p.render(conversations[i], nullptr, true);
+  for (const ojson& c : conversations) {
+    const std::string jinja = p.render(c, nullptr, true);
     REQUIRE(jinja.rfind("<bos>", 0) == 0);  // the template writes the BOS; chat_tokens does not double it
-    CHECK(jinja.substr(5) == family.apply(plain(conversations[i]), true));
+    CHECK(jinja.substr(5) == family.apply(plain(c), true));
   }
-  CHECK_THROWS_AS(p.render(conversations[1], nullptr, true), chat_prompt_error);
-  CHECK_THROWS_WITH(p.render(conversations[1], nullptr, true), Catch::Contains("System role not supported"));
+  // The template itself refuses a system role (raise_exception): that is why it is folded.
+  CHECK_THROWS_WITH(jinja::template_::parse(*src).render(ojson{{"messages", conversations[1]}}), Catch::Contains("System role not supported"));
+  // A refusal reaches the caller as a chat_prompt_error with the template's message.
+  const ojson alternating = ojson::parse(R"([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])");
+  CHECK_THROWS_AS(p.render(alternating, nullptr, true), chat_prompt_error);
+  CHECK_THROWS_WITH(p.render(alternating, nullptr, true), Catch::Contains("Conversation roles must alternate"));
 }
 
 TEST_CASE("A template that knows tools renders them, with its own call syntax, arguments and switches", "[llm][chat_prompt]") {
@@ -210,6 +214,21 @@ TEST_CASE("A reasoning budget forces the end marker after its tokens", "[llm][ch
   p.reasoning_budget = -1;
   gen.reset();
   CHECK(gen.generate(prompt, p).text.substr(0, first4.size()) == first4);
+  // A grammar applies after the block only: the reasoning is free, then the grammar's answer.
+  p.reasoning_budget = 4;
+  p.grammar = R"(root ::= " Lily was a cat.")";
+  gen.reset();
+  const generate_result g = gen.generate(prompt, p);
+  std::string marker_text;  // an SPM vocabulary writes the marker with its space prefix
+  for (const token_id t : marker) marker_text += v.token_to_piece(t);
+  CHECK(g.text == first4 + marker_text + " Lily was a cat.");
+  CHECK(g.finish == "stop");
+  // So does a lazy one: a trigger inside the block does not switch it on.
+  p.grammar = "root ::= \"" + first4.substr(first4.size() - 2) + "\" \"!\"";
+  p.grammar_triggers = {first4.substr(first4.size() - 2)};
+  gen.reset();
+  const generate_result lazy = gen.generate(prompt, p);
+  CHECK(lazy.text.substr(0, first4.size() + marker_text.size()) == first4 + marker_text);
 }
 
 TEST_CASE("Serving renders what the strict sandbox refuses: list.append (Kimi K2) and generation blocks (LFM 2.5)", "[llm][chat_prompt][jinja]") {
@@ -242,4 +261,23 @@ TEST_CASE("Serving renders what the strict sandbox refuses: list.append (Kimi K2
   const chat_prompt l(chat_prompt::parts{.jinja = *lfm});
   REQUIRE(l.jinja());
   CHECK_THAT(l.render(conversations[2], nullptr, true), Catch::Contains("Blue.") && Catch::Contains("Another one"));
+}
+
+TEST_CASE("Preserved control tokens print as their text, the others as nothing", "[llm][chat_prompt]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return test::skip_unless_ci("test model stories260K.gguf is missing");
+  auto m = model::load(*path);
+  vocab v(m->meta());
+  llm_context ctx(*m, {.n_ctx = 64, .n_threads = 1});
+  generator gen(ctx, v);
+  // <s> is a control token (not an end of generation): a bias makes greedy decoding take it.
+  generate_params p = generate_params::greedy(2);
+  p.logit_bias = {{v.bos(), 100.0f}};
+  const auto prompt = v.tokenize("Once upon a time", true);
+  const generate_result plain = gen.generate(prompt, p);
+  REQUIRE(plain.tokens == std::vector<token_id>{v.bos(), v.bos()});
+  CHECK(plain.text.empty());
+  p.preserved_tokens = {"<s>", "[TOOL_CALLS]", "Once"};  // only single control tokens count
+  gen.reset();
+  CHECK(gen.generate(prompt, p).text == "<s><s>");
 }

@@ -122,8 +122,15 @@ int run_serve(const serve_options& o) {
     if (!o.cache_type_v.empty()) m.kv_type_v = o.cache_type_v;
     if (!o.flash_attn.empty()) m.flash_attn = o.flash_attn;
     if (o.context_shift) m.context_shift = true;
-    if (!o.chat_template.empty()) m.chat_template = o.chat_template;
-    if (!o.chat_template_file.empty()) m.chat_template_file = o.chat_template_file;
+    // A flag replaces the file's template choice, whichever key that used.
+    if (!o.chat_template.empty()) {
+      m.chat_template = o.chat_template;
+      m.chat_template_file.clear();
+    }
+    if (!o.chat_template_file.empty()) {
+      m.chat_template_file = o.chat_template_file;
+      m.chat_template.clear();
+    }
   }
   if (o.offload.given()) {  // -ngl / --device replace every model's devices table
     for (actors::model_settings& m : cfg.engine.models) {
