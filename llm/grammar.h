@@ -32,6 +32,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "llm/sampler.h"
@@ -121,7 +122,9 @@ class grammar_matcher {
   };
 
   int32_t push(uint32_t pos, int32_t parent) const;
-  void expand(int32_t top, std::vector<int32_t>& out) const;
+  // seen: the frames expanded for this state already (one frame expands to the same stacks every time, and
+  // a grammar of nested optional repetitions reaches the same frame along exponentially many paths).
+  void expand(int32_t top, std::vector<int32_t>& out, std::unordered_set<int32_t>& seen) const;
   int32_t intern(std::vector<int32_t> stacks, utf8_state u) const;
   // The state after byte b from state s; -1 when nothing survives.
   int32_t step(int32_t s, uint8_t b) const;
@@ -138,6 +141,7 @@ class grammar_matcher {
   mutable std::vector<int32_t> next_;  // [state * 256 + byte]: next state, dead (-1) or not computed yet (-2)
   mutable std::map<std::pair<std::vector<int32_t>, uint64_t>, int32_t> state_ids_;
   mutable int32_t cur_ = 0;
+  mutable size_t step_frames_ = 0;  // frames_.size() when the step being computed began
 };
 
 // GBNF of any JSON object (response_format json_object): whitespace between tokens bounded.

@@ -56,7 +56,7 @@ bool is_end(grammar::kind k) { return k == grammar::kind::end || k == grammar::k
 
 namespace {
 constexpr int32_t dead = -1, unknown = -2;
-constexpr size_t max_frames = size_t{1} << 22, max_states = size_t{1} << 16;
+constexpr size_t max_frames = size_t{1} << 22, max_states = size_t{1} << 16, max_step_frames = size_t{1} << 18;
 
 uint64_t utf8_key(uint32_t cp, uint8_t need, uint8_t len) {
   return (uint64_t{cp} << 16) | (uint64_t{need} << 8) | len;
@@ -93,11 +93,13 @@ grammar_matcher::grammar_matcher(std::shared_ptr<const grammar> g) : g_(std::mov
     }
   }
   std::vector<int32_t> stacks;
+  std::unordered_set<int32_t> seen;
+  step_frames_ = frames_.size();
   for (uint32_t a : g_->alternatives(g_->root())) {
     if (is_end(el[a].type)) {
       stacks.push_back(complete);
     } else {
-      expand(push(a, complete), stacks);
+      expand(push(a, complete), stacks, seen);
     }
   }
   cur_ = intern(std::move(stacks), {});
@@ -107,6 +109,13 @@ int32_t grammar_matcher::push(uint32_t pos, int32_t parent) const {
   const uint64_t key = (uint64_t{pos} << 32) | static_cast<uint32_t>(parent);
   const auto [it, fresh] = frame_ids_.try_emplace(key, static_cast<int32_t>(frames_.size()));
   if (fresh) {
+    // A step that needs this many new frames is a grammar whose ambiguity grows without bound (nested
+    // optional repetitions), refused rather than filling memory.
+    if (frames_.size() - step_frames_ >= max_step_frames) {
+      frame_ids_.erase(it);
+      throw grammar_error("grammar: one step needs more than " + std::to_string(max_step_frames) +
+                          " parser frames (nested optional repetitions that match the same text in too many ways)");
+    }
     frames_.push_back({pos, parent});
     const uint32_t up = parent == complete ? 0 : frame_min_[static_cast<size_t>(parent)];
     frame_min_.push_back(std::min(UINT32_MAX / 2, rest_min_[pos] + up));
@@ -116,24 +125,25 @@ int32_t grammar_matcher::push(uint32_t pos, int32_t parent) const {
 
 // Rule references at the top are replaced by each alternative of the rule, until a character class is on
 // top (or the stack is complete).
-void grammar_matcher::expand(int32_t top, std::vector<int32_t>& out) const {
-  if (top == complete) {
-    out.push_back(complete);
-    return;
-  }
+void grammar_matcher::expand(int32_t top, std::vector<int32_t>& out, std::unordered_set<int32_t>& seen) const {
+  // A work list, not recursion: a chain of optional elements is as long as the grammar makes it.
   const auto& el = g_->elements();
-  const frame f = frames_[static_cast<size_t>(top)];
-  if (el[f.pos].type == grammar::kind::chars) {
-    out.push_back(top);
-    return;
-  }
-  const int32_t base = is_end(el[f.pos + 1].type) ? f.parent : push(f.pos + 1, f.parent);
-  for (uint32_t a : g_->alternatives(el[f.pos].value)) {
-    if (is_end(el[a].type)) {
-      expand(base, out);
-    } else {
-      expand(push(a, base), out);
+  std::vector<int32_t> todo = {top};
+  while (!todo.empty()) {
+    const int32_t t = todo.back();
+    todo.pop_back();
+    if (!seen.insert(t).second) continue;
+    if (t == complete) {
+      out.push_back(complete);
+      continue;
     }
+    const frame f = frames_[static_cast<size_t>(t)];
+    if (el[f.pos].type == grammar::kind::chars) {
+      out.push_back(t);
+      continue;
+    }
+    const int32_t base = is_end(el[f.pos + 1].type) ? f.parent : push(f.pos + 1, f.parent);
+    for (uint32_t a : g_->alternatives(el[f.pos].value)) todo.push_back(is_end(el[a].type) ? base : push(a, base));
   }
 }
 
@@ -205,11 +215,13 @@ int32_t grammar_matcher::step(int32_t s, uint8_t b) const {
     }
   }
   const uint32_t cp = u.cp;
+  std::unordered_set<int32_t> seen;
+  step_frames_ = frames_.size();
   for (int32_t t : in) {
     if (t == complete) continue;
     const frame f = frames_[static_cast<size_t>(t)];
     if (!g_->class_at(el[f.pos].value).matches(cp)) continue;
-    expand(is_end(el[f.pos + 1].type) ? f.parent : push(f.pos + 1, f.parent), out);
+    expand(is_end(el[f.pos + 1].type) ? f.parent : push(f.pos + 1, f.parent), out, seen);
   }
   return result(out.empty() ? dead : intern(std::move(out), {}));
 }

@@ -496,3 +496,17 @@ TEST_CASE("tool calls: the forced-call grammar accepts exactly well-formed calls
   CHECK(tool_syntax_for("llama3") == tool_syntax::llama3);
   CHECK(tool_syntax_for("chatml") == tool_syntax::hermes);
 }
+
+TEST_CASE("grammar: a grammar whose ambiguity doubles with each rule is refused, not expanded into memory", "[llm][grammar]") {
+  // r20 reaches the same optional "a" along 2^20 paths, each a different parser stack.
+  std::string text = "root ::= r20 \"!\"\nr0 ::= \"a\"?\n";
+  for (int k = 1; k <= 20; ++k) text += "r" + std::to_string(k) + " ::= r" + std::to_string(k - 1) + " r" + std::to_string(k - 1) + "\n";
+  const auto g = llm::grammar::parse(text);
+  CHECK_THROWS_WITH(llm::grammar_matcher{g}, Catch::Contains("parser frames"));
+  // Twelve levels (4,096 paths) are fine: 0 to 4,096 a's, then "!".
+  std::string small = "root ::= r12 \"!\"\nr0 ::= \"a\"?\n";
+  for (int k = 1; k <= 12; ++k) small += "r" + std::to_string(k) + " ::= r" + std::to_string(k - 1) + " r" + std::to_string(k - 1) + "\n";
+  llm::grammar_matcher m(llm::grammar::parse(small));
+  CHECK(m.accept("aaa!"));
+  CHECK(m.can_end());
+}

@@ -152,9 +152,13 @@ TEST_CASE("tool formats: calls rendered by the model's own template parse back",
     bool string_arguments;  // ... and concatenates the arguments as text
     bool ids;               // the parsed calls carry the conversation's ids (Mistral Nemo)
   };
-  // Kimi-K2-Instruct.jinja is left out: it appends to a list, which the strict sandbox refuses. The Laguna
-  // templates use a {% generation %} tag the engine does not know.
+  // Kimi-K2-Instruct.jinja appends to a list, which the strict sandbox refuses, and the Laguna templates use
+  // a {% generation %} tag: they render with the daemon's options (jinja::options::mutable_values and
+  // generation_tag), as llm::chat_prompt renders every template.
   const std::vector<case_> cases = {
+      {"Kimi-K2-Instruct", 2, false, false, false},
+      {"poolside-Laguna-XS.2", 2, false, false, false},
+      {"poolside-Laguna-S-2.1", 2, false, false, false},
       {"Qwen-Qwen3-0.6B", 2, false, false, false},
       {"Qwen-Qwen2.5-7B-Instruct", 2, false, false, false},
       {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use", 2, false, false, false},
@@ -199,7 +203,9 @@ TEST_CASE("tool formats: calls rendered by the model's own template parse back",
                        {"bos_token", ""},
                        {"eos_token", ""}};
     std::string rendered;
-    REQUIRE_NOTHROW(rendered = troupe::llm::jinja::template_::parse(src).render(ctx));
+    troupe::llm::jinja::options serving;
+    serving.mutable_values = serving.generation_tag = true;
+    REQUIRE_NOTHROW(rendered = troupe::llm::jinja::template_::parse(src, serving).render(ctx));
     const size_t q = rendered.rfind(question);
     REQUIRE(q != std::string::npos);
     std::string answer = rendered.substr(q + question.size());
