@@ -490,8 +490,8 @@ typename Inspector::result_type inspect(Inspector& f, token_event& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_reply& x) {
-  return f(caf::meta::type_name("generate_reply"), x.session, x.text, x.finish, x.tokens, x.n_prompt, x.n_prompt_decoded,
-           x.prompt_seconds, x.gen_seconds, x.logprobs);
+  return f(caf::meta::type_name("generate_reply"), x.session, x.text, x.finish, x.stop_match, x.tokens, x.n_prompt,
+           x.n_prompt_decoded, x.prompt_seconds, x.gen_seconds, x.logprobs);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, session_request& x) {

@@ -86,6 +86,7 @@ struct generate_result {
   std::vector<token_logprob> logprobs;  // one per token when generate_params::logprobs >= 0
   std::string text;              // generated text (without a matched stop string)
   std::string finish;            // "stop", "length" or "cancelled"
+  std::string stop_match;        // the stop string that ended the answer ("" for none: an end token, a grammar)
   int32_t n_prompt = 0;          // prompt tokens in the request
   int32_t n_prompt_decoded = 0;  // prompt tokens actually decoded (the rest reused from the cache)
   double prompt_seconds = 0;

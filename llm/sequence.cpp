@@ -259,6 +259,7 @@ sequence_output sequence::advance(std::span<const float> logits) {
       result_.text.resize(at);
       safe = std::min(safe, at);
       stopped = true;
+      result_.stop_match = s;  // a later string found in the shortened text matched earlier
     } else {
       for (size_t k = std::min(s.size() - 1, result_.text.size()); k > 0; --k) {
         if (result_.text.compare(result_.text.size() - k, k, s, 0, k) == 0) {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "actors/session_actor.h"
+#include "net/http/anthropic.h"
 #include "net/http/detail/daemon_internals.h"
 #include "net/http/daemon.h"
 #include "net/http/session_pool.h"
@@ -49,18 +50,77 @@ actors::generate_request generate_request_of(const completion_request& r) {
 
 // An answer's error: its own status while nothing of the answer went out (a plain answer's heartbeat
 // spaces and a stream's first event take that chance away); after that, a last stream event or the whole
-// body of the 200. `count` gets the status the client sees before the last byte is written (the metrics
-// count a request before its last byte). Returns whether it was written.
-bool send_error_answer(answer_sink& out, front::body_sink& sink, bool stream, const api_error& e,
-                       const std::function<void(int)>& count) {
+// body of the 200, in the answer's format. `count` gets the status the client sees before the last byte is
+// written (the metrics count a request before its last byte). Returns whether it was written.
+bool send_error_answer(answer_sink& out, front::body_sink& sink, bool stream, const detail::answer_format& fmt,
+                       const api_error& e, const std::function<void(int)>& count) {
   if (!sink.started()) {
     count(e.status());
-    return sink.refuse(e.status(), dump(e.body()), "application/json");
+    return sink.refuse(e.status(), fmt.error_body(e), "application/json");
   }
   count(200);  // the status line went out with the first byte
-  out.write(stream ? "data: " + dump(e.body()) + "\n\n" : dump(e.body()));
+  out.write(stream ? fmt.stream_error(e) : fmt.error_body(e));
   return !out.gone && sink.done();
 }
+
+// OpenAI's chat.completion / text_completion, streamed as chunks after "data: ".
+class openai_format : public detail::answer_format {
+ public:
+  openai_format(const completion_request& r, std::string id, int64_t created) : req_(r), id_(std::move(id)), created_(created) {
+    // A chat answer with reasoning or tools goes through a chat_stream: reasoning_content deltas, content
+    // held back where a call may begin, each call's deltas once it is complete.
+    if (req_.stream && req_.chat && (req_.tools_active() || req_.split_reasoning())) deltas_.emplace(req_, id_);
+  }
+
+  std::string stream(const actors::token_event& e) override {
+    if (deltas_) return write(deltas_->feed(e.piece), &e.logprobs);
+    std::string out = event(stream_chunk(req_, id_, created_, e.piece, !started_, &e.logprobs, text_offset_));
+    for (const llm::token_logprob& t : e.logprobs) text_offset_ += t.text.size();
+    started_ = true;
+    return out;
+  }
+
+  std::string finish(const actors::generate_reply& reply) override {
+    if (!req_.stream) return dump(completion_response(req_, id_, created_, reply));
+    std::string out = deltas_ ? write(deltas_->finish(), nullptr) : std::string();
+    out += event(stream_finish(req_, id_, created_, reply.finish, calls_streamed_ > 0));
+    if (req_.include_usage) out += event(stream_usage(req_, id_, created_, reply));
+    return out + "data: [DONE]\n\n";
+  }
+
+  std::string error_body(const api_error& e) const override { return dump(e.body()); }
+  std::string stream_error(const api_error& e) const override { return event(e.body()); }
+
+ private:
+  static std::string event(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+  std::string write(const chat_stream::deltas& d, const std::vector<llm::token_logprob>* logprobs) {
+    std::string out;
+    if (!d.reasoning.empty()) {
+      out += event(stream_reasoning_chunk(req_, id_, created_, d.reasoning, !started_));
+      started_ = true;
+    }
+    if (!d.content.empty() || (logprobs != nullptr && !logprobs->empty())) {
+      out += event(stream_chunk(req_, id_, created_, d.content, !started_, logprobs, text_offset_));
+      started_ = true;
+    }
+    for (size_t i = 0; i < d.calls.size(); ++i) {
+      for (const json& c : stream_tool_call_chunks(req_, id_, created_, d.calls[i], d.first_index + i, !started_)) {
+        out += event(c);
+        started_ = true;
+      }
+      ++calls_streamed_;
+    }
+    return out;
+  }
+
+  const completion_request& req_;
+  std::string id_;
+  int64_t created_;
+  std::optional<chat_stream> deltas_;
+  size_t text_offset_ = 0;  // of the streamed text so far (the completions' legacy logprobs)
+  size_t calls_streamed_ = 0;
+};
 
 // The last bytes are written: the response is done, unless the client went away meanwhile.
 bool finish_response(answer_sink& out, front::body_sink& sink) {
@@ -79,40 +139,65 @@ struct daemon::answer_state {
   std::unique_ptr<lease> claim;
   std::vector<std::unique_ptr<lease>> more;  // n > 1: the sessions of choices 1..n-1
   std::string id;
+  std::string endpoint;  // the metrics' name of the route ("chat", "completions", "messages")
   int64_t created = 0;
+  uint32_t n_prompt = 0;  // the prompt's tokens
+  std::unique_ptr<detail::answer_format> format;  // how the answer goes out (OpenAI's shape when none)
   clock_type::time_point deadline = clock_type::time_point::max();
   in_flight_count counted;
 };
 
 void daemon::complete(bool chat, const front::request& req, front::response& res) {
   try {
-    const std::shared_ptr<answer_state> st = begin_answer(chat, req.body);
-    // On this thread after the handler returns; false: the client went away (counted 499, nginx's code).
-    const auto writer = [this, st, endpoint = std::string(chat ? "chat" : "completions")](front::body_sink& sink) {
-      const bool ok = write_answer(*st, sink);
-      if (!ok) count_request(endpoint, 499);
-      return ok;
-    };
-    if (st->request.stream) {
-      res.set_header("Cache-Control", "no-cache");
-      res.set_header("X-Accel-Buffering", "no");
-      res.set_chunked("text/event-stream", writer);
-    } else {
-      res.set_chunked("application/json", writer);
-    }
+    respond(begin_answer(parse_completion_request(req.body, chat), chat ? "chat" : "completions", chat ? "chatcmpl-" : "cmpl-"), res);
   } catch (const api_error& e) {
     detail::send_error(res, e);
   }
 }
 
-std::shared_ptr<daemon::answer_state> daemon::begin_answer(bool chat, const std::string& body) {
-  if (stopping_.load()) throw api_error(503, "unavailable_error", "the server is shutting down");
-  auto st = std::make_shared<answer_state>(metrics_);
-  st->request = parse_completion_request(body, chat);
-  const completion_request& r = st->request;
-  const auto it = std::find_if(models_.begin(), models_.end(), [&](const auto& m) { return m->config.name == r.model; });
+void daemon::messages(const front::request& req, front::response& res) {
+  try {
+    const std::shared_ptr<answer_state> st = begin_answer(parse_messages_request(req.body), "messages", "msg_");
+    st->format = messages_format(st->request, st->id, st->n_prompt);
+    respond(st, res);
+  } catch (const api_error& e) {
+    res.status = e.status();
+    res.set_content(dump(messages_error(e)), "application/json");
+  }
+}
+
+void daemon::count_tokens(const front::request& req, front::response& res) {
+  try {
+    completion_request r = parse_messages_request(req.body, true);
+    model_slots& ms = loaded_model(r.model);
+    prepare_chat(r, *ms.model->chat);
+    res.set_content(dump(json{{"input_tokens", actors::prompt_tokens(*ms.model, generate_request_of(r)).size()}}), "application/json");
+  } catch (const api_error& e) {
+    res.status = e.status();
+    res.set_content(dump(messages_error(e)), "application/json");
+  }
+}
+
+void daemon::respond(const std::shared_ptr<answer_state>& st, front::response& res) {
+  // On this thread after the handler returns; false: the client went away (counted 499, nginx's code).
+  const auto writer = [this, st](front::body_sink& sink) {
+    const bool ok = write_answer(*st, sink);
+    if (!ok) count_request(st->endpoint, 499);
+    return ok;
+  };
+  if (st->request.stream) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked("text/event-stream", writer);
+  } else {
+    res.set_chunked("application/json", writer);
+  }
+}
+
+model_slots& daemon::loaded_model(const std::string& name) {
+  const auto it = std::find_if(models_.begin(), models_.end(), [&](const auto& m) { return m->config.name == name; });
   if (it == models_.end()) {
-    throw api_error(404, "invalid_request_error", "the model '" + r.model + "' does not exist", "model", "model_not_found");
+    throw api_error(404, "invalid_request_error", "the model '" + name + "' does not exist", "model", "model_not_found");
   }
   model_slots& ms = **it;
   if (!ms.loaded.load()) {
@@ -122,8 +207,20 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(bool chat, const std:
       why = ms.unavailable;
     }
     throw api_error(503, "unavailable_error",
-                    "the model '" + r.model + "' is " + (why.empty() ? std::string("still loading") : "unavailable: " + why));
+                    "the model '" + name + "' is " + (why.empty() ? std::string("still loading") : "unavailable: " + why));
   }
+  return ms;
+}
+
+std::shared_ptr<daemon::answer_state> daemon::begin_answer(completion_request request, std::string endpoint,
+                                                           const std::string& id_prefix) {
+  if (stopping_.load()) throw api_error(503, "unavailable_error", "the server is shutting down");
+  auto st = std::make_shared<answer_state>(metrics_);
+  st->request = std::move(request);
+  st->endpoint = std::move(endpoint);
+  const completion_request& r = st->request;
+  const bool chat = r.chat;
+  model_slots& ms = loaded_model(r.model);
   // The chat through the model's template (tools, their calls and results in its syntax; the grammar of a
   // call; the reasoning markers).
   prepare_chat(st->request, *ms.model->chat);
@@ -179,7 +276,8 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(bool chat, const std:
   // hold part of the room the other waits for.
   st->claim = acquire(eng_, ms, metrics_, cfg_.server, stopping_, cells * static_cast<uint32_t>(std::max(r.n, 1)));
   for (int32_t i = 1; i < r.n; ++i) st->more.push_back(acquire(eng_, ms, metrics_, cfg_.server, stopping_, 0));
-  st->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id_.fetch_add(1));
+  st->id = id_prefix + std::to_string(next_id_.fetch_add(1));
+  st->n_prompt = static_cast<uint32_t>(n_prompt);
   st->created = detail::unix_now();
   if (cfg_.server.request_timeout_s > 0) st->deadline = clock_type::now() + std::chrono::seconds(cfg_.server.request_timeout_s);
   return st;
@@ -189,44 +287,14 @@ bool daemon::write_answer(answer_state& st, front::body_sink& sink) {
   if (!st.more.empty()) return write_choices(st, sink);
   const completion_request& req = st.request;
   answer_sink out{sink};
-  const std::string endpoint = req.chat ? "chat" : "completions";
-  bool first = true;  // nothing of a streamed answer went out yet
+  if (!st.format) st.format = std::make_unique<openai_format>(req, st.id, st.created);
+  detail::answer_format& fmt = *st.format;
   auto last_beat = clock_type::now();
-  size_t text_offset = 0;  // of the streamed text so far (the completions' legacy logprobs)
-  // A chat answer with reasoning or tools goes through a chat_stream: reasoning_content deltas, content
-  // held back where a call may begin, each call's deltas once it is complete.
-  const bool split = req.stream && req.chat && (req.tools_active() || req.split_reasoning());
-  std::optional<chat_stream> deltas;
-  if (split) deltas.emplace(req, st.id);
-  size_t calls_streamed = 0;
-  const auto write_deltas = [&](const chat_stream::deltas& d, const std::vector<llm::token_logprob>* logprobs) {
-    bool ok = true;
-    if (!d.reasoning.empty()) {
-      ok = out.write("data: " + dump(stream_reasoning_chunk(req, st.id, st.created, d.reasoning, first)) + "\n\n") && ok;
-      first = false;
-    }
-    if (!d.content.empty() || (logprobs != nullptr && !logprobs->empty())) {
-      ok = out.write("data: " + dump(stream_chunk(req, st.id, st.created, d.content, first, logprobs, text_offset)) + "\n\n") && ok;
-      first = false;
-    }
-    for (size_t i = 0; i < d.calls.size(); ++i) {
-      for (const json& c : stream_tool_call_chunks(req, st.id, st.created, d.calls[i], d.first_index + i, first)) {
-        ok = out.write("data: " + dump(c) + "\n\n") && ok;
-        first = false;
-      }
-      ++calls_streamed;
-    }
-    return ok;
-  };
   const auto on_event = [&](const actors::token_event& e) -> bool {
     if (cancel_all_.load() || clock_type::now() >= st.deadline) return false;
-    if (split) return write_deltas(deltas->feed(e.piece), &e.logprobs);
     if (req.stream) {
-      const bool ok =
-          out.write("data: " + dump(stream_chunk(req, st.id, st.created, e.piece, first, &e.logprobs, text_offset)) + "\n\n");
-      for (const llm::token_logprob& t : e.logprobs) text_offset += t.text.size();
-      first = false;
-      return ok;
+      const std::string text = fmt.stream(e);
+      return text.empty() || out.write(text);
     }
     // A plain answer: a space every 100 ms notices a client that went away (whitespace before JSON is valid).
     const auto now = clock_type::now();
@@ -247,7 +315,7 @@ bool daemon::write_answer(answer_state& st, front::body_sink& sink) {
       // The session's actor is gone (its model was loaded again after a peer reconnected, say) and nothing
       // of the answer went out (a plain answer's heartbeat spaces do not count): once more, on a fresh
       // session.
-      if (attempt == 0 && first && e.is(actors::errc::down)) {
+      if (attempt == 0 && !fmt.started() && e.is(actors::errc::down)) {
         try {
           st.claim->replace(std::make_unique<session>(eng_.open_session(st.claim->model())));
           TROUPE_LOG(info, "http: " << st.id << ": " << e.what() << "; retrying on a new session");
@@ -260,7 +328,7 @@ bool daemon::write_answer(answer_state& st, front::body_sink& sink) {
       const api_error ae = error_for(e);
       TROUPE_LOG(warn, "http: " << st.id << ": " << e.what());
       st.claim.reset();  // the session is free (or closed) before the client hears of it
-      return send_error_answer(out, sink, req.stream, ae, [&](int status) { count_request(endpoint, status); });
+      return send_error_answer(out, sink, req.stream, fmt, ae, [&](int status) { count_request(st.endpoint, status); });
     }
   }
 
@@ -277,16 +345,8 @@ bool daemon::write_answer(answer_state& st, front::body_sink& sink) {
                   reply.gen_seconds);
   // Before the answer's last bytes: a client that has them finds its session free and its request counted.
   st.claim.reset();
-  count_request(endpoint, 200);
-  if (req.stream) {
-    if (split) write_deltas(deltas->finish(), nullptr);
-    const bool called = calls_streamed > 0;
-    out.write("data: " + dump(stream_finish(req, st.id, st.created, reply.finish, called)) + "\n\n");
-    if (req.include_usage) out.write("data: " + dump(stream_usage(req, st.id, st.created, reply)) + "\n\n");
-    out.write("data: [DONE]\n\n");
-  } else {
-    out.write(dump(completion_response(req, st.id, st.created, reply)));
-  }
+  count_request(st.endpoint, 200);
+  out.write(fmt.finish(reply));
   return finish_response(out, sink);
 }
 
@@ -308,7 +368,8 @@ bool daemon::write_choices(answer_state& st, front::body_sink& sink) {
     TROUPE_LOG(warn, "http: " << st.id << ": " << e.what());
     st.claim.reset();
     st.more.clear();
-    return send_error_answer(out, sink, req.stream, ae, [&](int status) { count_request(endpoint, status); });
+    const openai_format fmt(req, st.id, st.created);
+    return send_error_answer(out, sink, req.stream, fmt, ae, [&](int status) { count_request(endpoint, status); });
   };
   try {
     actors::generate_request prefill = generate_request_of(req);

@@ -48,6 +48,7 @@
 #include "net/http/daemon_config.h"
 #include "net/http/front.h"
 #include "net/http/metrics.h"
+#include "net/http/openai.h"
 
 namespace troupe::http {
 
@@ -102,7 +103,15 @@ class daemon {
   void complete(bool chat, const front::request& req, front::response& res);
   // An embeddings request (embeddings.cpp): checked, then computed on a session of the model.
   void embeddings(const front::request& req, front::response& res);
-  std::shared_ptr<answer_state> begin_answer(bool chat, const std::string& body);
+  // POST /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API, anthropic.h).
+  void messages(const front::request& req, front::response& res);
+  void count_tokens(const front::request& req, front::response& res);
+  // The answer of a request begun with begin_answer, written by a writer on the handler's thread.
+  void respond(const std::shared_ptr<answer_state>& st, front::response& res);
+  // The model a request names, loaded (throws api_error: 404 unknown, 503 still loading or down).
+  model_slots& loaded_model(const std::string& name);
+  // A parsed request given a session (its model's chat template rendered, its cells reserved); throws api_error.
+  std::shared_ptr<answer_state> begin_answer(completion_request request, std::string endpoint, const std::string& id_prefix);
   bool write_choices(answer_state& st, front::body_sink& sink);
   bool write_answer(answer_state& st, front::body_sink& sink);
   // Counts the request being handled on this thread (once): before its response's last byte leaves, so a

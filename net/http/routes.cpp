@@ -2,6 +2,7 @@
 #include <string>
 
 #include "net/http/detail/daemon_internals.h"
+#include "net/http/anthropic.h"
 #include "net/http/daemon.h"
 #include "net/http/session_pool.h"
 #include "runtime/log.h"
@@ -26,6 +27,8 @@ std::string endpoint_of(const std::string& path) {
   if (path == "/v1/memory") return "memory";
   if (path == "/v1/cluster") return "cluster";
   if (path == "/v1/embeddings") return "embeddings";
+  if (path == "/v1/messages") return "messages";
+  if (path == "/v1/messages/count_tokens") return "count_tokens";
   return "other";
 }
 
@@ -51,17 +54,29 @@ void daemon::handle(const front::request& req, front::response& res) {
     const bool open = keys.empty() || req.path == "/health" || (req.path == "/" && req.method == "GET");
     bool ok = open;
     const std::string auth = open ? std::string() : req.header("Authorization");
+    // Anthropic's clients send the key as x-api-key.
+    const std::string api_key = open ? std::string() : req.header("x-api-key");
     constexpr std::string_view bearer = "Bearer ";
     if (!ok && auth.size() > bearer.size() && std::string_view(auth).substr(0, bearer.size()) == bearer) {
       const std::string_view given = std::string_view(auth).substr(bearer.size());
       for (const std::string& k : keys) ok |= constant_time_equal(given, k);
     }
+    if (!ok && !api_key.empty()) {
+      for (const std::string& k : keys) ok |= constant_time_equal(api_key, k);
+    }
     if (ok) {
       route(req, res);
     } else {
-      send_error(res, api_error(401, "invalid_request_error",
-                                auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'" : "invalid API key",
-                                {}, "invalid_api_key"));
+      const api_error e(401, "invalid_request_error",
+                        auth.empty() && api_key.empty() ? "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
+                                                        : "invalid API key",
+                        {}, "invalid_api_key");
+      if (req.path.rfind("/v1/messages", 0) == 0) {
+        res.status = e.status();
+        res.set_content(dump(messages_error(e)), "application/json");
+      } else {
+        send_error(res, e);
+      }
     }
   } catch (const std::exception& e) {
     TROUPE_LOG(error, "http: " << req.method << " " << req.path << ": " << e.what());
@@ -135,6 +150,10 @@ void daemon::route(const front::request& req, front::response& res) {
     complete(false, req, res);
   } else if (post && p == "/v1/embeddings") {
     embeddings(req, res);
+  } else if (post && p == "/v1/messages") {
+    messages(req, res);
+  } else if (post && p == "/v1/messages/count_tokens") {
+    count_tokens(req, res);
   } else {
     send_error(res, api_error(404, "invalid_request_error", "no route " + req.method + " " + req.path, {}, "not_found"));
   }

@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "net/http/daemon_config.h"
+#include "net/http/anthropic.h"
 #include "net/http/metrics.h"
 #include "net/http/openai.h"
 #include "runtime/error.h"
@@ -383,6 +384,99 @@ TEST_CASE("OpenAI responses: a streamed chat answer gives the plain answer's rea
   }
   CHECK(args == call.arguments);
   CHECK(stream_reasoning_chunk(r, "c1", 1, "hmm", true)["choices"][0]["delta"]["reasoning_content"] == "hmm");
+}
+
+TEST_CASE("Anthropic messages: requests read into the chat they mean, answers and errors in Anthropic's shapes", "[http][anthropic]") {
+  const completion_request r = parse_messages_request(R"({"model": "m", "max_tokens": 50, "system": [{"type": "text", "text": "Be brief."}],
+    "stop_sequences": ["END"], "temperature": 0.5, "top_k": 7, "stream": true,
+    "tools": [{"name": "get_weather", "description": "Weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+    "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+    "messages": [
+      {"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": [{"type": "thinking", "thinking": "Look it up.", "signature": "x"},
+                                        {"type": "text", "text": "Checking."},
+                                        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "21 C"}]},
+                                   {"type": "text", "text": "And tomorrow?"}]}]})");
+  CHECK(r.chat);
+  CHECK(r.model == "m");
+  CHECK(r.params.max_tokens == 50);
+  CHECK(r.params.stop == std::vector<std::string>{"END"});
+  CHECK(r.params.temperature == 0.5f);
+  CHECK(r.params.top_k == 7);
+  CHECK(r.stream);
+  CHECK(r.tool_choice == "required");
+  CHECK_FALSE(r.parallel_tool_calls);
+  REQUIRE(r.tools.size() == 1);
+  CHECK(r.tools[0].parameters == R"({"type":"object","properties":{"city":{"type":"string"}}})");
+  const auto& m = r.template_messages;
+  REQUIRE(m.size() == 5);
+  CHECK(m[0] == nlohmann::ordered_json({{"role", "system"}, {"content", "Be brief."}}));
+  CHECK(m[2]["content"] == "Checking.");
+  CHECK(m[2]["reasoning_content"] == "Look it up.");
+  CHECK(m[2]["tool_calls"][0]["id"] == "toolu_1");
+  CHECK(m[2]["tool_calls"][0]["function"]["arguments"] == R"({"city":"Paris"})");
+  CHECK(m[3] == nlohmann::ordered_json({{"role", "tool"}, {"tool_call_id", "toolu_1"}, {"content", "21 C"}}));
+  CHECK(m[4] == nlohmann::ordered_json({{"role", "user"}, {"content", "And tomorrow?"}}));
+  CHECK(parse_messages_request(R"({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "tool", "name": "f"},
+      "tools": [{"name": "f", "input_schema": {"type": "object"}}], "thinking": {"type": "disabled"}})").tool_choice_name == "f");
+
+  // Each bad field is a 400 naming it, as Anthropic names it.
+  const auto refused = [](const std::string& body) {
+    try {
+      (void)parse_messages_request(body);
+    } catch (const api_error& e) {
+      CHECK(e.status() == 400);
+      return e.param() + ": " + e.what();
+    }
+    return std::string("accepted");
+  };
+  const std::string ok_msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  CHECK_THAT(refused(R"({"model": "m", )" + ok_msgs + "}"), Catch::StartsWith("max_tokens: 'max_tokens' is required"));
+  CHECK_THAT(refused(R"({"model": "m", "max_tokens": 0, )" + ok_msgs + "}"), Catch::StartsWith("max_tokens:"));
+  CHECK_THAT(refused(R"({"model": "m", "max_tokens": 5, "messages": []})"), Catch::StartsWith("messages:"));
+  CHECK_THAT(refused(R"({"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})"), Catch::StartsWith("messages[0].role:"));
+  CHECK_THAT(refused(R"({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]})"),
+             Catch::Contains("messages[0].content[0]") && Catch::Contains("no vision"));
+  CHECK_THAT(refused(R"({"model": "m", "max_tokens": 5, "stop_sequences": "END", )" + ok_msgs + "}"), Catch::StartsWith("stop_sequences:"));
+  CHECK_THAT(refused(R"({"model": "m", "max_tokens": 5, "tools": [{"name": "f"}], )" + ok_msgs + "}"), Catch::StartsWith("tools[0].input_schema:"));
+  CHECK_THAT(refused(R"({"model": "m", "max_tokens": 5, "tools": [{"type": "web_search_20250305", "name": "web_search"}], )" + ok_msgs + "}"),
+             Catch::Contains("server tool"));
+  CHECK_THAT(refused(R"({"model": "m", "max_tokens": 5, "tool_choice": {"type": "sometimes"}, )" + ok_msgs + "}"), Catch::StartsWith("tool_choice:"));
+  CHECK_THAT(refused(R"({"model": "m", "max_tokens": 5, "thinking": {"type": "maybe"}, )" + ok_msgs + "}"), Catch::StartsWith("thinking:"));
+  CHECK_THAT(refused("{"), Catch::Contains("not valid JSON"));
+  CHECK_THAT(refused(std::string(100, '[') + std::string(100, ']')), Catch::Contains("deeper than 64"));
+  CHECK(parse_messages_request(R"({"model": "m", )" + ok_msgs + "}", /*count_tokens=*/true).model == "m");
+
+  // A whole answer: thinking, text and tool_use blocks; stop_reason; usage with the cached prompt tokens.
+  completion_request a = parse_messages_request(R"({"model": "m", "max_tokens": 50, "tools": [{"name": "now", "input_schema": {"type": "object"}}], )" + ok_msgs + "}");
+  a.syntax = llm::tool_syntax::hermes;
+  a.reasoning = {"<think>", "</think>", {}};
+  actors::generate_reply reply;
+  reply.text = "<think>Hm.</think>Sure. <tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+  reply.finish = "stop";
+  reply.tokens = {1, 2, 3};
+  reply.n_prompt = 10;
+  reply.n_prompt_decoded = 4;
+  const json j = messages_response(a, "msg_7", reply);
+  CHECK(j["type"] == "message");
+  CHECK(j["content"][0] == json({{"type", "thinking"}, {"thinking", "Hm."}, {"signature", ""}}));
+  CHECK(j["content"][1] == json({{"type", "text"}, {"text", "Sure."}}));
+  CHECK(j["content"][2]["type"] == "tool_use");
+  CHECK(j["content"][2]["name"] == "now");
+  CHECK(j["content"][2]["input"] == json::object());
+  CHECK(j["stop_reason"] == "tool_use");
+  CHECK(j["usage"] == json({{"input_tokens", 10}, {"output_tokens", 3}, {"cache_read_input_tokens", 6}, {"cache_creation_input_tokens", 0}}));
+  reply.text = "Plain.";
+  reply.stop_match = "END";
+  CHECK(messages_response(a, "msg_7", reply)["stop_reason"] == "stop_sequence");
+  CHECK(messages_response(a, "msg_7", reply)["stop_sequence"] == "END");
+  reply.finish = "length";
+  reply.stop_match.clear();
+  CHECK(messages_response(a, "msg_7", reply)["stop_reason"] == "max_tokens");
+  CHECK(messages_error(bad_request("nope"))["error"]["type"] == "invalid_request_error");
+  CHECK(messages_error(api_error(503, "unavailable_error", "later"))["error"] == json({{"type", "overloaded_error"}, {"message", "later"}}));
+  CHECK(messages_error(api_error(404, "invalid_request_error", "gone"))["type"] == "error");
 }
 
 TEST_CASE("metrics: Prometheus text with requests, tokens, queue and memory", "[http][metrics]") {

@@ -810,6 +810,38 @@ TEST_CASE("daemon: a chat_template_file renders the chat, chat_template_kwargs r
   CHECK(streamed_reasoning == reasoning);
   CHECK(streamed_content == content);
   CHECK_FALSE(reasoning_after_content);
+
+  // Anthropic's Messages API: the reasoning is a thinking block (thinking.budget_tokens the budget), streamed
+  // as a thinking block's deltas before the text block's.
+  json m = {{"model", "stories"},
+            {"max_tokens", 30},
+            {"temperature", 0},
+            {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+            {"thinking", {{"type", "enabled"}, {"budget_tokens", 6}}}};
+  auto mr = c.Post("/v1/messages", m.dump(), "application/json");
+  REQUIRE(mr);
+  REQUIRE(mr->status == 200);
+  const json mj = json::parse(mr->body);
+  REQUIRE(mj["content"].size() == 2);
+  CHECK(mj["content"][0]["type"] == "thinking");
+  CHECK(mj["content"][0]["thinking"] == reasoning);
+  CHECK(mj["content"][1] == json({{"type", "text"}, {"text", content}}));
+  CHECK(mj["stop_reason"] == "max_tokens");
+  m["stream"] = true;
+  auto ms = c.Post("/v1/messages", m.dump(), "application/json");
+  REQUIRE(ms);
+  REQUIRE(ms->status == 200);
+  std::vector<std::string> kinds;
+  std::string thinking, text;
+  for (const std::string& e : sse_events(ms->body)) {
+    const json ev = json::parse(e);
+    if (ev["type"] == "content_block_start") kinds.push_back(ev["content_block"]["type"]);
+    if (ev["type"] == "content_block_delta" && ev["delta"]["type"] == "thinking_delta") thinking += ev["delta"]["thinking"].get<std::string>();
+    if (ev["type"] == "content_block_delta" && ev["delta"]["type"] == "text_delta") text += ev["delta"]["text"].get<std::string>();
+  }
+  CHECK(kinds == std::vector<std::string>{"thinking", "text"});
+  CHECK(thinking == reasoning);
+  CHECK(text == content);
   std::filesystem::remove_all(dir);
 }
 

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 #include "actors/errors.h"
 #include "net/http/front.h"
@@ -38,6 +39,26 @@ inline api_error error_for(const actors::request_error& e) {
   if (e.is(actors::errc::down) || e.is(actors::errc::unavailable)) return api_error(503, "unavailable_error", e.what());
   return api_error(500, "server_error", e.what());
 }
+
+// How one answer goes out in one API's shape (OpenAI's chat and completions, Anthropic's messages): the
+// events of a streamed answer, its end (a stream's last events or a plain answer's body) and its errors.
+// write_answer drives it; the format keeps what it needs between pieces.
+class answer_format {
+ public:
+  virtual ~answer_format() = default;
+  // The text to send for a generated piece of a streamed answer ("" for nothing yet).
+  virtual std::string stream(const actors::token_event& e) = 0;
+  // The end: a stream's last events, or the whole body of a plain answer.
+  virtual std::string finish(const actors::generate_reply& reply) = 0;
+  // An error: the body of a refusal (nothing sent yet), and the text that ends a stream already under way.
+  virtual std::string error_body(const api_error& e) const = 0;
+  virtual std::string stream_error(const api_error& e) const = 0;
+  // Whether some of a streamed answer went out (a failure after that cannot be answered with its status).
+  bool started() const { return started_; }
+
+ protected:
+  bool started_ = false;
+};
 
 // Counts a request in flight for as long as it lives (a shutdown's grace period ends early when none is).
 class in_flight_count {
