@@ -166,6 +166,36 @@ void daemon::messages(const front::request& req, front::response& res) {
   }
 }
 
+void daemon::responses(const front::request& req, front::response& res) {
+  try {
+    responses_request r = parse_responses_request(req.body, stored_responses_);
+    completion_request chat = std::move(r.chat);
+    const std::shared_ptr<answer_state> st = begin_answer(std::move(chat), "responses", "resp_");
+    st->format = responses_format(st->request, std::move(r), st->id, st->created, stored_responses_);
+    respond(st, res);
+  } catch (const api_error& e) {
+    detail::send_error(res, e);
+  }
+}
+
+void daemon::stored_response(const front::request& req, front::response& res) {
+  const std::string id = req.path.substr(std::string_view("/v1/responses/").size());
+  if (req.method == "DELETE") {
+    if (!stored_responses_.erase(id)) {
+      detail::send_error(res, api_error(404, "invalid_request_error", "no stored response '" + id + "'", {}, "not_found"));
+      return;
+    }
+    res.set_content(dump(json{{"id", id}, {"object", "response.deleted"}, {"deleted", true}}), "application/json");
+    return;
+  }
+  const auto e = stored_responses_.get(id);
+  if (!e) {
+    detail::send_error(res, api_error(404, "invalid_request_error", "no stored response '" + id + "'", {}, "not_found"));
+    return;
+  }
+  res.set_content(dump(e->response), "application/json");
+}
+
 void daemon::count_tokens(const front::request& req, front::response& res) {
   try {
     completion_request r = parse_messages_request(req.body, true);

@@ -49,6 +49,7 @@
 #include "net/http/front.h"
 #include "net/http/metrics.h"
 #include "net/http/openai.h"
+#include "net/http/responses.h"
 
 namespace troupe::http {
 
@@ -106,6 +107,9 @@ class daemon {
   // POST /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API, anthropic.h).
   void messages(const front::request& req, front::response& res);
   void count_tokens(const front::request& req, front::response& res);
+  // POST /v1/responses, GET and DELETE /v1/responses/{id} (OpenAI's Responses API, responses.h).
+  void responses(const front::request& req, front::response& res);
+  void stored_response(const front::request& req, front::response& res);
   // The answer of a request begun with begin_answer, written by a writer on the handler's thread.
   void respond(const std::shared_ptr<answer_state>& st, front::response& res);
   // The model a request names, loaded (throws api_error: 404 unknown, 503 still loading or down).
@@ -126,6 +130,7 @@ class daemon {
   actors::model_settings placed(const actors::model_settings& s, bool first);
   daemon_config cfg_;
   std::unique_ptr<front::listener> svr_;
+  response_store stored_responses_;  // /v1/responses kept for previous_response_id and GET
   std::vector<std::unique_ptr<model_slots>> models_;
   daemon_metrics metrics_;
   std::atomic<bool> ready_{false};

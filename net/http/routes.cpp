@@ -29,6 +29,7 @@ std::string endpoint_of(const std::string& path) {
   if (path == "/v1/embeddings") return "embeddings";
   if (path == "/v1/messages") return "messages";
   if (path == "/v1/messages/count_tokens") return "count_tokens";
+  if (path.rfind("/v1/responses", 0) == 0) return "responses";
   return "other";
 }
 
@@ -154,6 +155,10 @@ void daemon::route(const front::request& req, front::response& res) {
     messages(req, res);
   } else if (post && p == "/v1/messages/count_tokens") {
     count_tokens(req, res);
+  } else if (post && p == "/v1/responses") {
+    responses(req, res);
+  } else if ((get || req.method == "DELETE") && p.rfind("/v1/responses/", 0) == 0) {
+    stored_response(req, res);
   } else {
     send_error(res, api_error(404, "invalid_request_error", "no route " + req.method + " " + req.path, {}, "not_found"));
   }

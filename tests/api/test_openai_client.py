@@ -256,6 +256,54 @@ class OpenAIClient(unittest.TestCase):
         self.assertTrue(r2.choices[0].message.content)
         self.assertIsNone(r2.choices[0].message.tool_calls)
 
+    def test_responses_plain_streamed_stored_and_a_function_call(self):
+        import openai
+        question = "What is the capital of France?"
+        r = self.client.responses.create(model=self.model, input=question, max_output_tokens=30, temperature=0)
+        self.assertTrue(r.id.startswith("resp_"))
+        self.assertEqual(r.object, "response")
+        self.assertIn(r.status, ("completed", "incomplete"))
+        self.assertTrue(r.output_text)
+        self.assertGreater(r.usage.input_tokens, 0)
+        self.assertGreater(r.usage.output_tokens, 0)
+        # Streamed: the Responses events, in order, adding up to the same text.
+        types, text = [], ""
+        for e in self.client.responses.create(model=self.model, input=question, max_output_tokens=30, temperature=0, stream=True):
+            types.append(e.type)
+            if e.type == "response.output_text.delta":
+                text += e.delta
+        self.assertEqual(types[:2], ["response.created", "response.in_progress"])
+        self.assertIn(types[-1], ("response.completed", "response.incomplete"))
+        self.assertLess(types.index("response.output_item.added"), types.index("response.output_text.delta"))
+        self.assertEqual(text, r.output_text)
+        # Stored: retrieved by id, deleted.
+        self.assertEqual(self.client.responses.retrieve(r.id).output_text, r.output_text)
+        self.client.responses.delete(r.id)
+        with self.assertRaises(openai.NotFoundError):
+            self.client.responses.retrieve(r.id)
+        # A function call, its output sent back by previous_response_id, answered in text.
+        tools = [{"type": "function", "name": "get_weather", "description": "Current weather of a city",
+                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+        call = self.client.responses.create(model=self.model, input="What is the weather in Paris?", tools=tools,
+                                            tool_choice="required", max_output_tokens=60, temperature=0)
+        calls = [o for o in call.output if o.type == "function_call"]
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(calls[0].name, "get_weather")
+        self.assertIsInstance(json.loads(calls[0].arguments)["city"], str)
+        follow = self.client.responses.create(model=self.model, previous_response_id=call.id, tools=tools, tool_choice="none",
+                                              input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "21 C, sunny"}],
+                                              max_output_tokens=30, temperature=0)
+        self.assertTrue(follow.output_text)
+        self.assertEqual(follow.previous_response_id, call.id)
+        # The follow-up's prompt holds the first turn: more input tokens than the question alone.
+        alone = self.client.responses.create(model=self.model, input="What is the weather in Paris?", max_output_tokens=1)
+        self.assertGreater(follow.usage.input_tokens, alone.usage.input_tokens + 10)
+        with self.assertRaises(openai.NotFoundError):
+            self.client.responses.create(model=self.model, input="x", previous_response_id="resp_nope")
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.responses.create(model=self.model, input=[{"type": "telepathy"}])
+        self.assertIn("input[0].type", str(e.exception))
+
     def test_n_choices_share_one_prefill(self):
         one = self.chat(temperature=0, max_tokens=10)
         two = self.chat(temperature=0, max_tokens=10, n=2)

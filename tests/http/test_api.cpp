@@ -8,6 +8,7 @@
 #include "net/http/daemon_config.h"
 #include "net/http/anthropic.h"
 #include "net/http/metrics.h"
+#include "net/http/responses.h"
 #include "net/http/openai.h"
 #include "runtime/error.h"
 
@@ -477,6 +478,78 @@ TEST_CASE("Anthropic messages: requests read into the chat they mean, answers an
   CHECK(messages_error(bad_request("nope"))["error"]["type"] == "invalid_request_error");
   CHECK(messages_error(api_error(503, "unavailable_error", "later"))["error"] == json({{"type", "overloaded_error"}, {"message", "later"}}));
   CHECK(messages_error(api_error(404, "invalid_request_error", "gone"))["type"] == "error");
+}
+
+TEST_CASE("OpenAI responses API: input items read into the chat, previous_response_id from the store, errors naming the field", "[http][responses]") {
+  response_store store(2);
+  const responses_request r = parse_responses_request(R"({"model": "m", "instructions": "Be brief.", "max_output_tokens": 20, "store": false,
+    "input": [{"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+              {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Look it up."}]},
+              {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+              {"type": "function_call", "call_id": "c2", "name": "now", "arguments": "{}"},
+              {"type": "function_call_output", "call_id": "c1", "output": "21 C"}],
+    "text": {"format": {"type": "json_object"}}})", store);
+  CHECK_FALSE(r.store);
+  CHECK(r.chat.params.max_tokens == 20);
+  CHECK_FALSE(r.chat.params.grammar.empty());  // json_object
+  const auto& m = r.chat.template_messages;
+  REQUIRE(m.size() == 4);
+  CHECK(m[0] == nlohmann::ordered_json({{"role", "system"}, {"content", "Be brief."}}));
+  CHECK(m[1]["content"] == "Weather?");
+  CHECK(m[2]["role"] == "assistant");
+  CHECK(m[2]["reasoning_content"] == "Look it up.");
+  CHECK(m[2]["tool_calls"].size() == 2);  // consecutive calls are one turn
+  CHECK(m[3] == nlohmann::ordered_json({{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "21 C"}}));
+  CHECK(r.conversation.size() == 3);  // without the instructions
+  CHECK(r.echo["instructions"] == "Be brief.");
+
+  // previous_response_id continues a stored conversation; the store keeps the newest `capacity`.
+  store.put("resp_1", {json{{"id", "resp_1"}}, nlohmann::ordered_json::parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}])")});
+  const responses_request next = parse_responses_request(R"({"model": "m", "input": "More?", "previous_response_id": "resp_1"})", store);
+  REQUIRE(next.chat.template_messages.size() == 3);
+  CHECK(next.chat.template_messages[1]["content"] == "Hello");
+  CHECK(next.chat.template_messages[2]["content"] == "More?");
+  store.put("resp_2", {});
+  store.put("resp_3", {});
+  CHECK_FALSE(store.get("resp_1"));
+  CHECK(store.size() == 2);
+  CHECK(store.erase("resp_2"));
+  CHECK_FALSE(store.erase("resp_2"));
+
+  const auto refused = [&](const std::string& body) {
+    try {
+      (void)parse_responses_request(body, store);
+    } catch (const api_error& e) {
+      return std::to_string(e.status()) + " " + e.param() + ": " + e.what();
+    }
+    return std::string("accepted");
+  };
+  CHECK_THAT(refused(R"({"model": "m"})"), Catch::StartsWith("400 input:"));
+  CHECK_THAT(refused(R"({"model": "m", "input": 5})"), Catch::StartsWith("400 input:"));
+  CHECK_THAT(refused(R"({"model": "m", "input": [{"type": "web_search_call"}]})"), Catch::StartsWith("400 input[0].type:"));
+  CHECK_THAT(refused(R"({"model": "m", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]})"),
+             Catch::Contains("text only"));
+  CHECK_THAT(refused(R"({"model": "m", "input": "x", "previous_response_id": "resp_9"})"), Catch::StartsWith("404 previous_response_id:"));
+  CHECK_THAT(refused(R"({"model": "m", "input": "x", "tools": [{"type": "web_search"}]})"), Catch::StartsWith("400 tools[0]:"));
+  CHECK_THAT(refused(R"({"model": "m", "input": "x", "max_output_tokens": 0})"), Catch::StartsWith("400 max_output_tokens:"));
+  CHECK_THAT(refused(R"({"model": "m", "input": "x", "text": {"format": {"type": "yaml"}}})"), Catch::StartsWith("400 text.format:"));
+
+  // The response object: output items from the answer, status and usage.
+  completion_request chat = r.chat;
+  chat.model = "m";
+  actors::generate_reply reply;
+  reply.text = "Sunny.";
+  reply.finish = "length";
+  reply.tokens = {1, 2};
+  reply.n_prompt = 9;
+  reply.n_prompt_decoded = 9;
+  const json o = responses_object(chat, r, "resp_5", 7, reply);
+  CHECK(o["status"] == "incomplete");
+  CHECK(o["incomplete_details"]["reason"] == "max_output_tokens");
+  CHECK(o["output"][0]["type"] == "message");
+  CHECK(o["output"][0]["content"][0] == json({{"type", "output_text"}, {"text", "Sunny."}, {"annotations", json::array()}}));
+  CHECK(o["usage"]["total_tokens"] == 11);
+  CHECK(o["store"] == false);
 }
 
 TEST_CASE("metrics: Prometheus text with requests, tokens, queue and memory", "[http][metrics]") {
