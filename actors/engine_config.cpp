@@ -63,7 +63,7 @@ void parse_peers(const toml::table& root, engine_config& c, const std::string& s
 // the error placed at the key at fault.
 model_settings parse_model(const toml::table& t, const std::string& source) {
   check_keys(t, {"name", "path", "devices", "use_mmap", "huge_pages", "parallel", "n_ctx", "n_batch", "n_ubatch", "n_pipeline", "n_seq_max", "threads",
-                 "n_ctx_seq", "prompt_cache_mib", "kv_type", "cache_type_k", "cache_type_v", "flash_attn", "context_shift", "chat_template", "chat_template_file", "overrides", "cpu_moe", "n_cpu_moe", "placement", "min_nodes"},
+                 "n_ctx_seq", "prompt_cache_mib", "kv_type", "cache_type_k", "cache_type_v", "flash_attn", "context_shift", "chat_template", "chat_template_file", "aliases", "overrides", "cpu_moe", "n_cpu_moe", "placement", "min_nodes"},
              "[[model]]", source);
   model_settings m;
   m.name = get<std::string>(t, "name", "", "model", source);
@@ -87,6 +87,15 @@ model_settings parse_model(const toml::table& t, const std::string& source) {
   m.context_shift = get<bool>(t, "context_shift", m.context_shift, "model", source);
   m.chat_template = get<std::string>(t, "chat_template", m.chat_template, "model", source);
   m.chat_template_file = get<std::string>(t, "chat_template_file", m.chat_template_file, "model", source);
+  if (const toml::node* a = t.get("aliases")) {
+    const toml::array* list = a->as_array();
+    if (list == nullptr) fail(source, "model.aliases must be an array of strings", a->source());
+    for (const toml::node& e : *list) {
+      const auto v = e.value<std::string>();
+      if (!v || v->empty()) fail(source, "model.aliases must be an array of non-empty strings", e.source());
+      m.aliases.push_back(*v);
+    }
+  }
   m.placement = get<std::string>(t, "placement", m.placement, "model", source);
   m.min_nodes = get<uint32_t>(t, "min_nodes", m.min_nodes, "model", source);
   const std::string overrides = "model.overrides";

@@ -28,6 +28,7 @@
 //   kv_type = "f16"                # KV cache type: "f16", "f32" or "q8_0"
 //   chat_template = ""             # "": the model's own; or a family ("chatml", "llama3", "raw", ...)
 //   chat_template_file = ""        # a Jinja chat template used instead of the model's own
+//   aliases = []                   # other names requests may use ("smollm2:135m"; NAME:latest always works)
 //   devices = [{ device = "CPU1", layers = 4 }]
 //   overrides = [{ pattern = "ffn_.*", device = "CPU" }]   # tensor-name regex -> device
 //   cpu_moe = false                # a mixture of experts' expert weights on the CPU (after `overrides`)

@@ -78,6 +78,7 @@ struct model_settings {
   std::string chat_template;           // a template family overriding the model's own ("raw" for base models);
                                        // "": the model's
   std::string chat_template_file;      // a Jinja template file used instead of the model's own ("": none)
+  std::vector<std::string> aliases;    // other names the daemon's APIs answer to (ollama's "smollm2:135m")
   std::vector<tensor_override> overrides;  // tensor-name regex -> device
   // "": `devices` as given; "auto": over this machine's devices by free memory (as -ngl auto); "cluster": the
   // daemon's cluster places the layers over its nodes' devices by free memory (net/cluster/placer.h), once at

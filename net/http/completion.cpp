@@ -14,6 +14,7 @@
 
 #include "actors/session_actor.h"
 #include "net/http/anthropic.h"
+#include "net/http/ollama.h"
 #include "net/http/detail/daemon_internals.h"
 #include "net/http/daemon.h"
 #include "net/http/session_pool.h"
@@ -196,6 +197,18 @@ void daemon::stored_response(const front::request& req, front::response& res) {
   res.set_content(dump(e->response), "application/json");
 }
 
+void daemon::ollama_answer(bool generate, const front::request& req, front::response& res) {
+  try {
+    const std::shared_ptr<answer_state> st = begin_answer(parse_ollama_request(req.body, generate), generate ? "ollama_generate" : "ollama_chat",
+                                                          "ollama-");
+    st->format = ollama_format(st->request, generate, 0);
+    respond(st, res);
+  } catch (const api_error& e) {
+    res.status = e.status();
+    res.set_content(dump(ollama_error(e)), "application/json");
+  }
+}
+
 void daemon::count_tokens(const front::request& req, front::response& res) {
   try {
     completion_request r = parse_messages_request(req.body, true);
@@ -218,18 +231,31 @@ void daemon::respond(const std::shared_ptr<answer_state>& st, front::response& r
   if (st->request.stream) {
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
-    res.set_chunked("text/event-stream", writer);
+    res.set_chunked(st->format ? st->format->stream_type() : "text/event-stream", writer);
   } else {
     res.set_chunked("application/json", writer);
   }
 }
 
+model_slots* daemon::find_model(const std::string& name) const {
+  // The name, an alias, or either with ollama's ":latest" tag.
+  const auto named = [&](const model_slots& m, const std::string& n) {
+    return m.config.name == n || std::find(m.config.aliases.begin(), m.config.aliases.end(), n) != m.config.aliases.end();
+  };
+  constexpr std::string_view latest = ":latest";
+  const bool tagged = name.size() > latest.size() && name.compare(name.size() - latest.size(), latest.size(), latest) == 0;
+  for (const auto& m : models_) {
+    if (named(*m, name) || (tagged && named(*m, name.substr(0, name.size() - latest.size())))) return m.get();
+  }
+  return nullptr;
+}
+
 model_slots& daemon::loaded_model(const std::string& name) {
-  const auto it = std::find_if(models_.begin(), models_.end(), [&](const auto& m) { return m->config.name == name; });
-  if (it == models_.end()) {
+  model_slots* found = find_model(name);
+  if (found == nullptr) {
     throw api_error(404, "invalid_request_error", "the model '" + name + "' does not exist", "model", "model_not_found");
   }
-  model_slots& ms = **it;
+  model_slots& ms = *found;
   if (!ms.loaded.load()) {
     std::string why;
     {

@@ -77,9 +77,9 @@ actors::model_settings daemon::placed(const actors::model_settings& s, bool firs
 }
 
 void daemon::replace_model(const std::string& name, const std::string& why) {
-  const auto it = std::find_if(models_.begin(), models_.end(), [&](const auto& m) { return m->config.name == name; });
-  if (it == models_.end()) return;
-  model_slots& ms = **it;
+  model_slots* found = find_model(name);
+  if (found == nullptr) return;
+  model_slots& ms = *found;
   {
     std::lock_guard l(ms.m);
     ms.unavailable = why + "; it is being placed again";

@@ -104,16 +104,23 @@ class daemon {
   void complete(bool chat, const front::request& req, front::response& res);
   // An embeddings request (embeddings.cpp): checked, then computed on a session of the model.
   void embeddings(const front::request& req, front::response& res);
+  // The embeddings of a request's inputs, in OpenAI's shape (/v1/embeddings, ollama's /api/embed); throws api_error.
+  json embed(const embedding_request& r);
   // POST /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API, anthropic.h).
   void messages(const front::request& req, front::response& res);
   void count_tokens(const front::request& req, front::response& res);
   // POST /v1/responses, GET and DELETE /v1/responses/{id} (OpenAI's Responses API, responses.h).
   void responses(const front::request& req, front::response& res);
   void stored_response(const front::request& req, front::response& res);
+  // Ollama's API (ollama.h): /api/chat and /api/generate answers, /api/embed, and the model listings.
+  void ollama_answer(bool generate, const front::request& req, front::response& res);
+  void ollama_route(const front::request& req, front::response& res);
   // The answer of a request begun with begin_answer, written by a writer on the handler's thread.
   void respond(const std::shared_ptr<answer_state>& st, front::response& res);
   // The model a request names, loaded (throws api_error: 404 unknown, 503 still loading or down).
   model_slots& loaded_model(const std::string& name);
+  // The model of that name or alias (or either with ":latest"); null when none.
+  model_slots* find_model(const std::string& name) const;
   // A parsed request given a session (its model's chat template rendered, its cells reserved); throws api_error.
   std::shared_ptr<answer_state> begin_answer(completion_request request, std::string endpoint, const std::string& id_prefix);
   bool write_choices(answer_state& st, front::body_sink& sink);

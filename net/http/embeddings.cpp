@@ -62,27 +62,24 @@ std::vector<float> embed_on(engine& eng, lease& l, const std::vector<int32_t>& t
 
 void daemon::embeddings(const front::request& req, front::response& res) {
   try {
+    res.set_content(dump(embed(parse_embedding_request(req.body))), "application/json");
+  } catch (const api_error& e) {
+    detail::send_error(res, e);
+  }
+}
+
+json daemon::embed(const embedding_request& r) {
+  try {
     if (stopping_.load()) throw api_error(503, "unavailable_error", "the server is shutting down");
-    const embedding_request r = parse_embedding_request(req.body);
-    const auto it = std::find_if(models_.begin(), models_.end(), [&](const auto& m) { return m->config.name == r.model; });
-    if (it == models_.end()) {
-      throw api_error(404, "invalid_request_error", "the model '" + r.model + "' does not exist", "model", "model_not_found");
-    }
-    model_slots& ms = **it;
+    model_slots& ms = loaded_model(r.model);
     // The model is read only once `loaded` says it was published (its store orders the model's write before
     // it), as completions read it.
-    const bool loaded = ms.loaded.load();
     std::shared_ptr<const actors::loaded_model> lm;
-    std::string why;
     {
       std::lock_guard l(ms.m);
-      if (loaded) lm = ms.model;
-      why = ms.unavailable;
+      lm = ms.model;
     }
-    if (!loaded || !lm) {
-      throw api_error(503, "unavailable_error",
-                      "the model '" + r.model + "' is " + (why.empty() ? std::string("still loading") : "unavailable: " + why));
-    }
+    if (!lm) throw api_error(503, "unavailable_error", "the model '" + r.model + "' is still loading");
     // Every input is checked before a session is taken: the ids exist and fit a session's context.
     const llm::vocab& v = *lm->vocab;
     std::vector<std::vector<int32_t>> inputs = r.token_ids;
@@ -122,18 +119,14 @@ void daemon::embeddings(const front::request& req, front::response& res) {
       data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", r.base64 ? json(base64(e)) : json(e)}});
     }
     claim.reset();  // the session is free before the client has the answer
-    const json out = {{"object", "list"},
-                      {"data", data},
-                      {"model", r.model},
-                      {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}}};
-    res.set_content(dump(out), "application/json");
-  } catch (const api_error& e) {
-    detail::send_error(res, e);
+    return {{"object", "list"}, {"data", data}, {"model", r.model}, {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}}};
   } catch (const actors::request_error& e) {
     TROUPE_LOG(warn, "http: embeddings: " << e.what());
-    detail::send_error(res, detail::error_for(e));
+    throw detail::error_for(e);
+  } catch (const api_error&) {
+    throw;
   } catch (const std::exception& e) {
-    detail::send_error(res, api_error(500, "server_error", std::string("embeddings: ") + e.what()));
+    throw api_error(500, "server_error", std::string("embeddings: ") + e.what());
   }
 }
 

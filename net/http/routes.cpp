@@ -30,6 +30,7 @@ std::string endpoint_of(const std::string& path) {
   if (path == "/v1/messages") return "messages";
   if (path == "/v1/messages/count_tokens") return "count_tokens";
   if (path.rfind("/v1/responses", 0) == 0) return "responses";
+  if (path.rfind("/api/", 0) == 0) return "ollama";
   return "other";
 }
 
@@ -155,6 +156,8 @@ void daemon::route(const front::request& req, front::response& res) {
     messages(req, res);
   } else if (post && p == "/v1/messages/count_tokens") {
     count_tokens(req, res);
+  } else if (p.rfind("/api/", 0) == 0) {
+    ollama_route(req, res);
   } else if (post && p == "/v1/responses") {
     responses(req, res);
   } else if ((get || req.method == "DELETE") && p.rfind("/v1/responses/", 0) == 0) {

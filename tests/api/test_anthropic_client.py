@@ -7,7 +7,6 @@ answered), count_tokens equal to the prompt tokens a reply used, stop_sequences,
 shape (400 for a bad body, 401 for a wrong x-api-key). Run by CTest (`api: anthropic client`) with the
 project's virtual environment; exit 77 (skipped) without the model or the client, except under CI=true.
 """
-import argparse
 import os
 import sys
 import unittest
@@ -143,25 +142,7 @@ class AnthropicClient(unittest.TestCase):
 
 
 def main():
-    global ARGS
-    p = argparse.ArgumentParser()
-    p.add_argument("--troupe", required=True)
-    p.add_argument("--source", required=True)
-    ARGS, rest = p.parse_known_args()
-    ARGS.troupe = os.path.abspath(ARGS.troupe)
-    ARGS.source = os.path.abspath(ARGS.source)
-    try:
-        import anthropic  # noqa: F401
-    except ImportError:
-        venv_python = os.path.join(ARGS.source, ".venv", "bin", "python")
-        if os.path.isfile(venv_python) and os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(ARGS.source, ".venv")):
-            os.execv(venv_python, [venv_python] + sys.argv)
-        common.skip_or_fail("the anthropic package is not installed (scripts/install-deps makes .venv with it)")
-    ARGS.model = os.path.join(ARGS.source, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
-    if not os.path.isfile(ARGS.model):
-        common.skip_or_fail(f"{ARGS.model} is missing (scripts/fetch-model downloads it)")
-    r = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2).result
-    sys.exit(0 if r.wasSuccessful() else 1)
+    common.main_for(globals(), "anthropic")
 
 
 if __name__ == "__main__":

@@ -367,26 +367,32 @@ class OpenAIClient(unittest.TestCase):
         self.assertIn("tool_choice", str(e.exception))
 
 
-def main():
-    global ARGS
+def main_for(test_globals, package):
+    """The main of an API test module: --troupe and --source, the venv's interpreter when `package` is not
+    importable here, the fetched SmolLM2; sets the module's ARGS and runs its test cases."""
     p = argparse.ArgumentParser()
     p.add_argument("--troupe", required=True)
     p.add_argument("--source", required=True)
-    ARGS, rest = p.parse_known_args()
-    ARGS.troupe = os.path.abspath(ARGS.troupe)
-    ARGS.source = os.path.abspath(ARGS.source)
+    args, rest = p.parse_known_args()
+    args.troupe = os.path.abspath(args.troupe)
+    args.source = os.path.abspath(args.source)
     try:
-        import openai  # noqa: F401
+        __import__(package)
     except ImportError:
-        venv_python = os.path.join(ARGS.source, ".venv", "bin", "python")
-        if os.path.isfile(venv_python) and os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(ARGS.source, ".venv")):
+        venv_python = os.path.join(args.source, ".venv", "bin", "python")
+        if os.path.isfile(venv_python) and os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(args.source, ".venv")):
             os.execv(venv_python, [venv_python] + sys.argv)
-        skip_or_fail("the openai package is not installed (scripts/install-deps makes .venv with it)")
-    ARGS.model = os.path.join(ARGS.source, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
-    if not os.path.isfile(ARGS.model):
-        skip_or_fail(f"{ARGS.model} is missing (scripts/fetch-model downloads it)")
-    r = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2).result
+        skip_or_fail(f"the {package} package is not installed (scripts/install-deps makes .venv with it)")
+    args.model = os.path.join(args.source, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not os.path.isfile(args.model):
+        skip_or_fail(f"{args.model} is missing (scripts/fetch-model downloads it)")
+    test_globals["ARGS"] = args
+    r = unittest.main(module=test_globals["__name__"], argv=[sys.argv[0]] + rest, exit=False, verbosity=2).result
     sys.exit(0 if r.wasSuccessful() else 1)
+
+
+def main():
+    main_for(globals(), "openai")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ class answer_format {
   virtual std::string stream_error(const api_error& e) const = 0;
   // Whether some of a streamed answer went out (a failure after that cannot be answered with its status).
   bool started() const { return started_; }
+  // The content type of a streamed answer.
+  virtual const char* stream_type() const { return "text/event-stream"; }
 
  protected:
   bool started_ = false;
