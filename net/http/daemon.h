@@ -115,6 +115,8 @@ class daemon {
   // Ollama's API (ollama.h): /api/chat and /api/generate answers, /api/embed, and the model listings.
   void ollama_answer(bool generate, const front::request& req, front::response& res);
   void ollama_route(const front::request& req, front::response& res);
+  // llama-server's /tokenize, /detokenize, /apply-template and /props (server_utils.cpp).
+  void utility_route(const front::request& req, front::response& res);
   // The answer of a request begun with begin_answer, written by a writer on the handler's thread.
   void respond(const std::shared_ptr<answer_state>& st, front::response& res);
   // The model a request names, loaded (throws api_error: 404 unknown, 503 still loading or down).

@@ -31,6 +31,7 @@ std::string endpoint_of(const std::string& path) {
   if (path == "/v1/messages/count_tokens") return "count_tokens";
   if (path.rfind("/v1/responses", 0) == 0) return "responses";
   if (path.rfind("/api/", 0) == 0) return "ollama";
+  if (path == "/tokenize" || path == "/detokenize" || path == "/apply-template" || path == "/props") return "utility";
   return "other";
 }
 
@@ -156,6 +157,8 @@ void daemon::route(const front::request& req, front::response& res) {
     messages(req, res);
   } else if (post && p == "/v1/messages/count_tokens") {
     count_tokens(req, res);
+  } else if ((post && (p == "/tokenize" || p == "/detokenize" || p == "/apply-template")) || (get && p == "/props")) {
+    utility_route(req, res);
   } else if (p.rfind("/api/", 0) == 0) {
     ollama_route(req, res);
   } else if (post && p == "/v1/responses") {
@@ -219,13 +222,27 @@ void daemon::health(front::response& res) const {
 void daemon::list_models(front::response& res) const {
   json data = json::array();
   for (const auto& ms : models_) {
-    if (!ms->loaded.load()) continue;
+    if (!ms->loaded.load()) {
+      // A model not (or no longer) loaded: its state, and why.
+      std::string why;
+      {
+        std::lock_guard l(ms->m);
+        why = ms->unavailable;
+      }
+      data.push_back({{"id", ms->config.name},
+                      {"object", "model"},
+                      {"created", ms->created},
+                      {"owned_by", "troupe"},
+                      {"meta", {{"state", why.empty() ? "loading" : "unavailable"}, {"error", why.empty() ? json(nullptr) : json(why)}}}});
+      continue;
+    }
     data.push_back({{"id", ms->config.name},
                     {"object", "model"},
                     {"created", ms->created},
                     {"owned_by", "troupe"},
                     {"meta",
-                     {{"arch", ms->info.arch},
+                     {{"state", "loaded"},
+                      {"arch", ms->info.arch},
                       {"n_params", ms->info.n_params},
                       {"n_vocab", ms->info.n_vocab},
                       {"n_ctx_train", ms->info.n_ctx_train},

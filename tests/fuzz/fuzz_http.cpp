@@ -1,6 +1,6 @@
 // libFuzzer entry point for the daemon's request reading and validation: the bytes of a connection as the
 // HTTP front parses them (first byte 0xf0 and above), the OpenAI JSON of /v1/chat/completions,
-// /v1/completions and /v1/embeddings, the chats rendered through the ChatML and Llama 3 families and a Jinja
+// /v1/completions and /v1/embeddings (and Anthropic's messages, OpenAI's responses and ollama's requests), the chats rendered through the ChatML and Llama 3 families and a Jinja
 // template that knows tools and reasoning, the grammars those requests compile (response_format, grammar,
 // forced and lazy tool calls), the answers' tool-call parsing in every syntax, the reasoning split, and GBNF /
 // JSON Schema directly. Build with clang (see tests/fuzz/CMakeLists.txt):
@@ -16,7 +16,10 @@
 #include <string_view>
 
 #include "net/http/front.h"
+#include "net/http/anthropic.h"
+#include "net/http/ollama.h"
 #include "net/http/openai.h"
+#include "net/http/responses.h"
 #include "llm/grammar.h"
 #include "llm/reasoning.h"
 #include "llm/tool_calls.h"
@@ -105,7 +108,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 0: request(in, true, 0); break;
       case 1: request(in, true, in.size() % 2 == 0 ? 1 : 2); break;
       case 2: request(in, false, 0); break;
-      case 3: (void)http::parse_embedding_request(in); break;
+      case 3: {
+        // The other APIs' request readers: each input is refused with api_error or read; a read one renders.
+        const auto attempt = [&](auto read) {
+          try {
+            read();
+          } catch (const http::api_error&) {
+          } catch (const llm::grammar_error&) {
+          }
+        };
+        attempt([&] { (void)http::parse_embedding_request(in); });
+        attempt([&] { (void)http::parse_ollama_embed(in); });
+        attempt([&] {
+          http::completion_request r = http::parse_messages_request(in);
+          http::prepare_chat(r, renderer(2));
+        });
+        attempt([&] {
+          http::completion_request r = http::parse_ollama_request(in, in.size() % 2 == 0);
+          http::prepare_chat(r, renderer(0));
+        });
+        attempt([&] {
+          static http::response_store store;
+          http::responses_request r = http::parse_responses_request(in, store);
+          http::prepare_chat(r.chat, renderer(2));
+        });
+        break;
+      }
       case 4: grammar_text(in); break;
       case 5: {
         // A schema that compiles gives a grammar that parses.

@@ -911,3 +911,49 @@ TEST_CASE("daemon: SmolLM2's answers through its own Jinja template are the toke
     CHECK(ja["choices"][0]["tokens"].get<std::vector<int>>() == std::vector<int>(want_tools.tokens.begin(), want_tools.tokens.end()));
   }
 }
+
+TEST_CASE("daemon: llama-server's /tokenize, /detokenize, /apply-template and /props, and each model's state in /v1/models", "[http][daemon][utility]") {
+  const auto model = test::model_path("stories260K.gguf");
+  if (!model) return;
+  test::daemon_process d(stories_config(model->string()));
+  httplib::Client c("127.0.0.1", d.port());
+  c.set_read_timeout(60, 0);
+  const auto post = [&](const std::string& path, const json& body, int status = 200) {
+    auto r = c.Post(path, body.dump(), "application/json");
+    REQUIRE(r);
+    INFO(r->body);
+    REQUIRE(r->status == status);
+    return json::parse(r->body);
+  };
+  // "Once upon a time" with BOS is the reference prompt of 5 tokens; its answer detokenizes to the reference text.
+  const json with_bos = post("/tokenize", {{"content", "Once upon a time"}, {"add_special", true}});
+  REQUIRE(with_bos["tokens"].size() == 5);
+  CHECK(with_bos["tokens"][0] == 1);
+  const json plain = post("/tokenize", {{"content", "Once upon a time"}});
+  CHECK(plain["tokens"] == json(std::vector<json>(with_bos["tokens"].begin() + 1, with_bos["tokens"].end())));
+  const json pieces = post("/tokenize", {{"content", "Once upon a time"}, {"with_pieces", true}, {"model", "stories"}});
+  std::string joined;
+  for (const json& t : pieces["tokens"]) {
+    CHECK(t["id"].is_number_integer());
+    joined += t["piece"].get<std::string>();
+  }
+  CHECK(joined == " Once upon a time");
+  CHECK(post("/detokenize", {{"tokens", reference_tokens}})["content"] == reference_text);
+  CHECK(post("/detokenize", {{"tokens", {100000}}}, 400)["error"]["param"] == "tokens");
+  CHECK(post("/tokenize", {{"content", 5}}, 400)["error"]["param"] == "content");
+  CHECK(post("/tokenize", {{"content", "x"}, {"model", "nope"}}, 404)["error"]["code"] == "model_not_found");
+  // The chat template's prompt (stories has the raw family: the contents joined by newlines).
+  CHECK(post("/apply-template", {{"messages", {{{"role", "user"}, {"content", "Once upon"}}, {{"role", "assistant"}, {"content", "a time"}}}}})["prompt"] ==
+        "Once upon\na time");
+  auto props = c.Get("/props");
+  REQUIRE(props);
+  REQUIRE(props->status == 200);
+  const json pj = json::parse(props->body);
+  CHECK(pj["total_slots"] == 4);
+  CHECK(pj["default_generation_settings"]["n_ctx"] == 4096);
+  CHECK(pj["chat_template_family"] == "raw");
+  CHECK(pj["model_path"] == model->string());
+  auto models = c.Get("/v1/models");
+  REQUIRE(models);
+  CHECK(json::parse(models->body)["data"][0]["meta"]["state"] == "loaded");
+}
