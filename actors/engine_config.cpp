@@ -166,7 +166,16 @@ engine_config parse_engine_config(std::string_view text, const std::string& sour
     c.dispatch_splits = get<bool>(*r, "dispatch_splits", c.dispatch_splits, "runtime", source);
     c.reload_on_peer_reconnect = get<bool>(*r, "reload_on_peer_reconnect", c.reload_on_peer_reconnect, "runtime", source);
   }
-  for_each_table(root, "model", "[[model]]", "", source, [&](const toml::table& t) { c.models.push_back(parse_model(t, source)); });
+  // Every name and alias answers for one model only.
+  std::set<std::string> names;
+  for_each_table(root, "model", "[[model]]", "", source, [&](const toml::table& t) {
+    c.models.push_back(parse_model(t, source));
+    std::vector<std::string> own = {c.models.back().name};
+    own.insert(own.end(), c.models.back().aliases.begin(), c.models.back().aliases.end());
+    for (const std::string& n : own) {
+      if (!names.insert(n).second) fail(source, "model name or alias '" + n + "' is given to two models", t.source());
+    }
+  });
   parse_peers(root, c, source);
   return c;
 }

@@ -18,7 +18,7 @@ std::string block_text(const ojson& c, const std::string& where) {
   std::string out;
   for (size_t i = 0; i < c.size(); ++i) {
     const ojson& b = c[i];
-    if (!b.is_object() || b.value("type", "") != "text" || !b.contains("text") || !b["text"].is_string()) {
+    if (text_field(b, "type") != "text" || !b.contains("text") || !b["text"].is_string()) {
       throw invalid("'" + where + "[" + std::to_string(i) + "]' must be a text block", where);
     }
     if (!out.empty()) out += "\n";
@@ -31,7 +31,7 @@ std::string block_text(const ojson& c, const std::string& where) {
 void convert_message(const ojson& m, size_t i, ojson& out) {
   const std::string p = "messages[" + std::to_string(i) + "]";
   if (!m.is_object()) throw invalid("'" + p + "' must be an object", p);
-  const std::string role = m.contains("role") && m["role"].is_string() ? m["role"].get<std::string>() : "";
+  const std::string role = text_field(m, "role");
   if (role != "user" && role != "assistant") throw invalid("'" + p + ".role' must be 'user' or 'assistant'", p + ".role");
   if (!m.contains("content")) throw invalid("'" + p + ".content' is required", p + ".content");
   const ojson& c = m["content"];
@@ -45,7 +45,7 @@ void convert_message(const ojson& m, size_t i, ojson& out) {
   for (size_t k = 0; k < c.size(); ++k) {
     const std::string q = p + ".content[" + std::to_string(k) + "]";
     const ojson& b = c[k];
-    const std::string type = b.is_object() && b.contains("type") && b["type"].is_string() ? b["type"].get<std::string>() : "";
+    const std::string type = text_field(b, "type");
     if (type == "text") {
       if (!b.contains("text") || !b["text"].is_string()) throw invalid("'" + q + ".text' must be a string", q + ".text");
       text += b["text"].get<std::string>();
@@ -60,7 +60,7 @@ void convert_message(const ojson& m, size_t i, ojson& out) {
     } else if (type == "tool_result" && role == "user") {
       if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string()) throw invalid("'" + q + ".tool_use_id' must be a string", q);
       std::string result = b.contains("content") ? block_text(b["content"], q + ".content") : "";
-      if (b.value("is_error", false)) result = "Error: " + result;
+      if (true_field(b, "is_error")) result = "Error: " + result;
       out.push_back({{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", result}});
     } else if (type == "thinking" && role == "assistant") {
       if (b.contains("thinking") && b["thinking"].is_string()) reasoning += b["thinking"].get<std::string>();
@@ -132,7 +132,7 @@ completion_request parse_messages_request(std::string_view text, bool count_toke
   }
   if (in.contains("tool_choice") && !in["tool_choice"].is_null()) {
     const ojson& tc = in["tool_choice"];
-    const std::string type = tc.is_object() && tc.contains("type") && tc["type"].is_string() ? tc["type"].get<std::string>() : "";
+    const std::string type = text_field(tc, "type");
     if (type == "auto" || type == "none") {
       out["tool_choice"] = type;
     } else if (type == "any") {
@@ -142,11 +142,11 @@ completion_request parse_messages_request(std::string_view text, bool count_toke
     } else {
       throw invalid("'tool_choice' must be {\"type\": \"auto\" | \"any\" | \"none\"} or {\"type\": \"tool\", \"name\"}", "tool_choice");
     }
-    if (tc.value("disable_parallel_tool_use", false)) out["parallel_tool_calls"] = false;
+    if (true_field(tc, "disable_parallel_tool_use")) out["parallel_tool_calls"] = false;
   }
   if (in.contains("thinking") && !in["thinking"].is_null()) {
     const ojson& th = in["thinking"];
-    const std::string type = th.is_object() && th.contains("type") && th["type"].is_string() ? th["type"].get<std::string>() : "";
+    const std::string type = text_field(th, "type");
     if (type == "disabled") {
       out["reasoning_budget"] = 0;
     } else if (type == "enabled") {

@@ -143,7 +143,10 @@ struct daemon::answer_state {
   std::string endpoint;  // the metrics' name of the route ("chat", "completions", "messages")
   int64_t created = 0;
   uint32_t n_prompt = 0;  // the prompt's tokens
-  std::unique_ptr<detail::answer_format> format;  // how the answer goes out (OpenAI's shape when none)
+  // How the answer goes out: made by make_format (OpenAI's shape when none), again for a retry on a fresh
+  // session (a format keeps what it held back of the first try).
+  std::function<std::unique_ptr<detail::answer_format>()> make_format;
+  std::unique_ptr<detail::answer_format> format;
   clock_type::time_point deadline = clock_type::time_point::max();
   in_flight_count counted;
 };
@@ -159,7 +162,7 @@ void daemon::complete(bool chat, const front::request& req, front::response& res
 void daemon::messages(const front::request& req, front::response& res) {
   try {
     const std::shared_ptr<answer_state> st = begin_answer(parse_messages_request(req.body), "messages", "msg_");
-    st->format = messages_format(st->request, st->id, st->n_prompt);
+    st->make_format = [s = st.get()] { return messages_format(s->request, s->id, s->n_prompt); };
     respond(st, res);
   } catch (const api_error& e) {
     res.status = e.status();
@@ -172,7 +175,9 @@ void daemon::responses(const front::request& req, front::response& res) {
     responses_request r = parse_responses_request(req.body, stored_responses_);
     completion_request chat = std::move(r.chat);
     const std::shared_ptr<answer_state> st = begin_answer(std::move(chat), "responses", "resp_");
-    st->format = responses_format(st->request, std::move(r), st->id, st->created, stored_responses_);
+    st->make_format = [s = st.get(), extras = std::make_shared<const responses_request>(std::move(r)), this] {
+      return responses_format(s->request, *extras, s->id, s->created, stored_responses_);
+    };
     respond(st, res);
   } catch (const api_error& e) {
     detail::send_error(res, e);
@@ -199,9 +204,15 @@ void daemon::stored_response(const front::request& req, front::response& res) {
 
 void daemon::ollama_answer(bool generate, const front::request& req, front::response& res) {
   try {
+    if (const std::optional<json> done = ollama_load_only(req.body, generate)) {
+      // Models stay loaded while the daemon runs: a load is answered once the model is there.
+      (void)loaded_model((*done)["model"].get<std::string>());
+      res.set_content(dump(*done), "application/json");
+      return;
+    }
     const std::shared_ptr<answer_state> st = begin_answer(parse_ollama_request(req.body, generate), generate ? "ollama_generate" : "ollama_chat",
                                                           "ollama-");
-    st->format = ollama_format(st->request, generate, 0);
+    st->make_format = [s = st.get(), generate] { return ollama_format(s->request, generate, 0); };
     respond(st, res);
   } catch (const api_error& e) {
     res.status = e.status();
@@ -212,9 +223,9 @@ void daemon::ollama_answer(bool generate, const front::request& req, front::resp
 void daemon::count_tokens(const front::request& req, front::response& res) {
   try {
     completion_request r = parse_messages_request(req.body, true);
-    model_slots& ms = loaded_model(r.model);
-    prepare_chat(r, *ms.model->chat);
-    res.set_content(dump(json{{"input_tokens", actors::prompt_tokens(*ms.model, generate_request_of(r)).size()}}), "application/json");
+    const std::shared_ptr<const actors::loaded_model> lm = model_of(loaded_model(r.model));
+    prepare_chat(r, *lm->chat);
+    res.set_content(dump(json{{"input_tokens", actors::prompt_tokens(*lm, generate_request_of(r)).size()}}), "application/json");
   } catch (const api_error& e) {
     res.status = e.status();
     res.set_content(dump(messages_error(e)), "application/json");
@@ -231,6 +242,7 @@ void daemon::respond(const std::shared_ptr<answer_state>& st, front::response& r
   if (st->request.stream) {
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
+    if (!st->format && st->make_format) st->format = st->make_format();
     res.set_chunked(st->format ? st->format->stream_type() : "text/event-stream", writer);
   } else {
     res.set_chunked("application/json", writer);
@@ -238,16 +250,29 @@ void daemon::respond(const std::shared_ptr<answer_state>& st, front::response& r
 }
 
 model_slots* daemon::find_model(const std::string& name) const {
-  // The name, an alias, or either with ollama's ":latest" tag.
-  const auto named = [&](const model_slots& m, const std::string& n) {
-    return m.config.name == n || std::find(m.config.aliases.begin(), m.config.aliases.end(), n) != m.config.aliases.end();
+  // A model's name first, then an alias, then either without ollama's ":latest" tag (names are unique across
+  // names and aliases: the configuration checks).
+  const auto find = [&](const std::string& n) -> model_slots* {
+    for (const auto& m : models_) {
+      if (m->config.name == n) return m.get();
+    }
+    for (const auto& m : models_) {
+      if (std::find(m->config.aliases.begin(), m->config.aliases.end(), n) != m->config.aliases.end()) return m.get();
+    }
+    return nullptr;
   };
+  if (model_slots* m = find(name)) return m;
   constexpr std::string_view latest = ":latest";
-  const bool tagged = name.size() > latest.size() && name.compare(name.size() - latest.size(), latest.size(), latest) == 0;
-  for (const auto& m : models_) {
-    if (named(*m, name) || (tagged && named(*m, name.substr(0, name.size() - latest.size())))) return m.get();
+  if (name.size() > latest.size() && name.compare(name.size() - latest.size(), latest.size(), latest) == 0) {
+    return find(name.substr(0, name.size() - latest.size()));
   }
   return nullptr;
+}
+
+std::shared_ptr<const actors::loaded_model> daemon::model_of(model_slots& ms) {
+  std::lock_guard l(ms.m);
+  if (!ms.model) throw api_error(503, "unavailable_error", "the model '" + ms.config.name + "' is still loading");
+  return ms.model;
 }
 
 model_slots& daemon::loaded_model(const std::string& name) {
@@ -343,13 +368,14 @@ bool daemon::write_answer(answer_state& st, front::body_sink& sink) {
   if (!st.more.empty()) return write_choices(st, sink);
   const completion_request& req = st.request;
   answer_sink out{sink};
-  if (!st.format) st.format = std::make_unique<openai_format>(req, st.id, st.created);
-  detail::answer_format& fmt = *st.format;
+  if (!st.make_format) st.make_format = [&st] { return std::make_unique<openai_format>(st.request, st.id, st.created); };
+  if (!st.format) st.format = st.make_format();
+  detail::answer_format* fmt = st.format.get();
   auto last_beat = clock_type::now();
   const auto on_event = [&](const actors::token_event& e) -> bool {
     if (cancel_all_.load() || clock_type::now() >= st.deadline) return false;
     if (req.stream) {
-      const std::string text = fmt.stream(e);
+      const std::string text = fmt->stream(e);
       return text.empty() || out.write(text);
     }
     // A plain answer: a space every 100 ms notices a client that went away (whitespace before JSON is valid).
@@ -371,9 +397,11 @@ bool daemon::write_answer(answer_state& st, front::body_sink& sink) {
       // The session's actor is gone (its model was loaded again after a peer reconnected, say) and nothing
       // of the answer went out (a plain answer's heartbeat spaces do not count): once more, on a fresh
       // session.
-      if (attempt == 0 && !fmt.started() && e.is(actors::errc::down)) {
+      if (attempt == 0 && !fmt->started() && e.is(actors::errc::down)) {
         try {
           st.claim->replace(std::make_unique<session>(eng_.open_session(st.claim->model())));
+          st.format = st.make_format();
+          fmt = st.format.get();
           TROUPE_LOG(info, "http: " << st.id << ": " << e.what() << "; retrying on a new session");
           continue;
         } catch (const std::exception&) {
@@ -384,7 +412,7 @@ bool daemon::write_answer(answer_state& st, front::body_sink& sink) {
       const api_error ae = error_for(e);
       TROUPE_LOG(warn, "http: " << st.id << ": " << e.what());
       st.claim.reset();  // the session is free (or closed) before the client hears of it
-      return send_error_answer(out, sink, req.stream, fmt, ae, [&](int status) { count_request(st.endpoint, status); });
+      return send_error_answer(out, sink, req.stream, *fmt, ae, [&](int status) { count_request(st.endpoint, status); });
     }
   }
 
@@ -402,7 +430,7 @@ bool daemon::write_answer(answer_state& st, front::body_sink& sink) {
   // Before the answer's last bytes: a client that has them finds its session free and its request counted.
   st.claim.reset();
   count_request(st.endpoint, 200);
-  out.write(fmt.finish(reply));
+  out.write(fmt->finish(reply));
   return finish_response(out, sink);
 }
 

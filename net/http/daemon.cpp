@@ -77,9 +77,9 @@ actors::model_settings daemon::placed(const actors::model_settings& s, bool firs
 }
 
 void daemon::replace_model(const std::string& name, const std::string& why) {
-  model_slots* found = find_model(name);
-  if (found == nullptr) return;
-  model_slots& ms = *found;
+  const auto it = std::find_if(models_.begin(), models_.end(), [&](const auto& m) { return m->config.name == name; });
+  if (it == models_.end()) return;
+  model_slots& ms = **it;
   {
     std::lock_guard l(ms.m);
     ms.unavailable = why + "; it is being placed again";
@@ -93,10 +93,12 @@ void daemon::replace_model(const std::string& name, const std::string& why) {
   const auto t0 = std::chrono::steady_clock::now();
   while (!stopping_.load()) {
     try {
-      ms.info = eng_.load_model(placed(ms.config, false));
-      ms.model = eng_.env()->model(name);
+      actors::model_info info = eng_.load_model(placed(ms.config, false));
+      std::shared_ptr<const actors::loaded_model> model = eng_.env()->model(name);
       {
-        std::lock_guard l(ms.m);
+        std::lock_guard l(ms.m);  // readers that hold the model copy it under the lock (daemon::model_of)
+        ms.info = std::move(info);
+        ms.model = std::move(model);
         ms.unavailable.clear();
       }
       ms.loaded.store(true);
@@ -118,9 +120,14 @@ void daemon::replace_model(const std::string& name, const std::string& why) {
 void daemon::load_models() {
   for (auto& ms : models_) {
     if (stopping_.load()) return;
-    ms->info = eng_.load_model(placed(ms->config, true));
-    ms->model = eng_.env()->model(ms->config.name);
-    ms->created = detail::unix_now();
+    actors::model_info info = eng_.load_model(placed(ms->config, true));
+    std::shared_ptr<const actors::loaded_model> model = eng_.env()->model(ms->config.name);
+    {
+      std::lock_guard l(ms->m);
+      ms->info = std::move(info);
+      ms->model = std::move(model);
+      ms->created = detail::unix_now();
+    }
     ms->loaded.store(true);
     TROUPE_LOG(info, "model '" << ms->config.name << "' loaded: " << ms->info.arch << ", " << ms->info.n_params
                                << " parameters, " << ms->slots << " parallel sessions of "

@@ -123,6 +123,8 @@ class daemon {
   model_slots& loaded_model(const std::string& name);
   // The model of that name or alias (or either with ":latest"); null when none.
   model_slots* find_model(const std::string& name) const;
+  // The loaded model of a slot, held (a model replaced meanwhile stays alive for the caller).
+  static std::shared_ptr<const actors::loaded_model> model_of(model_slots& ms);
   // A parsed request given a session (its model's chat template rendered, its cells reserved); throws api_error.
   std::shared_ptr<answer_state> begin_answer(completion_request request, std::string endpoint, const std::string& id_prefix);
   bool write_choices(answer_state& st, front::body_sink& sink);

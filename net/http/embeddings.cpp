@@ -74,12 +74,7 @@ json daemon::embed(const embedding_request& r) {
     model_slots& ms = loaded_model(r.model);
     // The model is read only once `loaded` says it was published (its store orders the model's write before
     // it), as completions read it.
-    std::shared_ptr<const actors::loaded_model> lm;
-    {
-      std::lock_guard l(ms.m);
-      lm = ms.model;
-    }
-    if (!lm) throw api_error(503, "unavailable_error", "the model '" + r.model + "' is still loading");
+    const std::shared_ptr<const actors::loaded_model> lm = model_of(ms);
     // Every input is checked before a session is taken: the ids exist and fit a session's context.
     const llm::vocab& v = *lm->vocab;
     std::vector<std::vector<int32_t>> inputs = r.token_ids;

@@ -72,8 +72,8 @@ completion_request parse_ollama_request(std::string_view text, bool generate) {
     if (in.contains("suffix") && in["suffix"].is_string() && !in["suffix"].get<std::string>().empty()) {
       throw invalid("'suffix' (fill in the middle) is not supported", "suffix");
     }
-    const std::string prompt = in.contains("prompt") && in["prompt"].is_string() ? in["prompt"].get<std::string>() : "";
-    if (in.value("raw", false)) {
+    const std::string prompt = text_field(in, "prompt");
+    if (true_field(in, "raw")) {
       chat = false;
       out["prompt"] = prompt;
     } else {
@@ -114,6 +114,23 @@ completion_request parse_ollama_request(std::string_view text, bool generate) {
   common_fields(in, out);
   if (!chat) out.erase("tools");
   return parse_completion_request(out.dump(), chat);
+}
+
+std::optional<json> ollama_load_only(std::string_view text, bool generate) {
+  const ojson in = parse_body(text);
+  const bool empty = generate ? text_field(in, "prompt").empty() && !in.contains("suffix")
+                              : !in.contains("messages") || (in["messages"].is_array() && in["messages"].empty());
+  if (!empty) return std::nullopt;
+  const bool unload = in.contains("keep_alive") && ((in["keep_alive"].is_number() && in["keep_alive"].get<double>() == 0) ||
+                                                    (in["keep_alive"].is_string() && in["keep_alive"] == "0"));
+  json done = {{"model", in["model"]}, {"created_at", ollama_time(std::chrono::system_clock::now())}, {"done", true},
+               {"done_reason", unload ? "unload" : "load"}};
+  if (generate) {
+    done["response"] = "";
+  } else {
+    done["message"] = {{"role", "assistant"}, {"content", ""}};
+  }
+  return done;
 }
 
 embedding_request parse_ollama_embed(std::string_view text) {

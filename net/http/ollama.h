@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -22,6 +23,10 @@ class answer_format;  // net/http/detail/daemon_internals.h
 // /api/chat (generate false) or /api/generate (true): the chat request it means; a raw /api/generate is a
 // completion of the prompt as written. Streaming unless "stream": false. Throws api_error (400).
 completion_request parse_ollama_request(std::string_view body, bool generate);
+// A request that only asks for the model to be loaded (no messages; no prompt), or unloaded (keep_alive 0),
+// as `ollama run` sends first: its answer ({"done": true, "done_reason": "load" | "unload"}); nullopt for a
+// request to answer. Throws api_error (400) for a body that is not an object with a model.
+std::optional<json> ollama_load_only(std::string_view body, bool generate);
 // /api/embed and /api/embeddings: input (a string or strings; the older "prompt") as an embeddings request.
 embedding_request parse_ollama_embed(std::string_view body);
 

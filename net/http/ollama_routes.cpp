@@ -77,15 +77,17 @@ void daemon::ollama_route(const front::request& req, front::response& res) {
         if (p == "/api/ps" && !loaded) continue;
         std::vector<std::string> names = {ms->config.name};
         names.insert(names.end(), ms->config.aliases.begin(), ms->config.aliases.end());
+        // A model's description is read once it is loaded (the loader writes it before `loaded`).
+        const actors::model_info info = loaded ? ms->info : actors::model_info{};
         for (const std::string& n : names) {
           const std::string tagged = n.find(':') == std::string::npos ? n + ":latest" : n;
-          json m = {{"name", tagged}, {"model", tagged}, {"size", ms->info.weight_bytes}, {"digest", ""}, {"details", details(ms->info)}};
+          json m = {{"name", tagged}, {"model", tagged}, {"size", info.weight_bytes}, {"digest", ""}, {"details", details(info)}};
           if (p == "/api/tags") {
-            m["modified_at"] = iso_time(ms->created);
+            m["modified_at"] = iso_time(loaded ? ms->created : detail::unix_now());
           } else {
             m["expires_at"] = "2318-01-01T00:00:00Z";  // loaded for the daemon's life
             m["size_vram"] = 0;
-            m["context_length"] = loaded && ms->model ? ms->model->settings.n_ctx : 0;
+            m["context_length"] = model_of(*ms)->settings.n_ctx;
           }
           models.push_back(std::move(m));
           if (p == "/api/ps") break;  // one entry per loaded model
@@ -104,7 +106,8 @@ void daemon::ollama_route(const front::request& req, front::response& res) {
                                                                                                       : "";
       if (name.empty()) throw bad_request("'model' is required", "model");
       model_slots& ms = loaded_model(name);
-      const llm::chat_prompt& chat = *ms.model->chat;
+      const std::shared_ptr<const actors::loaded_model> lm = model_of(ms);
+      const llm::chat_prompt& chat = *lm->chat;
       json caps = json::array({"completion"});
       if (chat.tool_format() != llm::tool_syntax::generic || chat.template_renders_tools()) caps.push_back("tools");
       if (!chat.reasoning().empty()) caps.push_back("thinking");

@@ -482,6 +482,18 @@ void prepare_chat(completion_request& r, const llm::chat_prompt& p) {
   }
 }
 
+std::string text_field(const nlohmann::ordered_json& o, const char* key) {
+  if (!o.is_object()) return {};
+  const auto it = o.find(key);
+  return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+bool true_field(const nlohmann::ordered_json& o, const char* key) {
+  if (!o.is_object()) return false;
+  const auto it = o.find(key);
+  return it != o.end() && it->is_boolean() && it->get<bool>();
+}
+
 embedding_request parse_embedding_request(std::string_view text) {
   json body;
   refuse_deep(text);

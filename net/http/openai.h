@@ -85,6 +85,10 @@ struct completion_request {
 
 // Throws api_error (400, invalid_request_error) naming the field.
 completion_request parse_completion_request(std::string_view body, bool chat);
+
+// A body's field read without throwing: its text ("" unless a string), its truth (false unless true).
+std::string text_field(const nlohmann::ordered_json& object, const char* key);
+bool true_field(const nlohmann::ordered_json& object, const char* key);
 // POST /v1/embeddings: the inputs as text or token ids (one of the two), the encoding.
 struct embedding_request {
   std::string model;

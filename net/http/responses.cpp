@@ -55,7 +55,7 @@ std::string parts_text(const ojson& c, const std::string& where) {
   std::string out;
   for (size_t i = 0; i < c.size(); ++i) {
     const ojson& p = c[i];
-    const std::string type = p.is_object() && p.contains("type") && p["type"].is_string() ? p["type"].get<std::string>() : "";
+    const std::string type = text_field(p, "type");
     if ((type == "input_text" || type == "output_text" || type == "text") && p.contains("text") && p["text"].is_string()) {
       out += p["text"].get<std::string>();
     } else if (type == "input_image" || type == "input_file" || type == "input_audio") {
@@ -79,9 +79,9 @@ void convert_input(const ojson& input, ojson& msgs) {
     const ojson& it = input[i];
     const std::string p = "input[" + std::to_string(i) + "]";
     if (!it.is_object()) throw invalid("'" + p + "' must be an object", p);
-    const std::string type = it.contains("type") && it["type"].is_string() ? it["type"].get<std::string>() : "message";
+    const std::string type = (text_field(it, "type").empty() ? std::string("message") : text_field(it, "type"));
     if (type == "message") {
-      const std::string role = it.contains("role") && it["role"].is_string() ? it["role"].get<std::string>() : "";
+      const std::string role = text_field(it, "role");
       if (role != "user" && role != "assistant" && role != "system" && role != "developer") {
         throw invalid("'" + p + ".role' must be user, assistant, system or developer", p + ".role");
       }
@@ -168,7 +168,7 @@ responses_request parse_responses_request(std::string_view text, const response_
     for (size_t i = 0; i < in["tools"].size(); ++i) {
       const ojson& t = in["tools"][i];
       const std::string p = "tools[" + std::to_string(i) + "]";
-      if (!t.is_object() || t.value("type", "") != "function") {
+      if (text_field(t, "type") != "function") {
         throw invalid("'" + p + "' must be a function tool (built-in tools such as web search do not run here)", p);
       }
       ojson fn = {{"name", t.contains("name") ? t["name"] : ojson(nullptr)}};
@@ -180,7 +180,7 @@ responses_request parse_responses_request(std::string_view text, const response_
   }
   if (in.contains("tool_choice") && !in["tool_choice"].is_null()) {
     const ojson& tc = in["tool_choice"];
-    if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("name")) {
+    if (text_field(tc, "type") == "function" && tc.contains("name")) {
       out["tool_choice"] = {{"type", "function"}, {"function", {{"name", tc["name"]}}}};
     } else {
       out["tool_choice"] = tc;
@@ -188,10 +188,10 @@ responses_request parse_responses_request(std::string_view text, const response_
   }
   if (in.contains("text") && in["text"].is_object() && in["text"].contains("format")) {
     const ojson& f = in["text"]["format"];
-    const std::string type = f.is_object() && f.contains("type") && f["type"].is_string() ? f["type"].get<std::string>() : "";
+    const std::string type = text_field(f, "type");
     if (type == "json_schema") {
       if (!f.contains("schema")) throw invalid("'text.format.schema' is missing", "text.format.schema");
-      out["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", f.value("name", "answer")}, {"schema", f["schema"]}}}};
+      out["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", text_field(f, "name").empty() ? std::string("answer") : text_field(f, "name")}, {"schema", f["schema"]}}}};
     } else if (type == "json_object") {
       out["response_format"] = {{"type", "json_object"}};
     } else if (type != "text") {
@@ -302,7 +302,8 @@ class responses_stream : public detail::answer_format {
     if (r_.store) {
       // The conversation so far and this answer as an assistant turn: what previous_response_id continues.
       ojson conversation = r_.conversation;
-      ojson turn = ojson::parse(completion_response(chat_, id_, created_, reply)["choices"][0]["message"].dump());
+      // dump() replaces bytes that are not UTF-8 (an answer cut inside a character).
+      ojson turn = ojson::parse(dump(completion_response(chat_, id_, created_, reply)["choices"][0]["message"]));
       if (turn["content"].is_null()) turn["content"] = "";
       conversation.push_back(std::move(turn));
       store_.put(id_, {done, std::move(conversation)});
@@ -311,7 +312,9 @@ class responses_stream : public detail::answer_format {
     std::string out = write(deltas_.finish());
     if (!started_) out += start();
     out += close();
-    return out + event({{"type", done["status"] == "completed" ? "response.completed" : "response.incomplete"}, {"response", done}});
+    json streamed = done;
+    streamed["output"] = items_;  // the items as the stream gave them
+    return out + event({{"type", done["status"] == "completed" ? "response.completed" : "response.incomplete"}, {"response", streamed}});
   }
 
   std::string error_body(const api_error& e) const override { return dump(e.body()); }
@@ -320,6 +323,9 @@ class responses_stream : public detail::answer_format {
   }
 
  private:
+  // The open item's id: unique per output index (a text after calls is a message item of its own).
+  std::string item_id(const char* prefix) const { return prefix + id_ + "_" + std::to_string(index_); }
+
   std::string event(json j) {
     j["sequence_number"] = seq_++;
     const std::string type = j["type"];
@@ -336,16 +342,18 @@ class responses_stream : public detail::answer_format {
   std::string close() {
     std::string out;
     if (open_ == "reasoning") {
-      out += event({{"type", "response.reasoning_text.done"}, {"item_id", "rs_" + id_}, {"output_index", index_}, {"content_index", 0}, {"text", text_}});
-      out += event({{"type", "response.output_item.done"}, {"output_index", index_},
-                    {"item", {{"type", "reasoning"}, {"id", "rs_" + id_}, {"summary", json::array()},
-                              {"content", {{{"type", "reasoning_text"}, {"text", text_}}}}}}});
+      out += event({{"type", "response.reasoning_text.done"}, {"item_id", item_id("rs_")}, {"output_index", index_}, {"content_index", 0}, {"text", text_}});
+      const json item = {{"type", "reasoning"}, {"id", item_id("rs_")}, {"summary", json::array()},
+                         {"content", {{{"type", "reasoning_text"}, {"text", text_}}}}};
+      out += event({{"type", "response.output_item.done"}, {"output_index", index_}, {"item", item}});
+      items_.push_back(item);
     } else if (open_ == "message") {
       const json part = {{"type", "output_text"}, {"text", text_}, {"annotations", json::array()}};
-      out += event({{"type", "response.output_text.done"}, {"item_id", "msg_" + id_}, {"output_index", index_}, {"content_index", 0}, {"text", text_}});
-      out += event({{"type", "response.content_part.done"}, {"item_id", "msg_" + id_}, {"output_index", index_}, {"content_index", 0}, {"part", part}});
-      out += event({{"type", "response.output_item.done"}, {"output_index", index_},
-                    {"item", {{"type", "message"}, {"id", "msg_" + id_}, {"status", "completed"}, {"role", "assistant"}, {"content", {part}}}}});
+      out += event({{"type", "response.output_text.done"}, {"item_id", item_id("msg_")}, {"output_index", index_}, {"content_index", 0}, {"text", text_}});
+      out += event({{"type", "response.content_part.done"}, {"item_id", item_id("msg_")}, {"output_index", index_}, {"content_index", 0}, {"part", part}});
+      const json item = {{"type", "message"}, {"id", item_id("msg_")}, {"status", "completed"}, {"role", "assistant"}, {"content", {part}}};
+      out += event({{"type", "response.output_item.done"}, {"output_index", index_}, {"item", item}});
+      items_.push_back(item);
     }
     if (!open_.empty()) ++index_;
     open_.clear();
@@ -361,34 +369,35 @@ class responses_stream : public detail::answer_format {
         out += close();
         open_ = "reasoning";
         out += event({{"type", "response.output_item.added"}, {"output_index", index_},
-                      {"item", {{"type", "reasoning"}, {"id", "rs_" + id_}, {"summary", json::array()}, {"content", json::array()}}}});
+                      {"item", {{"type", "reasoning"}, {"id", item_id("rs_")}, {"summary", json::array()}, {"content", json::array()}}}});
       }
       text_ += d.reasoning;
-      out += event({{"type", "response.reasoning_text.delta"}, {"item_id", "rs_" + id_}, {"output_index", index_}, {"content_index", 0}, {"delta", d.reasoning}});
+      out += event({{"type", "response.reasoning_text.delta"}, {"item_id", item_id("rs_")}, {"output_index", index_}, {"content_index", 0}, {"delta", d.reasoning}});
     }
     if (!d.content.empty()) {
       if (open_ != "message") {
         out += close();
         open_ = "message";
         out += event({{"type", "response.output_item.added"}, {"output_index", index_},
-                      {"item", {{"type", "message"}, {"id", "msg_" + id_}, {"status", "in_progress"}, {"role", "assistant"}, {"content", json::array()}}}});
-        out += event({{"type", "response.content_part.added"}, {"item_id", "msg_" + id_}, {"output_index", index_}, {"content_index", 0},
+                      {"item", {{"type", "message"}, {"id", item_id("msg_")}, {"status", "in_progress"}, {"role", "assistant"}, {"content", json::array()}}}});
+        out += event({{"type", "response.content_part.added"}, {"item_id", item_id("msg_")}, {"output_index", index_}, {"content_index", 0},
                       {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}}}});
       }
       text_ += d.content;
-      out += event({{"type", "response.output_text.delta"}, {"item_id", "msg_" + id_}, {"output_index", index_}, {"content_index", 0}, {"delta", d.content}});
+      out += event({{"type", "response.output_text.delta"}, {"item_id", item_id("msg_")}, {"output_index", index_}, {"content_index", 0}, {"delta", d.content}});
     }
     for (size_t i = 0; i < d.calls.size(); ++i) {
       out += close();
       const llm::tool_call& c = d.calls[i];
-      const std::string item_id = "fc_" + id_ + "_" + std::to_string(d.first_index + i);
-      json item = {{"type", "function_call"}, {"id", item_id}, {"call_id", c.id}, {"name", c.name}, {"arguments", ""}, {"status", "in_progress"}};
+      const std::string call_item = "fc_" + id_ + "_" + std::to_string(d.first_index + i);
+      json item = {{"type", "function_call"}, {"id", call_item}, {"call_id", c.id}, {"name", c.name}, {"arguments", ""}, {"status", "in_progress"}};
       out += event({{"type", "response.output_item.added"}, {"output_index", index_}, {"item", item}});
-      out += event({{"type", "response.function_call_arguments.delta"}, {"item_id", item_id}, {"output_index", index_}, {"delta", c.arguments}});
-      out += event({{"type", "response.function_call_arguments.done"}, {"item_id", item_id}, {"output_index", index_}, {"arguments", c.arguments}});
+      out += event({{"type", "response.function_call_arguments.delta"}, {"item_id", call_item}, {"output_index", index_}, {"delta", c.arguments}});
+      out += event({{"type", "response.function_call_arguments.done"}, {"item_id", call_item}, {"output_index", index_}, {"arguments", c.arguments}});
       item["arguments"] = c.arguments;
       item["status"] = "completed";
       out += event({{"type", "response.output_item.done"}, {"output_index", index_}, {"item", item}});
+      items_.push_back(item);
       ++index_;
     }
     return out;
@@ -401,6 +410,7 @@ class responses_stream : public detail::answer_format {
   response_store& store_;
   chat_stream deltas_;
   std::string open_, text_;  // the open item's kind and its text so far
+  json items_ = json::array();  // the items streamed, done: the final response's output
   size_t index_ = 0;
   int64_t seq_ = 0;
 };

@@ -39,7 +39,8 @@ void daemon::utility_route(const front::request& req, front::response& res) {
       name = models_.front()->config.name;
     }
     model_slots& ms = loaded_model(name);
-    const actors::loaded_model& lm = *ms.model;
+    const std::shared_ptr<const actors::loaded_model> held = model_of(ms);
+    const actors::loaded_model& lm = *held;
     const llm::vocab& v = *lm.vocab;
     const std::string& p = req.path;
     if (p == "/tokenize") {
@@ -67,7 +68,7 @@ void daemon::utility_route(const front::request& req, front::response& res) {
         if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= v.n_tokens()) {
           throw bad_request("'tokens' must hold token ids of the vocabulary (0.." + std::to_string(v.n_tokens() - 1) + ")", "tokens");
         }
-        text += v.token_to_piece(static_cast<llm::token_id>(t.get<int64_t>()));
+        text += v.token_to_piece(static_cast<llm::token_id>(t.get<int64_t>()), true);  // control tokens as their text, as llama-server
       }
       res.set_content(dump(json{{"content", text}}), "application/json");
     } else if (p == "/apply-template") {

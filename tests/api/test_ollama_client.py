@@ -83,6 +83,9 @@ class OllamaClient(unittest.TestCase):
         self.assertIn("completion", shown.capabilities)
         self.assertIn("im_start", shown.template)
         self.assertEqual(shown.modelinfo["general.architecture"], "llama")
+        # `ollama run` loads the model first: a request with no prompt / messages is answered at once.
+        self.assertEqual(self.client.generate(model="smollm2").done_reason, "load")
+        self.assertEqual(self.client.chat(model="smollm2:135m", messages=[]).done_reason, "load")
         running = [m.model for m in self.client.ps().models]
         self.assertEqual(running, ["smollm2:latest"])
         e = self.client.embed(model="smollm2", input=["Hello", "World"])

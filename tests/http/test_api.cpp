@@ -137,6 +137,11 @@ TEST_CASE("daemon config: errors name the file, the line and the key", "[http][c
   CHECK_THAT(config_error("[[model]]\nname = \"m\"\npath = \"m.gguf\"\ncpu_moe = \"yes\"\n"), Contains("d.toml:4") && Contains("cpu_moe"));
   CHECK_THAT(config_error("[[model]]\nname = \"m\"\npath = \"m.gguf\"\nn_cpu_moe = -1\n"), Contains("n_cpu_moe"));
   CHECK_THAT(config_error("[server\n"), Contains("d.toml:1"));
+  CHECK_THAT(config_error("[[model]]\nname = \"a\"\npath = \"m.gguf\"\naliases = [\"b:1\"]\n[[model]]\nname = \"b:1\"\npath = \"m.gguf\"\n"),
+             Contains("d.toml:5") && Contains("'b:1' is given to two models"));
+  CHECK_THAT(config_error("[[model]]\nname = \"a\"\npath = \"m.gguf\"\naliases = \"b\"\n"), Contains("model.aliases must be an array"));
+  CHECK_THAT(config_error("[[model]]\nname = \"a\"\npath = \"m.gguf\"\nchat_template = \"chatml\"\nchat_template_file = \"t.jinja\"\n"),
+             Contains("chat_template_file and chat_template are exclusive"));
 
   daemon_config none = parse_daemon_config("", "d.toml");
   CHECK_THROWS_WITH(validate_daemon_config(none), Contains("no model to serve"));
