@@ -159,5 +159,7 @@ std::string json_schema_to_gbnf(std::string_view schema_json);
 // json_gbnf_rules() holds and that must be added once.
 std::string json_schema_gbnf_rules(std::string_view schema_json, std::string_view name);
 std::string_view json_gbnf_rules();
+// A GBNF literal matching exactly these bytes (quoted; quotes, backslashes and control bytes escaped).
+std::string gbnf_literal(std::string_view bytes);
 
 }  // namespace troupe::llm

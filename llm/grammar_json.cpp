@@ -32,31 +32,6 @@ const std::set<std::string, std::less<>> annotations = {
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
     "writeOnly", "$defs", "definitions", "strict"};
 
-// A GBNF literal for bytes.
-std::string literal(std::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      static const char hex[] = "0123456789ABCDEF";
-      out += "\\x";
-      out += hex[(c >> 4) & 15];
-      out += hex[c & 15];
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 std::string json_text(const ojson& v) { return v.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
 struct depth_guard {
@@ -134,14 +109,14 @@ class schema_compiler {
     }
     if (s.contains("const")) {
       check_keywords(s, path, {"const", "type"});
-      return literal(json_text(s.at("const")));
+      return gbnf_literal(json_text(s.at("const")));
     }
     if (s.contains("enum")) {
       check_keywords(s, path, {"enum", "type"});
       const ojson& e = s.at("enum");
       if (!e.is_array() || e.empty()) refuse(join(path, "enum"), "'enum' must be a non-empty array");
       std::string out;
-      for (const ojson& v : e) out += (out.empty() ? "" : " | ") + literal(json_text(v));
+      for (const ojson& v : e) out += (out.empty() ? "" : " | ") + gbnf_literal(json_text(v));
       return "(" + out + ")";
     }
     for (const char* key : {"anyOf", "oneOf"}) {
@@ -294,7 +269,7 @@ class schema_compiler {
     after[n] = "\"\"";
     const std::string hint = path.empty() ? "obj" : path;
     for (size_t k = n; k-- > 0;) {
-      const std::string kv = literal(json_text(ojson(kvs[k].first))) + " ws \":\" ws " + kvs[k].second + " ws";
+      const std::string kv = gbnf_literal(json_text(ojson(kvs[k].first))) + " ws \":\" ws " + kvs[k].second + " ws";
       const std::string after_next = k + 1 == n ? "" : " " + after[k + 1];
       std::string f = kv + after_next;
       std::string a = "\",\" ws " + kv + after_next;
@@ -352,6 +327,31 @@ class schema_compiler {
 };
 
 }  // namespace
+
+std::string gbnf_literal(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      static const char hex[] = "0123456789ABCDEF";
+      out += "\\x";
+      out += hex[(c >> 4) & 15];
+      out += hex[c & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
 
 std::string_view json_object_gbnf() {
   static const std::string g = "root ::= json-object\n" + std::string(json_base);

@@ -11,10 +11,15 @@
 
 namespace troupe::llm {
 
-int json_nesting(std::string_view text) {
-  int depth = 0, deepest = 0;
+namespace {
+
+// Walks JSON text from `from`, outside its strings (escapes respected): on(i, c) for each bracket, until it
+// returns true; the position it stopped at, or npos.
+template <class F>
+size_t each_bracket(std::string_view s, size_t from, F on) {
   bool in_string = false, escaped = false;
-  for (const char c : text) {
+  for (size_t i = from; i < s.size(); ++i) {
+    const char c = s[i];
     if (in_string) {
       if (escaped) {
         escaped = false;
@@ -25,12 +30,25 @@ int json_nesting(std::string_view text) {
       }
     } else if (c == '"') {
       in_string = true;
-    } else if (c == '{' || c == '[') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == '}' || c == ']') {
-      --depth;
+    } else if ((c == '{' || c == '[' || c == '}' || c == ']') && on(i, c)) {
+      return i;
     }
   }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
+int json_nesting(std::string_view text) {
+  int depth = 0, deepest = 0;
+  each_bracket(text, 0, [&](size_t, char c) {
+    if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+    } else {
+      --depth;
+    }
+    return false;
+  });
   return deepest;
 }
 namespace {
@@ -86,26 +104,14 @@ size_t skip_ws(sv s, size_t pos) {
 size_t json_end(sv s, size_t pos) {
   if (pos >= s.size() || (s[pos] != '{' && s[pos] != '[')) return npos;
   int depth = 0;
-  bool in_string = false, escaped = false;
-  for (size_t i = pos; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
+  const size_t close = each_bracket(s, pos, [&](size_t, char c) {
+    if (c == '{' || c == '[') {
       ++depth;
-    } else if (c == '}' || c == ']') {
-      if (--depth == 0) return i + 1;
+      return false;
     }
-  }
-  return npos;
+    return --depth == 0;
+  });
+  return close == npos ? npos : close + 1;
 }
 
 // JSON text, or null where it is not JSON (or nests deeper than any arguments should: dump recurses).
@@ -175,29 +181,16 @@ std::optional<std::vector<tool_call>> calls_of_array(const ojson& j, std::span<c
 // The top-level {...} spans of text (strings and escapes respected).
 std::vector<std::pair<size_t, size_t>> object_spans(sv s) {
   std::vector<std::pair<size_t, size_t>> out;
-  int depth = 0;
-  bool in_string = false, escaped = false;
+  int depth = 0;  // of braces only: a bracket does not end an object
   size_t start = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '{') {
+  each_bracket(s, 0, [&](size_t i, char c) {
+    if (c == '{') {
       if (depth++ == 0) start = i;
     } else if (c == '}' && depth > 0) {
       if (--depth == 0) out.emplace_back(start, i + 1);
     }
-  }
+    return false;
+  });
   return out;
 }
 
@@ -764,29 +757,7 @@ std::vector<sv> openings(tool_syntax syntax) {
 // ---- Grammars ----
 
 // A GBNF literal for bytes.
-std::string lit(sv s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      static const char hex[] = "0123456789ABCDEF";
-      out += "\\x";
-      out += hex[(c >> 4) & 15];
-      out += hex[c & 15];
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
+std::string lit(sv s) { return gbnf_literal(s); }
 
 // A JSON string's text (quoted and escaped).
 std::string json_quote(sv s) { return compact(ojson(std::string(s))); }

@@ -9,17 +9,15 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-api_error invalid(std::string message, std::string param = {}) { return bad_request(std::move(message), std::move(param)); }
-
 // The text of a string or of an array of {"type": "text", "text"} blocks (other block types refused).
 std::string block_text(const ojson& c, const std::string& where) {
   if (c.is_string()) return c.get<std::string>();
-  if (!c.is_array()) throw invalid("'" + where + "' must be a string or an array of text blocks", where);
+  if (!c.is_array()) throw bad_request("'" + where + "' must be a string or an array of text blocks", where);
   std::string out;
   for (size_t i = 0; i < c.size(); ++i) {
     const ojson& b = c[i];
     if (text_field(b, "type") != "text" || !b.contains("text") || !b["text"].is_string()) {
-      throw invalid("'" + where + "[" + std::to_string(i) + "]' must be a text block", where);
+      throw bad_request("'" + where + "[" + std::to_string(i) + "]' must be a text block", where);
     }
     if (!out.empty()) out += "\n";
     out += b["text"].get<std::string>();
@@ -30,16 +28,16 @@ std::string block_text(const ojson& c, const std::string& where) {
 // One Anthropic message as the OpenAI messages it means (a user turn's tool results are tool messages).
 void convert_message(const ojson& m, size_t i, ojson& out) {
   const std::string p = "messages[" + std::to_string(i) + "]";
-  if (!m.is_object()) throw invalid("'" + p + "' must be an object", p);
+  if (!m.is_object()) throw bad_request("'" + p + "' must be an object", p);
   const std::string role = text_field(m, "role");
-  if (role != "user" && role != "assistant") throw invalid("'" + p + ".role' must be 'user' or 'assistant'", p + ".role");
-  if (!m.contains("content")) throw invalid("'" + p + ".content' is required", p + ".content");
+  if (role != "user" && role != "assistant") throw bad_request("'" + p + ".role' must be 'user' or 'assistant'", p + ".role");
+  if (!m.contains("content")) throw bad_request("'" + p + ".content' is required", p + ".content");
   const ojson& c = m["content"];
   if (c.is_string()) {
     out.push_back({{"role", role}, {"content", c}});
     return;
   }
-  if (!c.is_array()) throw invalid("'" + p + ".content' must be a string or an array of content blocks", p + ".content");
+  if (!c.is_array()) throw bad_request("'" + p + ".content' must be a string or an array of content blocks", p + ".content");
   std::string text, reasoning;
   ojson calls = ojson::array();
   for (size_t k = 0; k < c.size(); ++k) {
@@ -47,18 +45,18 @@ void convert_message(const ojson& m, size_t i, ojson& out) {
     const ojson& b = c[k];
     const std::string type = text_field(b, "type");
     if (type == "text") {
-      if (!b.contains("text") || !b["text"].is_string()) throw invalid("'" + q + ".text' must be a string", q + ".text");
+      if (!b.contains("text") || !b["text"].is_string()) throw bad_request("'" + q + ".text' must be a string", q + ".text");
       text += b["text"].get<std::string>();
     } else if (type == "image" || type == "document") {
-      throw invalid("'" + q + "' is a " + type + " block: this server's models read text only (no vision)", q);
+      throw bad_request("'" + q + "' is a " + type + " block: this server's models read text only (no vision)", q);
     } else if (type == "tool_use" && role == "assistant") {
       if (!b.contains("id") || !b["id"].is_string() || !b.contains("name") || !b["name"].is_string()) {
-        throw invalid("'" + q + "' must have a string 'id' and 'name'", q);
+        throw bad_request("'" + q + "' must have a string 'id' and 'name'", q);
       }
       const ojson input = b.contains("input") && b["input"].is_object() ? b["input"] : ojson::object();
       calls.push_back({{"id", b["id"]}, {"type", "function"}, {"function", {{"name", b["name"]}, {"arguments", input.dump()}}}});
     } else if (type == "tool_result" && role == "user") {
-      if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string()) throw invalid("'" + q + ".tool_use_id' must be a string", q);
+      if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string()) throw bad_request("'" + q + ".tool_use_id' must be a string", q);
       std::string result = b.contains("content") ? block_text(b["content"], q + ".content") : "";
       if (true_field(b, "is_error")) result = "Error: " + result;
       out.push_back({{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", result}});
@@ -67,7 +65,7 @@ void convert_message(const ojson& m, size_t i, ojson& out) {
     } else if (type == "redacted_thinking" && role == "assistant") {
       // Another model's encrypted reasoning: nothing a local template can use.
     } else {
-      throw invalid("'" + q + ".type' '" + type + "' is not a content block a " + role + " message may hold here", q + ".type");
+      throw bad_request("'" + q + ".type' '" + type + "' is not a content block a " + role + " message may hold here", q + ".type");
     }
   }
   if (role == "user" && text.empty()) return;  // only tool results
@@ -80,50 +78,42 @@ void convert_message(const ojson& m, size_t i, ojson& out) {
 }  // namespace
 
 completion_request parse_messages_request(std::string_view text, bool count_tokens) {
-  if (llm::json_nesting(text) > 64) throw invalid("the body nests arrays and objects deeper than 64 levels");
-  ojson in;
-  try {
-    in = ojson::parse(text);
-  } catch (const ojson::exception& e) {
-    throw invalid(std::string("the body is not valid JSON: ") + e.what());
-  }
-  if (!in.is_object()) throw invalid("the body must be a JSON object");
+  ojson in = parse_api_body(text);
   ojson out = ojson::object();
-  if (!in.contains("model") || !in["model"].is_string()) throw invalid("'model' is required and must be a string", "model");
   out["model"] = in["model"];
   if (!count_tokens) {
-    if (!in.contains("max_tokens")) throw invalid("'max_tokens' is required", "max_tokens");
+    if (!in.contains("max_tokens")) throw bad_request("'max_tokens' is required", "max_tokens");
     out["max_tokens"] = in["max_tokens"];
   }
   ojson msgs = ojson::array();
   if (in.contains("system") && !in["system"].is_null()) msgs.push_back({{"role", "system"}, {"content", block_text(in["system"], "system")}});
   if (!in.contains("messages") || !in["messages"].is_array() || in["messages"].empty()) {
-    throw invalid("'messages' is required and must be a non-empty array", "messages");
+    throw bad_request("'messages' is required and must be a non-empty array", "messages");
   }
   for (size_t i = 0; i < in["messages"].size(); ++i) convert_message(in["messages"][i], i, msgs);
-  if (msgs.empty()) throw invalid("'messages' holds no text or tool result", "messages");
+  if (msgs.empty()) throw bad_request("'messages' holds no text or tool result", "messages");
   out["messages"] = std::move(msgs);
   for (const char* key : {"temperature", "top_p", "top_k", "stream"}) {
     if (in.contains(key)) out[key] = in[key];
   }
   if (in.contains("stop_sequences") && !in["stop_sequences"].is_null()) {
-    if (!in["stop_sequences"].is_array()) throw invalid("'stop_sequences' must be an array of strings", "stop_sequences");
+    if (!in["stop_sequences"].is_array()) throw bad_request("'stop_sequences' must be an array of strings", "stop_sequences");
     out["stop"] = in["stop_sequences"];
   }
   if (in.contains("tools") && !in["tools"].is_null()) {
-    if (!in["tools"].is_array()) throw invalid("'tools' must be an array", "tools");
+    if (!in["tools"].is_array()) throw bad_request("'tools' must be an array", "tools");
     ojson tools = ojson::array();
     for (size_t i = 0; i < in["tools"].size(); ++i) {
       const ojson& t = in["tools"][i];
       const std::string p = "tools[" + std::to_string(i) + "]";
-      if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) throw invalid("'" + p + ".name' must be a string", p + ".name");
+      if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) throw bad_request("'" + p + ".name' must be a string", p + ".name");
       if (t.contains("type") && t["type"].is_string() && t["type"] != "custom") {
-        throw invalid("'" + p + "' is Anthropic's server tool '" + t["type"].get<std::string>() + "': only custom tools (name, input_schema) run here", p);
+        throw bad_request("'" + p + "' is Anthropic's server tool '" + t["type"].get<std::string>() + "': only custom tools (name, input_schema) run here", p);
       }
       ojson fn = {{"name", t["name"]}};
       if (t.contains("description")) fn["description"] = t["description"];
       if (!t.contains("input_schema") || !t["input_schema"].is_object()) {
-        throw invalid("'" + p + ".input_schema' must be a JSON Schema object", p + ".input_schema");
+        throw bad_request("'" + p + ".input_schema' must be a JSON Schema object", p + ".input_schema");
       }
       fn["parameters"] = t["input_schema"];
       tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
@@ -140,7 +130,7 @@ completion_request parse_messages_request(std::string_view text, bool count_toke
     } else if (type == "tool" && tc.contains("name") && tc["name"].is_string()) {
       out["tool_choice"] = {{"type", "function"}, {"function", {{"name", tc["name"]}}}};
     } else {
-      throw invalid("'tool_choice' must be {\"type\": \"auto\" | \"any\" | \"none\"} or {\"type\": \"tool\", \"name\"}", "tool_choice");
+      throw bad_request("'tool_choice' must be {\"type\": \"auto\" | \"any\" | \"none\"} or {\"type\": \"tool\", \"name\"}", "tool_choice");
     }
     if (true_field(tc, "disable_parallel_tool_use")) out["parallel_tool_calls"] = false;
   }
@@ -152,7 +142,7 @@ completion_request parse_messages_request(std::string_view text, bool count_toke
     } else if (type == "enabled") {
       if (th.contains("budget_tokens")) out["reasoning_budget"] = th["budget_tokens"];
     } else {
-      throw invalid("'thinking' must be {\"type\": \"enabled\", \"budget_tokens\"} or {\"type\": \"disabled\"}", "thinking");
+      throw bad_request("'thinking' must be {\"type\": \"enabled\", \"budget_tokens\"} or {\"type\": \"disabled\"}", "thinking");
     }
   }
   try {

@@ -13,27 +13,13 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-api_error invalid(std::string message, std::string param = {}) { return bad_request(std::move(message), std::move(param)); }
-
-ojson parse_body(std::string_view text) {
-  if (llm::json_nesting(text) > 64) throw invalid("the body nests arrays and objects deeper than 64 levels");
-  ojson in;
-  try {
-    in = ojson::parse(text);
-  } catch (const ojson::exception& e) {
-    throw invalid(std::string("the body is not valid JSON: ") + e.what());
-  }
-  if (!in.is_object()) throw invalid("the body must be a JSON object");
-  if (!in.contains("model") || !in["model"].is_string()) throw invalid("'model' is required and must be a string", "model");
-  return in;
-}
 
 // options (ollama's sampling names) and format, think, stream into the OpenAI body.
 void common_fields(const ojson& in, ojson& out) {
   out["stream"] = in.contains("stream") && in["stream"].is_boolean() ? in["stream"].get<bool>() : true;
   if (in.contains("options") && !in["options"].is_null()) {
     const ojson& o = in["options"];
-    if (!o.is_object()) throw invalid("'options' must be an object", "options");
+    if (!o.is_object()) throw bad_request("'options' must be an object", "options");
     for (const char* key : {"temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty", "presence_penalty", "frequency_penalty", "stop"}) {
       if (o.contains(key) && !o[key].is_null()) out[key] = o[key];
     }
@@ -48,7 +34,7 @@ void common_fields(const ojson& in, ojson& out) {
     } else if (f.is_object()) {
       out["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "answer"}, {"schema", f}}}};
     } else if (f != "") {
-      throw invalid("'format' must be \"json\" or a JSON Schema object", "format");
+      throw bad_request("'format' must be \"json\" or a JSON Schema object", "format");
     }
   }
   if (in.contains("think") && in["think"].is_boolean() && !in["think"].get<bool>()) out["reasoning_budget"] = 0;
@@ -57,20 +43,20 @@ void common_fields(const ojson& in, ojson& out) {
 
 void refuse_images(const ojson& m, const std::string& where) {
   if (m.contains("images") && m["images"].is_array() && !m["images"].empty()) {
-    throw invalid("'" + where + ".images': this server's models read text only (no vision)", where + ".images");
+    throw bad_request("'" + where + ".images': this server's models read text only (no vision)", where + ".images");
   }
 }
 
 }  // namespace
 
 completion_request parse_ollama_request(std::string_view text, bool generate) {
-  const ojson in = parse_body(text);
+  const ojson in = parse_api_body(text);
   ojson out = {{"model", in["model"]}};
   bool chat = true;
   if (generate) {
     refuse_images(in, "");
     if (in.contains("suffix") && in["suffix"].is_string() && !in["suffix"].get<std::string>().empty()) {
-      throw invalid("'suffix' (fill in the middle) is not supported", "suffix");
+      throw bad_request("'suffix' (fill in the middle) is not supported", "suffix");
     }
     const std::string prompt = text_field(in, "prompt");
     if (true_field(in, "raw")) {
@@ -83,20 +69,20 @@ completion_request parse_ollama_request(std::string_view text, bool generate) {
       out["messages"] = std::move(msgs);
     }
   } else {
-    if (!in.contains("messages") || !in["messages"].is_array()) throw invalid("'messages' is required and must be an array", "messages");
+    if (!in.contains("messages") || !in["messages"].is_array()) throw bad_request("'messages' is required and must be an array", "messages");
     ojson msgs = ojson::array();
     size_t n_calls = 0;
     for (size_t i = 0; i < in["messages"].size(); ++i) {
       const ojson& m = in["messages"][i];
       const std::string p = "messages[" + std::to_string(i) + "]";
-      if (!m.is_object()) throw invalid("'" + p + "' must be an object", p);
+      if (!m.is_object()) throw bad_request("'" + p + "' must be an object", p);
       refuse_images(m, p);
       ojson o = {{"role", m.contains("role") ? m["role"] : ojson(nullptr)}, {"content", m.contains("content") ? m["content"] : ojson("")}};
       if (m.contains("thinking") && m["thinking"].is_string()) o["reasoning_content"] = m["thinking"];
       if (m.contains("tool_calls") && m["tool_calls"].is_array()) {
         ojson calls = ojson::array();
         for (const ojson& c : m["tool_calls"]) {
-          if (!c.is_object() || !c.contains("function") || !c["function"].is_object()) throw invalid("'" + p + ".tool_calls' must hold {function: {name, arguments}}", p);
+          if (!c.is_object() || !c.contains("function") || !c["function"].is_object()) throw bad_request("'" + p + ".tool_calls' must hold {function: {name, arguments}}", p);
           const ojson& f = c["function"];
           const ojson args = f.contains("arguments") ? f["arguments"] : ojson::object();
           calls.push_back({{"id", c.contains("id") && c["id"].is_string() ? c["id"] : ojson("call_" + std::to_string(n_calls))},
@@ -117,7 +103,7 @@ completion_request parse_ollama_request(std::string_view text, bool generate) {
 }
 
 std::optional<json> ollama_load_only(std::string_view text, bool generate) {
-  const ojson in = parse_body(text);
+  const ojson in = parse_api_body(text);
   const bool empty = generate ? text_field(in, "prompt").empty() && !in.contains("suffix")
                               : !in.contains("messages") || (in["messages"].is_array() && in["messages"].empty());
   if (!empty) return std::nullopt;
@@ -134,14 +120,14 @@ std::optional<json> ollama_load_only(std::string_view text, bool generate) {
 }
 
 embedding_request parse_ollama_embed(std::string_view text) {
-  const ojson in = parse_body(text);
+  const ojson in = parse_api_body(text);
   ojson out = {{"model", in["model"]}};
   if (in.contains("input")) {
     out["input"] = in["input"];
   } else if (in.contains("prompt")) {
     out["input"] = in["prompt"];  // the older /api/embeddings
   } else {
-    throw invalid("'input' is required", "input");
+    throw bad_request("'input' is required", "input");
   }
   return parse_embedding_request(out.dump());
 }

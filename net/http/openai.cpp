@@ -482,6 +482,19 @@ void prepare_chat(completion_request& r, const llm::chat_prompt& p) {
   }
 }
 
+nlohmann::ordered_json parse_api_body(std::string_view text) {
+  refuse_deep(text);
+  nlohmann::ordered_json in;
+  try {
+    in = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::ordered_json::exception& e) {
+    throw bad_request(std::string("the body is not valid JSON: ") + e.what());
+  }
+  if (!in.is_object()) throw bad_request("the body must be a JSON object");
+  if (!in.contains("model") || !in["model"].is_string()) throw bad_request("'model' is required and must be a string", "model");
+  return in;
+}
+
 std::string text_field(const nlohmann::ordered_json& o, const char* key) {
   if (!o.is_object()) return {};
   const auto it = o.find(key);

@@ -86,6 +86,9 @@ struct completion_request {
 // Throws api_error (400, invalid_request_error) naming the field.
 completion_request parse_completion_request(std::string_view body, bool chat);
 
+// The body of a request of another API (Anthropic's, OpenAI Responses', ollama's) in its own key order: not
+// nested deeper than requests need, a JSON object with a string "model". Throws api_error (400).
+nlohmann::ordered_json parse_api_body(std::string_view body);
 // A body's field read without throwing: its text ("" unless a string), its truth (false unless true).
 std::string text_field(const nlohmann::ordered_json& object, const char* key);
 bool true_field(const nlohmann::ordered_json& object, const char* key);

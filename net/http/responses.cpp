@@ -46,12 +46,10 @@ size_t response_store::size() const {
 
 namespace {
 
-api_error invalid(std::string message, std::string param = {}) { return bad_request(std::move(message), std::move(param)); }
-
 // A message's content: a string, or input_text / output_text parts (others refused).
 std::string parts_text(const ojson& c, const std::string& where) {
   if (c.is_string()) return c.get<std::string>();
-  if (!c.is_array()) throw invalid("'" + where + "' must be a string or an array of content parts", where);
+  if (!c.is_array()) throw bad_request("'" + where + "' must be a string or an array of content parts", where);
   std::string out;
   for (size_t i = 0; i < c.size(); ++i) {
     const ojson& p = c[i];
@@ -59,9 +57,9 @@ std::string parts_text(const ojson& c, const std::string& where) {
     if ((type == "input_text" || type == "output_text" || type == "text") && p.contains("text") && p["text"].is_string()) {
       out += p["text"].get<std::string>();
     } else if (type == "input_image" || type == "input_file" || type == "input_audio") {
-      throw invalid("'" + where + "[" + std::to_string(i) + "]' is " + type + ": this server's models read text only", where);
+      throw bad_request("'" + where + "[" + std::to_string(i) + "]' is " + type + ": this server's models read text only", where);
     } else {
-      throw invalid("'" + where + "[" + std::to_string(i) + "]' must be an input_text or output_text part", where);
+      throw bad_request("'" + where + "[" + std::to_string(i) + "]' must be an input_text or output_text part", where);
     }
   }
   return out;
@@ -73,25 +71,25 @@ void convert_input(const ojson& input, ojson& msgs) {
     msgs.push_back({{"role", "user"}, {"content", input}});
     return;
   }
-  if (!input.is_array()) throw invalid("'input' must be a string or an array of items", "input");
+  if (!input.is_array()) throw bad_request("'input' must be a string or an array of items", "input");
   std::string pending_reasoning;
   for (size_t i = 0; i < input.size(); ++i) {
     const ojson& it = input[i];
     const std::string p = "input[" + std::to_string(i) + "]";
-    if (!it.is_object()) throw invalid("'" + p + "' must be an object", p);
+    if (!it.is_object()) throw bad_request("'" + p + "' must be an object", p);
     const std::string type = (text_field(it, "type").empty() ? std::string("message") : text_field(it, "type"));
     if (type == "message") {
       const std::string role = text_field(it, "role");
       if (role != "user" && role != "assistant" && role != "system" && role != "developer") {
-        throw invalid("'" + p + ".role' must be user, assistant, system or developer", p + ".role");
+        throw bad_request("'" + p + ".role' must be user, assistant, system or developer", p + ".role");
       }
-      if (!it.contains("content")) throw invalid("'" + p + ".content' is required", p + ".content");
+      if (!it.contains("content")) throw bad_request("'" + p + ".content' is required", p + ".content");
       ojson m = {{"role", role == "developer" ? "system" : role}, {"content", parts_text(it["content"], p + ".content")}};
       if (role == "assistant" && !pending_reasoning.empty()) m["reasoning_content"] = std::exchange(pending_reasoning, {});
       msgs.push_back(std::move(m));
     } else if (type == "function_call") {
       for (const char* k : {"call_id", "name", "arguments"}) {
-        if (!it.contains(k) || !it[k].is_string()) throw invalid("'" + p + "." + k + "' must be a string", p + "." + k);
+        if (!it.contains(k) || !it[k].is_string()) throw bad_request("'" + p + "." + k + "' must be a string", p + "." + k);
       }
       const ojson call = {{"id", it["call_id"]}, {"type", "function"}, {"function", {{"name", it["name"]}, {"arguments", it["arguments"]}}}};
       if (msgs.empty() || msgs.back().value("role", "") != "assistant" || !msgs.back().contains("tool_calls")) {
@@ -101,8 +99,8 @@ void convert_input(const ojson& input, ojson& msgs) {
       }
       msgs.back()["tool_calls"].push_back(call);
     } else if (type == "function_call_output") {
-      if (!it.contains("call_id") || !it["call_id"].is_string()) throw invalid("'" + p + ".call_id' must be a string", p + ".call_id");
-      if (!it.contains("output")) throw invalid("'" + p + ".output' is required", p + ".output");
+      if (!it.contains("call_id") || !it["call_id"].is_string()) throw bad_request("'" + p + ".call_id' must be a string", p + ".call_id");
+      if (!it.contains("output")) throw bad_request("'" + p + ".output' is required", p + ".output");
       const std::string output = it["output"].is_string() ? it["output"].get<std::string>() : parts_text(it["output"], p + ".output");
       msgs.push_back({{"role", "tool"}, {"tool_call_id", it["call_id"]}, {"content", output}});
     } else if (type == "reasoning") {
@@ -114,7 +112,7 @@ void convert_input(const ojson& input, ojson& msgs) {
         }
       }
     } else {
-      throw invalid("'" + p + ".type' '" + type + "' is not an input item this server takes", p + ".type");
+      throw bad_request("'" + p + ".type' '" + type + "' is not an input item this server takes", p + ".type");
     }
   }
 }
@@ -122,23 +120,15 @@ void convert_input(const ojson& input, ojson& msgs) {
 }  // namespace
 
 responses_request parse_responses_request(std::string_view text, const response_store& store) {
-  if (llm::json_nesting(text) > 64) throw invalid("the body nests arrays and objects deeper than 64 levels");
-  ojson in;
-  try {
-    in = ojson::parse(text);
-  } catch (const ojson::exception& e) {
-    throw invalid(std::string("the body is not valid JSON: ") + e.what());
-  }
-  if (!in.is_object()) throw invalid("the body must be a JSON object");
+  ojson in = parse_api_body(text);
   responses_request r;
-  if (!in.contains("model") || !in["model"].is_string()) throw invalid("'model' is required and must be a string", "model");
   if (in.contains("store") && !in["store"].is_null()) {
-    if (!in["store"].is_boolean()) throw invalid("'store' must be true or false", "store");
+    if (!in["store"].is_boolean()) throw bad_request("'store' must be true or false", "store");
     r.store = in["store"].get<bool>();
   }
   ojson conversation = ojson::array();
   if (in.contains("previous_response_id") && !in["previous_response_id"].is_null()) {
-    if (!in["previous_response_id"].is_string()) throw invalid("'previous_response_id' must be a string", "previous_response_id");
+    if (!in["previous_response_id"].is_string()) throw bad_request("'previous_response_id' must be a string", "previous_response_id");
     r.previous_response_id = in["previous_response_id"].get<std::string>();
     const auto prev = store.get(r.previous_response_id);
     if (!prev) {
@@ -147,13 +137,13 @@ responses_request parse_responses_request(std::string_view text, const response_
     }
     conversation = prev->conversation;
   }
-  if (!in.contains("input")) throw invalid("'input' is required", "input");
+  if (!in.contains("input")) throw bad_request("'input' is required", "input");
   convert_input(in["input"], conversation);
   r.conversation = conversation;
   ojson out = {{"model", in["model"]}};
   ojson msgs = ojson::array();
   if (in.contains("instructions") && !in["instructions"].is_null()) {
-    if (!in["instructions"].is_string()) throw invalid("'instructions' must be a string", "instructions");
+    if (!in["instructions"].is_string()) throw bad_request("'instructions' must be a string", "instructions");
     msgs.push_back({{"role", "system"}, {"content", in["instructions"]}});
   }
   for (const ojson& m : conversation) msgs.push_back(m);
@@ -163,13 +153,13 @@ responses_request parse_responses_request(std::string_view text, const response_
     if (in.contains(key)) out[key] = in[key];
   }
   if (in.contains("tools") && !in["tools"].is_null()) {
-    if (!in["tools"].is_array()) throw invalid("'tools' must be an array", "tools");
+    if (!in["tools"].is_array()) throw bad_request("'tools' must be an array", "tools");
     ojson tools = ojson::array();
     for (size_t i = 0; i < in["tools"].size(); ++i) {
       const ojson& t = in["tools"][i];
       const std::string p = "tools[" + std::to_string(i) + "]";
       if (text_field(t, "type") != "function") {
-        throw invalid("'" + p + "' must be a function tool (built-in tools such as web search do not run here)", p);
+        throw bad_request("'" + p + "' must be a function tool (built-in tools such as web search do not run here)", p);
       }
       ojson fn = {{"name", t.contains("name") ? t["name"] : ojson(nullptr)}};
       if (t.contains("description")) fn["description"] = t["description"];
@@ -190,12 +180,12 @@ responses_request parse_responses_request(std::string_view text, const response_
     const ojson& f = in["text"]["format"];
     const std::string type = text_field(f, "type");
     if (type == "json_schema") {
-      if (!f.contains("schema")) throw invalid("'text.format.schema' is missing", "text.format.schema");
+      if (!f.contains("schema")) throw bad_request("'text.format.schema' is missing", "text.format.schema");
       out["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", text_field(f, "name").empty() ? std::string("answer") : text_field(f, "name")}, {"schema", f["schema"]}}}};
     } else if (type == "json_object") {
       out["response_format"] = {{"type", "json_object"}};
     } else if (type != "text") {
-      throw invalid("'text.format.type' must be text, json_object or json_schema", "text.format");
+      throw bad_request("'text.format.type' must be text, json_object or json_schema", "text.format");
     }
   }
   try {
