@@ -403,6 +403,10 @@ void peer_server::stop() {
   for (auto& ioc : m.iocs) ioc->stop();
   for (auto& t : m.threads) t.join();
   m.threads.clear();
+  // The close posted above may not have run before the control context stopped: the listening socket must not
+  // outlive stop(), or the port stays taken and the kernel goes on queueing connections nobody will accept.
+  std::error_code ec;
+  m.acceptor->close(ec);
 }
 
 uint16_t peer_server::port() const { return impl_->port; }
