@@ -63,7 +63,7 @@ void parse_peers(const toml::table& root, engine_config& c, const std::string& s
 // the error placed at the key at fault.
 model_settings parse_model(const toml::table& t, const std::string& source) {
   check_keys(t, {"name", "path", "devices", "use_mmap", "huge_pages", "parallel", "n_ctx", "n_batch", "n_ubatch", "n_pipeline", "n_seq_max", "threads",
-                 "n_ctx_seq", "prompt_cache_mib", "kv_type", "cache_type_k", "cache_type_v", "flash_attn", "context_shift", "chat_template", "chat_template_file", "aliases", "overrides", "cpu_moe", "n_cpu_moe", "placement", "min_nodes"},
+                 "n_ctx_seq", "prompt_cache_mib", "kv_type", "cache_type_k", "cache_type_v", "flash_attn", "context_shift", "chat_template", "chat_template_file", "aliases", "overrides", "cpu_moe", "n_cpu_moe", "placement", "min_nodes", "load", "keep_alive"},
              "[[model]]", source);
   model_settings m;
   m.name = get<std::string>(t, "name", "", "model", source);
@@ -98,6 +98,20 @@ model_settings parse_model(const toml::table& t, const std::string& source) {
   }
   m.placement = get<std::string>(t, "placement", m.placement, "model", source);
   m.min_nodes = get<uint32_t>(t, "min_nodes", m.min_nodes, "model", source);
+  m.load = get<std::string>(t, "load", m.load, "model", source);
+  if (const toml::node* k = t.get("keep_alive")) {
+    // Seconds (an integer or a float), or ollama's duration text.
+    std::optional<int64_t> ms;
+    if (const auto i = k->value<int64_t>(); i && k->is_integer()) {
+      ms = *i < 0 ? -1 : (*i > int64_t{1} << 40 ? std::nullopt : std::optional<int64_t>(*i * 1000));
+    } else if (const auto d = k->value<double>(); d && k->is_floating_point()) {
+      ms = parse_keep_alive(std::to_string(*d));
+    } else if (const auto str = k->value<std::string>()) {
+      ms = parse_keep_alive(*str);
+    }
+    if (!ms) fail(source, "model.keep_alive must be seconds (-1: for ever) or a duration such as \"5m\" or \"30s\"", k->source());
+    m.keep_alive_ms = *ms;
+  }
   const std::string overrides = "model.overrides";
   for_each_table(t, "overrides", overrides, "{pattern, device}", source, [&](const toml::table& ot) {
     check_keys(ot, {"pattern", "device"}, overrides, source);

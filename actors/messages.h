@@ -460,7 +460,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_settings& x) {
   return f(caf::meta::type_name("model_settings"), x.name, x.path, x.devices, x.use_mmap, x.huge_pages, x.parallel, x.n_ctx, x.n_batch,
            x.n_ubatch, x.n_pipeline, x.n_seq_max, x.n_threads, x.n_ctx_seq, x.prompt_cache_mib, x.kv_type, x.kv_type_v, x.flash_attn, x.context_shift, x.chat_template, x.chat_template_file, x.aliases,
-           x.overrides, x.placement, x.min_nodes);
+           x.overrides, x.placement, x.min_nodes, x.load, x.keep_alive_ms);
 }
 
 template <class Inspector>

@@ -72,6 +72,67 @@ void model_settings::validate() const {
   for (const device_layers& d : devices) {
     if (d.device.empty()) throw settings_error("devices", "devices entries need a device");
   }
+  if (load != "" && load != "startup" && load != "on_demand") {
+    throw settings_error("load", "load must be \"startup\" or \"on_demand\", not \"" + load + "\"");
+  }
+  if (load == "on_demand" && placement == "cluster") {
+    throw settings_error("load", "a model with placement = \"cluster\" loads at start (its nodes hold it): load = \"on_demand\" does not apply");
+  }
+  if (keep_alive_ms < -1 && keep_alive_ms != keep_alive_default) {
+    throw settings_error("keep_alive", "keep_alive " + std::to_string(keep_alive_ms) + " ms is negative (-1: for ever)");
+  }
+}
+
+std::optional<int64_t> parse_keep_alive(std::string_view text) {
+  // Whitespace around it is tolerated; a sign, then either a bare number (seconds) or number-unit pairs.
+  while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
+  if (text.empty()) return std::nullopt;
+  bool negative = false;
+  if (text.front() == '-' || text.front() == '+') {
+    negative = text.front() == '-';
+    text.remove_prefix(1);
+  }
+  const auto number = [&](double& out) {
+    size_t i = 0;
+    bool digits = false, dot = false;
+    while (i < text.size() && ((text[i] >= '0' && text[i] <= '9') || (text[i] == '.' && !dot))) {
+      dot = dot || text[i] == '.';
+      digits = digits || text[i] != '.';
+      ++i;
+    }
+    if (!digits || i > 24) return false;
+    out = std::stod(std::string(text.substr(0, i)));
+    text.remove_prefix(i);
+    return true;
+  };
+  double total_ms = 0;
+  double v = 0;
+  if (!number(v)) return std::nullopt;
+  if (text.empty()) {
+    total_ms = v * 1000;  // seconds
+  } else {
+    for (;;) {
+      // The longest unit first: "ms" before "m".
+      static constexpr std::pair<std::string_view, double> units[] = {{"ns", 1e-6}, {"us", 1e-3}, {"\xC2\xB5s", 1e-3}, {"ms", 1.0},
+                                                                      {"s", 1e3},   {"m", 6e4},   {"h", 3.6e6}};
+      bool found = false;
+      for (const auto& [u, scale] : units) {
+        if (text.substr(0, u.size()) == u) {
+          total_ms += v * scale;
+          text.remove_prefix(u.size());
+          found = true;
+          break;
+        }
+      }
+      if (!found) return std::nullopt;
+      if (text.empty()) break;
+      if (!number(v)) return std::nullopt;
+    }
+  }
+  if (negative && total_ms > 0) return -1;
+  if (total_ms > 1e15) return std::nullopt;  // (beyond any daemon's life; also keeps the cast defined)
+  return static_cast<int64_t>(total_ms);
 }
 
 model_settings model_settings::resolved() const {

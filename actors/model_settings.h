@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/error.h"
@@ -85,6 +87,15 @@ struct model_settings {
   // least min_nodes nodes are up.
   std::string placement;
   uint32_t min_nodes = 1;
+  // The daemon's on-demand loading (net/http/model_manager.h): "startup" loads the model when the daemon
+  // starts, "on_demand" when a request first names it; "": startup for the first model and for placement =
+  // "cluster", on demand for the others.
+  std::string load;
+  // How long the model stays loaded once idle, in milliseconds (TOML `keep_alive`: seconds, or ollama's
+  // duration text "5m", "30s", "1h30m"); -1: for ever; keep_alive_default: the daemon's default (for ever for
+  // a model loaded at start, 5 minutes for one loaded on demand, as ollama).
+  int64_t keep_alive_ms = keep_alive_default;
+  static constexpr int64_t keep_alive_default = -2;
   friend bool operator==(const model_settings&, const model_settings&) = default;
 
   // Throws settings_error for the first field no model can run with (name and path empty, counts of 0,
@@ -100,5 +111,9 @@ struct model_settings {
   // leave room for, and a context of the whole pool beside the sessions' would double the KV memory.
   uint32_t embedding_cells() const;
 };
+
+// A keep-alive duration as ollama takes it: a number of seconds ("300", "2.5"), or Go's duration text ("5m",
+// "30s", "1h30m", "250ms"); any negative value is -1 (for ever). Milliseconds; nullopt when it is neither.
+std::optional<int64_t> parse_keep_alive(std::string_view text);
 
 }  // namespace troupe::actors

@@ -137,6 +137,7 @@ bool finish_response(answer_sink& out, front::body_sink& sink) {
 struct daemon::answer_state {
   explicit answer_state(daemon_metrics& mx) : counted(mx) {}
   completion_request request;
+  model_use use;  // the model held loaded (released after the sessions below)
   std::unique_ptr<lease> claim;
   std::vector<std::unique_ptr<lease>> more;  // n > 1: the sessions of choices 1..n-1
   std::string id;
@@ -204,9 +205,24 @@ void daemon::stored_response(const front::request& req, front::response& res) {
 
 void daemon::ollama_answer(bool generate, const front::request& req, front::response& res) {
   try {
-    if (const std::optional<json> done = ollama_load_only(req.body, generate)) {
-      // Models stay loaded while the daemon runs: a load is answered once the model is there.
-      (void)loaded_model((*done)["model"].get<std::string>());
+    if (std::optional<json> done = ollama_load_only(req.body, generate)) {
+      // A load is answered once the model is there; an unload (keep_alive 0) once it is gone, or at once when
+      // it is not loaded (or in use by other requests: it unloads when they end, as its keep_alive is 0).
+      const std::string name = (*done)["model"].get<std::string>();
+      if ((*done)["done_reason"] == "unload") {
+        if (find_model(name) == nullptr) {
+          throw api_error(404, "invalid_request_error", "the model '" + name + "' does not exist", "model", "model_not_found");
+        }
+        if (!unload_now(name)) {
+          model_slots& ms = *find_model(name);
+          std::lock_guard l(ms.m);
+          if (ms.users > 0) ms.next_keep_alive_ms = 0;  // when the requests using it end
+        }
+      } else {
+        model_use use = use_model(name);
+        const int64_t keep = ollama_keep_alive(nlohmann::ordered_json::parse(req.body));
+        if (keep != actors::model_settings::keep_alive_default) use.keep_alive(keep);
+      }
       res.set_content(dump(*done), "application/json");
       return;
     }
@@ -223,7 +239,7 @@ void daemon::ollama_answer(bool generate, const front::request& req, front::resp
 void daemon::count_tokens(const front::request& req, front::response& res) {
   try {
     completion_request r = parse_messages_request(req.body, true);
-    const std::shared_ptr<const actors::loaded_model> lm = model_of(loaded_model(r.model));
+    const std::shared_ptr<const actors::loaded_model> lm = use_model(r.model).model();
     prepare_chat(r, *lm->chat);
     res.set_content(dump(json{{"input_tokens", actors::prompt_tokens(*lm, generate_request_of(r)).size()}}), "application/json");
   } catch (const api_error& e) {
@@ -269,30 +285,6 @@ model_slots* daemon::find_model(const std::string& name) const {
   return nullptr;
 }
 
-std::shared_ptr<const actors::loaded_model> daemon::model_of(model_slots& ms) {
-  std::lock_guard l(ms.m);
-  if (!ms.model) throw api_error(503, "unavailable_error", "the model '" + ms.config.name + "' is still loading");
-  return ms.model;
-}
-
-model_slots& daemon::loaded_model(const std::string& name) {
-  model_slots* found = find_model(name);
-  if (found == nullptr) {
-    throw api_error(404, "invalid_request_error", "the model '" + name + "' does not exist", "model", "model_not_found");
-  }
-  model_slots& ms = *found;
-  if (!ms.loaded.load()) {
-    std::string why;
-    {
-      std::lock_guard l(ms.m);
-      why = ms.unavailable;
-    }
-    throw api_error(503, "unavailable_error",
-                    "the model '" + name + "' is " + (why.empty() ? std::string("still loading") : "unavailable: " + why));
-  }
-  return ms;
-}
-
 std::shared_ptr<daemon::answer_state> daemon::begin_answer(completion_request request, std::string endpoint,
                                                            const std::string& id_prefix) {
   if (stopping_.load()) throw api_error(503, "unavailable_error", "the server is shutting down");
@@ -301,7 +293,9 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(completion_request re
   st->endpoint = std::move(endpoint);
   const completion_request& r = st->request;
   const bool chat = r.chat;
-  model_slots& ms = loaded_model(r.model);
+  st->use = use_model(r.model);
+  if (r.keep_alive_ms != actors::model_settings::keep_alive_default) st->use.keep_alive(r.keep_alive_ms);
+  model_slots& ms = st->use.slots();
   // The chat through the model's template (tools, their calls and results in its syntax; the grammar of a
   // call; the reasoning markers).
   prepare_chat(st->request, *ms.model->chat);

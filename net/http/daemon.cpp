@@ -15,6 +15,9 @@ namespace troupe::http {
 using detail::clock_type;
 
 daemon::daemon(engine& eng, daemon_config cfg) : eng_(eng), cfg_(std::move(cfg)) {
+  // models_dir's files beside the tables (troupe serve has added them already, to apply its flags: then none
+  // is new).
+  for (actors::model_settings& m : models_in_dir(cfg_)) cfg_.engine.models.push_back(std::move(m));
   for (const actors::model_settings& m : cfg_.engine.models) {
     auto ms = std::make_unique<model_slots>();
     ms->config = m;
@@ -41,6 +44,8 @@ daemon::daemon(engine& eng, daemon_config cfg) : eng_(eng), cfg_(std::move(cfg))
   };
   h.log = [this](const front::request& req, int status, double seconds) { access_log(req, status, seconds); };
   svr_ = std::make_unique<front::listener>(std::move(o), std::move(h));
+  init_on_demand();
+  reaper_ = std::thread([this] { reap_idle_models(); });
 }
 
 daemon::~daemon() {
@@ -83,6 +88,7 @@ void daemon::replace_model(const std::string& name, const std::string& why) {
   {
     std::lock_guard l(ms.m);
     ms.unavailable = why + "; it is being placed again";
+    ms.at = model_slots::phase::loading;
   }
   ms.loaded.store(false);
   try {
@@ -100,8 +106,11 @@ void daemon::replace_model(const std::string& name, const std::string& why) {
         ms.info = std::move(info);
         ms.model = std::move(model);
         ms.unavailable.clear();
+        ms.at = model_slots::phase::loaded;
+        ++ms.loads;
       }
       ms.loaded.store(true);
+      ms.cv.notify_all();
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       metrics_.recovered(s);
       TROUPE_LOG(info, "model '" << name << "' placed and loaded again after " << why << " (" << s << " s)");
@@ -120,15 +129,38 @@ void daemon::replace_model(const std::string& name, const std::string& why) {
 void daemon::load_models() {
   for (auto& ms : models_) {
     if (stopping_.load()) return;
-    actors::model_info info = eng_.load_model(placed(ms->config, true));
+    if (ms->on_demand) continue;  // (loaded by the first request that names it)
+    std::unique_lock manage(load_mutex_);
+    {
+      std::lock_guard l(ms->m);
+      if (ms->at != model_slots::phase::unloaded) continue;
+      ms->at = model_slots::phase::loading;
+    }
+    actors::model_info info;
+    try {
+      info = eng_.load_model(placed(ms->config, true));
+    } catch (...) {
+      {
+        std::lock_guard l(ms->m);
+        ms->at = model_slots::phase::unloaded;
+      }
+      ms->cv.notify_all();
+      throw;
+    }
     std::shared_ptr<const actors::loaded_model> model = eng_.env()->model(ms->config.name);
     {
       std::lock_guard l(ms->m);
       ms->info = std::move(info);
       ms->model = std::move(model);
       ms->created = detail::unix_now();
+      ms->at = model_slots::phase::loaded;
+      ms->last_used = std::chrono::steady_clock::now();
+      ms->expires = ms->keep_alive_ms < 0 ? std::chrono::steady_clock::time_point::max()
+                                          : ms->last_used + std::chrono::milliseconds(ms->keep_alive_ms);
+      ++ms->loads;
     }
     ms->loaded.store(true);
+    ms->cv.notify_all();
     TROUPE_LOG(info, "model '" << ms->config.name << "' loaded: " << ms->info.arch << ", " << ms->info.n_params
                                << " parameters, " << ms->slots << " parallel sessions of "
                                << ms->model->settings.n_ctx_seq << " tokens, chat template "
@@ -150,8 +182,18 @@ std::vector<model_gauges> daemon::gauges() const {
   std::vector<model_gauges> out;
   for (const auto& ms : models_) {
     std::lock_guard l(ms->m);
-    out.push_back({ms->config.name, ms->loaded.load() && !down.count(ms->config.name), ms->busy,
-                   static_cast<uint32_t>(ms->idle.size()), ms->slots});
+    // A model that loads on demand and is not loaded now is ready to serve (its first request loads it),
+    // unless its last load failed.
+    std::string state = !ms->unavailable.empty()                     ? "unavailable"
+                        : ms->at == model_slots::phase::loaded       ? "loaded"
+                        : ms->at == model_slots::phase::loading      ? "loading"
+                        : ms->at == model_slots::phase::unloading    ? "unloading"
+                        : ms->loads > 0 || ms->on_demand             ? "unloaded"
+                                                                     : "loading";  // (at start, before its turn)
+    const bool loadable = ms->unavailable.empty() && (ms->on_demand || ms->loads > 0) && ms->load_error.empty() && ready_.load();
+    const bool ready = state == "loaded" ? !down.count(ms->config.name) : loadable && state != "loading";
+    out.push_back({ms->config.name, ready, ms->busy, static_cast<uint32_t>(ms->idle.size()), ms->slots, std::move(state), ms->loads,
+                   ms->unloads});
   }
   return out;
 }
@@ -162,6 +204,10 @@ void daemon::stop() {
   for (auto& ms : models_) {
     std::lock_guard g(ms->m);  // no waiter is between its check of stopping_ and its wait
     ms->cv.notify_all();
+  }
+  {
+    std::lock_guard g(reaper_mutex_);
+    reaper_cv_.notify_all();
   }
   // Until serve() has returned: stop the listener (again: a stop() before the listener started running
   // would otherwise be lost), and once in-flight answers are done or the grace period is over, cancel
@@ -199,6 +245,7 @@ void daemon::finish_stop() {
   }
   if (watchdog.joinable()) watchdog.join();
   if (!first) return;
+  if (reaper_.joinable()) reaper_.join();  // (stopping_ is set: it has ended or ends at its next look)
   // No request is in flight any more (the server's workers have ended): close every session.
   for (auto& ms : models_) {
     std::vector<std::unique_ptr<session>> idle;

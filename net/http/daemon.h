@@ -21,6 +21,10 @@
 // completions and embeddings to a pool of http_threads, the rest (/health, /metrics, ...) to a pool of
 // their own. Beyond server.max_connections a connection is answered 503 and closed.
 //
+// Models load on demand (on_demand.cpp): the first model (and those with load = "startup") at start, the
+// others when a request first names them; an idle model unloads after its keep_alive, and the least recently
+// used idle ones unload when a load needs their room in a device's memory budget (server.memory_budget_mib).
+//
 // Concurrency: each model has n_seq_max sessions (its parallel slots), opened on first use and reused (a
 // session keeps its conversation's cached prefix). A request takes a free session or waits for one in a
 // bounded queue (server.queue_limit, server.queue_timeout_s; beyond either: 503). Sessions that decode at
@@ -36,10 +40,12 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +60,7 @@
 namespace troupe::http {
 
 struct model_slots;  // a model's sessions and queue (net/http/session_pool.h)
+class model_use;     // a request's hold on a loaded model (net/http/session_pool.h)
 
 class daemon {
  public:
@@ -66,9 +73,11 @@ class daemon {
   int bind();
   // Answers requests until stop(); returns when every in-flight request has ended.
   void serve();
-  // Loads every configured model (blocking, one after another). Throws actors::request_error naming the
-  // model that failed.
+  // Loads every model that loads at start (blocking, one after another; the others load on demand). Throws
+  // actors::request_error naming the model that failed.
   void load_models();
+  // Unloads the model now if nothing uses it (ollama's keep_alive 0); false when it is not loaded or in use.
+  bool unload_now(const std::string& name);
   // Stops accepting, lets in-flight answers finish for server.shutdown_grace_s, then cancels them, closes
   // the sessions. Safe from any thread, more than once. serve() returns afterwards.
   void stop();
@@ -119,12 +128,19 @@ class daemon {
   void utility_route(const front::request& req, front::response& res);
   // The answer of a request begun with begin_answer, written by a writer on the handler's thread.
   void respond(const std::shared_ptr<answer_state>& st, front::response& res);
-  // The model a request names, loaded (throws api_error: 404 unknown, 503 still loading or down).
-  model_slots& loaded_model(const std::string& name);
+  // On-demand loading (on_demand.cpp). The model a request names, held loaded while the use lives: loaded
+  // first when it is not (waiting up to server.load_timeout_s; 507 when it cannot fit even alone).
+  model_use use_model(const std::string& name);
+  void init_on_demand();
+  void load_on_demand(model_slots& ms, std::chrono::steady_clock::time_point deadline);
+  // Unloads a loaded model nothing uses (false: it is in use, pinned or not loaded). Under load_mutex_.
+  bool unload_idle(model_slots& ms, const std::string& why);
+  void reap_idle_models();
+  // The bytes models hold on each device now (the memory accountant's figures), and a device's budget.
+  std::vector<std::pair<std::string, uint64_t>> memory_by_device();
+  std::optional<uint64_t> budget_of(const std::string& device, uint64_t used_now) const;
   // The model of that name or alias (or either with ":latest"); null when none.
   model_slots* find_model(const std::string& name) const;
-  // The loaded model of a slot, held (a model replaced meanwhile stays alive for the caller).
-  static std::shared_ptr<const actors::loaded_model> model_of(model_slots& ms);
   // A parsed request given a session (its model's chat template rendered, its cells reserved); throws api_error.
   std::shared_ptr<answer_state> begin_answer(completion_request request, std::string endpoint, const std::string& id_prefix);
   bool write_choices(answer_state& st, front::body_sink& sink);
@@ -152,6 +168,10 @@ class daemon {
   std::mutex stop_mutex_;
   bool stopped_ = false;
   std::thread watchdog_;  // cancels what is still answering when a shutdown's grace period ends
+  std::mutex load_mutex_;  // one load or unload of a model at a time (on_demand.cpp)
+  std::mutex reaper_mutex_;
+  std::condition_variable reaper_cv_;
+  std::thread reaper_;  // unloads models idle past their keep_alive
 };
 
 }  // namespace troupe::http

@@ -1,7 +1,9 @@
 #include "net/http/daemon_config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 
 #include "actors/config_toml.h"
@@ -55,7 +57,8 @@ daemon_config parse_daemon_config(std::string_view text, const std::string& sour
   check_keys(s,
              {"host", "port", "api_keys", "api_key_file", "http_threads", "io_threads", "max_connections", "header_timeout_s",
               "keep_alive_timeout_s", "keep_alive_max", "queue_limit", "queue_timeout_s", "request_timeout_s",
-              "read_timeout_s", "write_timeout_s", "max_body_bytes", "shutdown_grace_s"},
+              "read_timeout_s", "write_timeout_s", "max_body_bytes", "shutdown_grace_s", "models_dir", "memory_budget_mib",
+              "load_timeout_s"},
              "[server]", source);
   server_config& sv = c.server;
   sv.host = get<std::string>(s, "host", sv.host, "server", source);
@@ -96,6 +99,23 @@ daemon_config parse_daemon_config(std::string_view text, const std::string& sour
   sv.max_body_bytes = get<uint64_t>(s, "max_body_bytes", sv.max_body_bytes, "server", source, uint64_t{1} << 32);
   if (sv.max_body_bytes < 1024) fail(source, "server.max_body_bytes must be at least 1024", s.get("max_body_bytes")->source());
   sv.shutdown_grace_s = get<uint32_t>(s, "shutdown_grace_s", sv.shutdown_grace_s, "server", source, u32);
+  sv.models_dir = get<std::string>(s, "models_dir", sv.models_dir, "server", source);
+  if (!sv.models_dir.empty()) sv.models_dir = resolve(sv.models_dir);
+  sv.load_timeout_s = get<uint32_t>(s, "load_timeout_s", sv.load_timeout_s, "server", source, u32);
+  if (const toml::node* b = s.get("memory_budget_mib")) {
+    // One figure for every device, or a table of figures per device name.
+    const std::string wrong = "server.memory_budget_mib must be MiB (a non-negative integer) or a table of them per device";
+    const auto mib = [&](const toml::node& n) {
+      const auto v = n.value<int64_t>();
+      if (!n.is_integer() || !v || *v < 0 || *v > (int64_t{1} << 30)) fail(source, wrong, n.source());
+      return static_cast<uint64_t>(*v);
+    };
+    if (const toml::table* per = b->as_table()) {
+      for (const auto& [device, n] : *per) sv.memory_budget_mib.emplace_back(std::string(device.str()), mib(n));
+    } else {
+      sv.memory_budget_mib.emplace_back("*", mib(*b));
+    }
+  }
 
   if (root.contains("cluster")) {
     const toml::table& cl = section(root, "cluster", source);
@@ -148,8 +168,14 @@ daemon_config load_daemon_config(const std::filesystem::path& path) {
 
 void validate_daemon_config(const daemon_config& c) {
   const std::string where = c.source.empty() ? "command line" : c.source;
-  if (c.engine.models.empty()) {
-    throw error(where + ": no model to serve (add a [[model]] table with a name and a path, or pass --model)");
+  if (!c.server.models_dir.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(c.server.models_dir, ec)) {
+      throw error(where + ": server.models_dir: no such folder '" + c.server.models_dir + "'");
+    }
+  }
+  if (c.engine.models.empty() && c.server.models_dir.empty()) {
+    throw error(where + ": no model to serve (add a [[model]] table with a name and a path, pass --model, or give a models_dir)");
   }
   std::set<std::string> names;
   for (const actors::model_settings& m : c.engine.models) {
@@ -163,6 +189,33 @@ void validate_daemon_config(const daemon_config& c) {
                   (m.path.find("SmolLM2") != std::string::npos ? " (scripts/fetch-model downloads it)" : ""));
     }
   }
+}
+
+std::vector<actors::model_settings> models_in_dir(const daemon_config& c) {
+  std::vector<actors::model_settings> out;
+  if (c.server.models_dir.empty()) return out;
+  std::set<std::string> taken;
+  for (const actors::model_settings& m : c.engine.models) {
+    taken.insert(m.name);
+    taken.insert(m.aliases.begin(), m.aliases.end());
+  }
+  std::vector<std::filesystem::path> files;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(c.server.models_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code e2;
+    if (it->path().extension() == ".gguf" && it->is_regular_file(e2)) files.push_back(it->path());
+  }
+  if (ec) throw error("server.models_dir: cannot read '" + c.server.models_dir + "': " + ec.message());
+  std::sort(files.begin(), files.end());
+  for (const std::filesystem::path& f : files) {
+    actors::model_settings m;
+    m.name = f.stem().string();
+    m.path = f.string();
+    m.load = "on_demand";
+    if (!taken.insert(m.name).second) continue;  // a [[model]] table of that name is the one served
+    out.push_back(std::move(m));
+  }
+  return out;
 }
 
 }  // namespace troupe::http

@@ -19,6 +19,10 @@
 //   write_timeout_s = 30          # each write of a response must be taken within this
 //   max_body_bytes = 8388608      # largest request body
 //   shutdown_grace_s = 10         # on SIGTERM/SIGINT: how long in-flight answers may finish before cancel
+//   models_dir = ""               # every *.gguf in this folder is a model named by its file (loaded on demand)
+//   memory_budget_mib = 0         # what the models may hold on each device (MiB), or per device:
+//                                 #   { CPU = 4096, Vulkan0 = 6144 }; 0 / absent: what the device reports free
+//   load_timeout_s = 600          # longest wait of a request for its model to load (then 503)
 //
 //   [logging]
 //   level = "info"                # debug, info, warn, error
@@ -61,6 +65,10 @@ struct server_config : front::listen_options {
   uint32_t queue_timeout_s = 60;
   uint32_t request_timeout_s = 600;
   uint32_t shutdown_grace_s = 10;
+  std::string models_dir;
+  // Per device name ("*": every device not named), in MiB; 0: the device's free memory decides.
+  std::vector<std::pair<std::string, uint64_t>> memory_budget_mib;
+  uint32_t load_timeout_s = 600;
 };
 
 struct logging_config {
@@ -95,8 +103,13 @@ daemon_config parse_daemon_config(std::string_view toml, const std::string& sour
                                   const std::filesystem::path& base_dir = {});
 daemon_config load_daemon_config(const std::filesystem::path& path);
 
-// Checks what parsing cannot: at least one model, unique model names, model files that exist, a known log
-// level. Throws troupe::error naming the model and the file.
+// Checks what parsing cannot: at least one model (or a models_dir), unique model names, model files that
+// exist, a known log level. Throws troupe::error naming the model and the file.
 void validate_daemon_config(const daemon_config& c);
+
+// The models of server.models_dir (every regular *.gguf file, sorted by name, named by the file without
+// ".gguf", loaded on demand), less those whose name a [[model]] table or alias already takes. Throws
+// troupe::error when the folder cannot be read.
+std::vector<actors::model_settings> models_in_dir(const daemon_config& c);
 
 }  // namespace troupe::http

@@ -71,10 +71,9 @@ void daemon::embeddings(const front::request& req, front::response& res) {
 json daemon::embed(const embedding_request& r) {
   try {
     if (stopping_.load()) throw api_error(503, "unavailable_error", "the server is shutting down");
-    model_slots& ms = loaded_model(r.model);
-    // The model is read only once `loaded` says it was published (its store orders the model's write before
-    // it), as completions read it.
-    const std::shared_ptr<const actors::loaded_model> lm = model_of(ms);
+    const model_use use = use_model(r.model);  // held loaded until the answer is made
+    model_slots& ms = use.slots();
+    const std::shared_ptr<const actors::loaded_model>& lm = use.model();
     // Every input is checked before a session is taken: the ids exist and fit a session's context.
     const llm::vocab& v = *lm->vocab;
     std::vector<std::vector<int32_t>> inputs = r.token_ids;

@@ -135,6 +135,15 @@ std::string daemon_metrics::render(const std::vector<model_gauges>& models, cons
   os << "# HELP troupe_model_ready Whether a configured model is loaded and serving.\n"
      << "# TYPE troupe_model_ready gauge\n";
   for (const model_gauges& m : models) os << "troupe_model_ready{model=\"" << label(m.model) << "\"} " << (m.ready ? 1 : 0) << "\n";
+  os << "# HELP troupe_model_loaded Whether a model is in memory now (models load on demand and unload when idle).\n"
+     << "# TYPE troupe_model_loaded gauge\n";
+  for (const model_gauges& m : models) os << "troupe_model_loaded{model=\"" << label(m.model) << "\"} " << (m.state == "loaded" ? 1 : 0) << "\n";
+  os << "# HELP troupe_model_loads_total Times a model was loaded (at start, on demand, or again after its placement was lost).\n"
+     << "# TYPE troupe_model_loads_total counter\n";
+  for (const model_gauges& m : models) os << "troupe_model_loads_total{model=\"" << label(m.model) << "\"} " << m.loads << "\n";
+  os << "# HELP troupe_model_unloads_total Times a model was unloaded: idle past its keep_alive, or for another model's room.\n"
+     << "# TYPE troupe_model_unloads_total counter\n";
+  for (const model_gauges& m : models) os << "troupe_model_unloads_total{model=\"" << label(m.model) << "\"} " << m.unloads << "\n";
   os << "# HELP troupe_sessions Sessions (parallel slots) of a model by state.\n"
      << "# TYPE troupe_sessions gauge\n";
   for (const model_gauges& m : models) {

@@ -17,6 +17,8 @@
 //   troupe_http_connections, troupe_http_connections_total, troupe_http_connections_rejected_total,
 //   troupe_http_timeouts_total                              the front's connections (net/http/front.h)
 //   troupe_sessions{model,state="busy"|"idle"}, troupe_model_ready{model}
+//   troupe_model_loaded{model}, troupe_model_loads_total{model}, troupe_model_unloads_total{model}
+//                                                           on-demand loading (daemon.h)
 //   troupe_memory_bytes{buft,device,kind}                   the memory breakdown
 //   troupe_decode_batches_total{model}, troupe_decode_steps_total{model}, troupe_decode_batch_max{model}
 //                                                           the decoders' batching: session steps decoded,
@@ -46,6 +48,9 @@ struct model_gauges {
   uint32_t busy = 0;
   uint32_t idle = 0;
   uint32_t slots = 0;
+  std::string state;   // "loaded", "loading", "unloading", "unloaded" (on demand) or "unavailable"
+  uint64_t loads = 0;  // times loaded, at start or on demand
+  uint64_t unloads = 0;
 };
 
 class daemon_metrics {

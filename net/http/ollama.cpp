@@ -99,7 +99,27 @@ completion_request parse_ollama_request(std::string_view text, bool generate) {
   }
   common_fields(in, out);
   if (!chat) out.erase("tools");
-  return parse_completion_request(out.dump(), chat);
+  completion_request r = parse_completion_request(out.dump(), chat);
+  r.keep_alive_ms = ollama_keep_alive(in);
+  return r;
+}
+
+int64_t ollama_keep_alive(const nlohmann::ordered_json& in) {
+  if (!in.contains("keep_alive") || in["keep_alive"].is_null()) return actors::model_settings::keep_alive_default;
+  const ojson& k = in["keep_alive"];
+  std::optional<int64_t> ms;
+  if (k.is_number()) {
+    const double seconds = k.get<double>();
+    if (seconds < 0) {
+      ms = -1;
+    } else if (seconds < 1e12) {
+      ms = static_cast<int64_t>(seconds * 1000);
+    }
+  } else if (k.is_string()) {
+    ms = actors::parse_keep_alive(k.get<std::string>());
+  }
+  if (!ms) throw bad_request("'keep_alive' must be seconds or a duration such as \"5m\" (negative: for ever)", "keep_alive");
+  return *ms;
 }
 
 std::optional<json> ollama_load_only(std::string_view text, bool generate) {
@@ -107,8 +127,7 @@ std::optional<json> ollama_load_only(std::string_view text, bool generate) {
   const bool empty = generate ? text_field(in, "prompt").empty() && !in.contains("suffix")
                               : !in.contains("messages") || (in["messages"].is_array() && in["messages"].empty());
   if (!empty) return std::nullopt;
-  const bool unload = in.contains("keep_alive") && ((in["keep_alive"].is_number() && in["keep_alive"].get<double>() == 0) ||
-                                                    (in["keep_alive"].is_string() && in["keep_alive"] == "0"));
+  const bool unload = ollama_keep_alive(in) == 0;
   json done = {{"model", in["model"]}, {"created_at", ollama_time(std::chrono::system_clock::now())}, {"done", true},
                {"done_reason", unload ? "unload" : "load"}};
   if (generate) {

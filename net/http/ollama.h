@@ -27,6 +27,9 @@ completion_request parse_ollama_request(std::string_view body, bool generate);
 // as `ollama run` sends first: its answer ({"done": true, "done_reason": "load" | "unload"}); nullopt for a
 // request to answer. Throws api_error (400) for a body that is not an object with a model.
 std::optional<json> ollama_load_only(std::string_view body, bool generate);
+// A request's keep_alive (seconds, or a duration such as "5m"; negative: for ever) in ms;
+// keep_alive_default when absent. Throws api_error (400) naming it.
+int64_t ollama_keep_alive(const nlohmann::ordered_json& request);
 // /api/embed and /api/embeddings: input (a string or strings; the older "prompt") as an embeddings request.
 embedding_request parse_ollama_embed(std::string_view body);
 

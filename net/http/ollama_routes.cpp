@@ -1,5 +1,7 @@
 // Ollama's routes on the daemon (net/http/ollama.h): the answers go through ollama_answer (completion.cpp);
 // here the embeddings and the model listings, from the daemon's model table.
+#include <algorithm>
+#include <filesystem>
 #include <cstdio>
 #include <ctime>
 
@@ -73,21 +75,41 @@ void daemon::ollama_route(const front::request& req, front::response& res) {
       // tags: every model the table serves, by name and alias; ps: those loaded.
       json models = json::array();
       for (const auto& ms : models_) {
-        const bool loaded = ms->loaded.load();
+        // A snapshot under the model's lock (it may load or unload meanwhile).
+        bool loaded = false;
+        actors::model_info info;
+        int64_t created = 0;
+        uint32_t n_ctx = ms->config.n_ctx;
+        std::chrono::steady_clock::time_point expires;
+        {
+          std::lock_guard l(ms->m);
+          loaded = ms->at == model_slots::phase::loaded && ms->model;
+          if (loaded) {
+            info = ms->info;
+            created = ms->created;
+            n_ctx = ms->model->settings.n_ctx;
+            expires = ms->users > 0 ? std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<int64_t>(ms->keep_alive_ms, 0))
+                                    : ms->expires;
+            if (ms->keep_alive_ms < 0) expires = std::chrono::steady_clock::time_point::max();
+          }
+        }
         if (p == "/api/ps" && !loaded) continue;
         std::vector<std::string> names = {ms->config.name};
         names.insert(names.end(), ms->config.aliases.begin(), ms->config.aliases.end());
-        // A model's description is read once it is loaded (the loader writes it before `loaded`).
-        const actors::model_info info = loaded ? ms->info : actors::model_info{};
+        std::error_code ec;
+        const uint64_t file_bytes = std::filesystem::file_size(ms->config.path, ec);
         for (const std::string& n : names) {
           const std::string tagged = n.find(':') == std::string::npos ? n + ":latest" : n;
-          json m = {{"name", tagged}, {"model", tagged}, {"size", info.weight_bytes}, {"digest", ""}, {"details", details(info)}};
+          json m = {{"name", tagged}, {"model", tagged}, {"size", loaded ? info.weight_bytes : (ec ? 0 : file_bytes)}, {"digest", ""}, {"details", details(info)}};
           if (p == "/api/tags") {
-            m["modified_at"] = iso_time(loaded ? ms->created : detail::unix_now());
+            m["modified_at"] = iso_time(loaded ? created : detail::unix_now());
           } else {
-            m["expires_at"] = "2318-01-01T00:00:00Z";  // loaded for the daemon's life
+            // When it unloads: its keep_alive after the last use (a model kept for ever: far ahead, as ollama says it).
+            m["expires_at"] = expires == std::chrono::steady_clock::time_point::max()
+                                  ? std::string("2318-01-01T00:00:00Z")
+                                  : iso_time(detail::unix_now() + std::chrono::duration_cast<std::chrono::seconds>(expires - std::chrono::steady_clock::now()).count());
             m["size_vram"] = 0;
-            m["context_length"] = model_of(*ms)->settings.n_ctx;
+            m["context_length"] = n_ctx;
           }
           models.push_back(std::move(m));
           if (p == "/api/ps") break;  // one entry per loaded model
@@ -105,8 +127,9 @@ void daemon::ollama_route(const front::request& req, front::response& res) {
                                : body.is_object() && body.contains("name") && body["name"].is_string() ? body["name"].get<std::string>()
                                                                                                       : "";
       if (name.empty()) throw bad_request("'model' is required", "model");
-      model_slots& ms = loaded_model(name);
-      const std::shared_ptr<const actors::loaded_model> lm = model_of(ms);
+      const model_use use = use_model(name);
+      model_slots& ms = use.slots();
+      const std::shared_ptr<const actors::loaded_model>& lm = use.model();
       const llm::chat_prompt& chat = *lm->chat;
       json caps = json::array({"completion"});
       if (chat.tool_format() != llm::tool_syntax::generic || chat.template_renders_tools()) caps.push_back("tools");

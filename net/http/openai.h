@@ -57,6 +57,9 @@ struct completion_request {
   bool include_usage = false;  // stream_options.include_usage
   bool return_tokens = false;
   int32_t n = 1;  // choices: n answers to one prompt (its prefill shared), seeds seed, seed + 1, ...
+  // How long the model stays loaded after this request (ollama's keep_alive, ms; -1 for ever);
+  // keep_alive_default: the model's own.
+  int64_t keep_alive_ms = actors::model_settings::keep_alive_default;
   // Function calling (chat): the tools, tool_choice ("auto", "none", "required", or "function" with
   // tool_choice_name), parallel_tool_calls; each message's tool calls (assistant turns) or tool_call_id.
   std::vector<llm::tool_function> tools;

@@ -198,7 +198,7 @@ void daemon::health(front::response& res) const {
   size_t ready = 0;
   const std::vector<model_gauges> gs = gauges();
   for (const model_gauges& g : gs) {
-    models.push_back({{"name", g.model}, {"ready", g.ready}});
+    models.push_back({{"name", g.model}, {"ready", g.ready}, {"state", g.state}});
     ready += g.ready ? 1 : 0;
   }
   if (stopping_.load()) {
@@ -221,19 +221,25 @@ void daemon::health(front::response& res) const {
 
 void daemon::list_models(front::response& res) const {
   json data = json::array();
-  for (const auto& ms : models_) {
-    if (!ms->loaded.load()) {
-      // A model not (or no longer) loaded: its state, and why.
-      std::string why;
-      {
-        std::lock_guard l(ms->m);
-        why = ms->unavailable;
-      }
+  const std::vector<model_gauges> gs = gauges();
+  for (size_t i = 0; i < models_.size(); ++i) {
+    const auto& ms = models_[i];
+    // A snapshot under the model's lock: it may load or unload meanwhile.
+    std::unique_lock l(ms->m);
+    if (ms->at != model_slots::phase::loaded || !ms->model) {
+      // A model not loaded now: its state (loading, unloaded: loads on demand, unavailable), and why.
+      const std::string& state = gs[i].state;
+      const std::string why = !ms->unavailable.empty() ? ms->unavailable : ms->load_error;
       data.push_back({{"id", ms->config.name},
                       {"object", "model"},
                       {"created", ms->created},
                       {"owned_by", "troupe"},
-                      {"meta", {{"state", why.empty() ? "loading" : "unavailable"}, {"error", why.empty() ? json(nullptr) : json(why)}}}});
+                      {"meta",
+                       {{"state", state},
+                        {"n_ctx", ms->config.n_ctx},
+                        {"parallel", ms->slots},
+                        {"load", ms->on_demand ? "on_demand" : "startup"},
+                        {"error", why.empty() ? json(nullptr) : json(why)}}}});
       continue;
     }
     data.push_back({{"id", ms->config.name},
@@ -260,7 +266,9 @@ void daemon::list_models(front::response& res) const {
                       {"reasoning", ms->model->chat->reasoning().empty()
                                         ? json(nullptr)
                                         : json{{"start", ms->model->chat->reasoning().start}, {"end", ms->model->chat->reasoning().end}}},
-                      {"weight_bytes", ms->info.weight_bytes}}}});
+                      {"weight_bytes", ms->info.weight_bytes},
+                      {"load", ms->on_demand ? "on_demand" : "startup"},
+                      {"keep_alive_ms", ms->keep_alive_ms}}}});
   }
   res.set_content(dump(json{{"object", "list"}, {"data", data}}), "application/json");
 }

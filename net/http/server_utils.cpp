@@ -38,8 +38,9 @@ void daemon::utility_route(const front::request& req, front::response& res) {
       if (models_.empty()) throw api_error(404, "invalid_request_error", "this daemon serves no model", "model", "model_not_found");
       name = models_.front()->config.name;
     }
-    model_slots& ms = loaded_model(name);
-    const std::shared_ptr<const actors::loaded_model> held = model_of(ms);
+    const model_use use = use_model(name);
+    model_slots& ms = use.slots();
+    const std::shared_ptr<const actors::loaded_model> held = use.model();
     const actors::loaded_model& lm = *held;
     const llm::vocab& v = *lm.vocab;
     const std::string& p = req.path;

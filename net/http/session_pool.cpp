@@ -15,6 +15,36 @@ uint32_t answer_cells(const actors::model_settings& s, uint32_t n_prompt, bool m
   return std::min(limit, std::max<uint32_t>(256, share > n_prompt ? share - n_prompt : 0));
 }
 
+model_use& model_use::operator=(model_use&& o) noexcept {
+  if (this != &o) {
+    release();
+    ms_ = std::exchange(o.ms_, nullptr);
+    model_ = std::move(o.model_);
+    keep_alive_ms_ = o.keep_alive_ms_;
+  }
+  return *this;
+}
+
+void model_use::release() {
+  if (ms_ == nullptr) return;
+  {
+    std::lock_guard l(ms_->m);
+    const auto now = std::chrono::steady_clock::now();
+    ms_->last_used = now;
+    int64_t keep = keep_alive_ms_ == actors::model_settings::keep_alive_default ? ms_->keep_alive_ms : keep_alive_ms_;
+    const bool last = --ms_->users == 0;
+    if (last && ms_->next_keep_alive_ms != actors::model_settings::keep_alive_default) {
+      keep = std::exchange(ms_->next_keep_alive_ms, actors::model_settings::keep_alive_default);
+    }
+    if (last || keep_alive_ms_ != actors::model_settings::keep_alive_default) {
+      // The model's idle time runs from its last use (a request's own keep_alive sets it, as ollama's do).
+      ms_->expires = keep < 0 ? std::chrono::steady_clock::time_point::max() : now + std::chrono::milliseconds(keep);
+    }
+  }
+  ms_->cv.notify_all();  // the reaper and a load waiting for room look again
+  ms_ = nullptr;
+}
+
 lease::lease(model_slots& ms, std::unique_ptr<session> s, uint32_t cells) : ms_(ms), s_(std::move(s)), cells_(cells) {
   std::lock_guard l(ms_.m);
   ms_.active.push_back(s_.get());

@@ -18,11 +18,13 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "actors/engine.h"
@@ -32,13 +34,35 @@
 namespace troupe::http {
 
 struct model_slots {
+  // Where the model is in its life (under m): net/http/daemon.h's on-demand loading moves it on.
+  enum class phase : uint8_t { unloaded, loading, loaded, unloading };
+
   actors::model_settings config;
   uint32_t slots = 1;
-  std::atomic<bool> loaded{false};
+  std::atomic<bool> loaded{false};  // phase == loaded, read without the lock
   std::string unavailable;  // under m: why it is not loaded now, when it was (its placement was lost)
   actors::model_info info;
   int64_t created = 0;
   std::shared_ptr<const actors::loaded_model> model;
+
+  // On-demand loading (under m): the phase, the requests that hold the model loaded (model_use), the last
+  // use, when an idle model unloads (keep_alive after its last use; max: never), and why the last load
+  // failed. The daemon resolves on_demand and keep_alive_ms from the settings' load and keep_alive.
+  phase at = phase::unloaded;
+  bool on_demand = false;
+  bool pinned = false;           // placement = "cluster": never unloaded for room or idleness
+  int64_t keep_alive_ms = -1;    // -1: for ever
+  uint32_t users = 0;
+  int64_t next_keep_alive_ms = actors::model_settings::keep_alive_default;  // the next idle time, once (ollama's
+                                                                              // keep_alive 0 while in use)
+  std::chrono::steady_clock::time_point last_used{};
+  std::chrono::steady_clock::time_point expires = std::chrono::steady_clock::time_point::max();
+  std::string load_error;
+  uint64_t loads = 0;            // times loaded (on demand or at start)
+  uint64_t unloads = 0;          // times unloaded (idle, or for another model's room)
+  // What the model held on each device when it was last unloaded (measured); empty: never unloaded yet
+  // (an estimate from its file is used).
+  std::vector<std::pair<std::string, uint64_t>> footprint;
 
   mutable std::mutex m;
   std::condition_variable cv;
@@ -51,6 +75,31 @@ struct model_slots {
   uint64_t holder = 0;           // that request's ticket
   uint64_t tickets = 0;
   std::deque<std::pair<uint64_t, uint32_t>> waiters;  // the queue in arrival order: ticket, cells
+};
+
+// A request's hold on a loaded model (daemon::use_model): while any is held the model is not unloaded, for
+// room or for idleness. The last one released starts the model's keep_alive (or the request's own,
+// keep_alive(ms), as ollama's requests give it).
+class model_use {
+ public:
+  model_use() = default;
+  // Under ms.m, with ms.users counted for it.
+  explicit model_use(model_slots& ms) : ms_(&ms), model_(ms.model) {}
+  model_use(model_use&& o) noexcept
+      : ms_(std::exchange(o.ms_, nullptr)), model_(std::move(o.model_)), keep_alive_ms_(o.keep_alive_ms_) {}
+  model_use& operator=(model_use&& o) noexcept;
+  model_use(const model_use&) = delete;
+  model_use& operator=(const model_use&) = delete;
+  ~model_use() { release(); }
+  void keep_alive(int64_t ms) { keep_alive_ms_ = ms; }
+  void release();
+  model_slots& slots() const { return *ms_; }
+  const std::shared_ptr<const actors::loaded_model>& model() const { return model_; }
+
+ private:
+  model_slots* ms_ = nullptr;
+  std::shared_ptr<const actors::loaded_model> model_;
+  int64_t keep_alive_ms_ = actors::model_settings::keep_alive_default;  // default: the model's
 };
 
 // The answer tokens a request reserves: max_tokens when given, else as many as one of n_seq_max equal

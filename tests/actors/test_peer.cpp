@@ -38,6 +38,7 @@
 #include "llm/model.h"
 #include "llm/vocab.h"
 #include "runtime/ops.h"
+#include "tests/support/gated_device.h"
 #include "tests/actors/ask.h"
 #include "tests/net/test_server.h"
 #include "tests/test_models.h"
@@ -204,89 +205,6 @@ std::optional<actor_status> find_actor(const engine_status& s, const std::string
   }
   return std::nullopt;
 }
-
-// A gate for a device's allocations: while it is closed, an allocation that arrives waits until it is
-// opened. Held there, a model's upload to a peer served by this process stays in progress for as long as
-// the test needs.
-class alloc_gate {
- public:
-  void close() {
-    std::lock_guard l(mu_);
-    open_ = false;
-  }
-  void open() {
-    {
-      std::lock_guard l(mu_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-  // An allocation passing: waits while the gate is closed.
-  void pass() {
-    std::unique_lock l(mu_);
-    if (open_) return;
-    ++held_;
-    cv_.notify_all();
-    cv_.wait(l, [this] { return open_; });
-    ++passed_;
-  }
-  // Whether an allocation is (or was) held at the closed gate, waiting at most `limit` for one.
-  bool wait_held(std::chrono::seconds limit) {
-    std::unique_lock l(mu_);
-    return cv_.wait_for(l, limit, [this] { return held_ > 0; });
-  }
-  // Held allocations that went on once the gate was opened.
-  int passed() {
-    std::lock_guard l(mu_);
-    return passed_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = true;
-  int held_ = 0, passed_ = 0;
-};
-
-// The CPU's buffer type, its allocations through a gate.
-class gated_buffer_type final : public buffer_type_i {
- public:
-  gated_buffer_type(device_i& dev, buffer_type_i& inner, alloc_gate& gate) : dev_(dev), inner_(inner), gate_(gate) {}
-  std::string_view name() const override { return inner_.name(); }
-  buffer_ptr alloc_buffer(size_t size) override {
-    gate_.pass();
-    return inner_.alloc_buffer(size);
-  }
-  size_t alignment() const override { return inner_.alignment(); }
-  size_t max_size() const override { return inner_.max_size(); }
-  size_t alloc_size(const tensor& t) const override { return inner_.alloc_size(t); }
-  bool is_host() const override { return inner_.is_host(); }
-  device_i& device() const override { return dev_; }
-
- private:
-  device_i& dev_;
-  buffer_type_i& inner_;
-  alloc_gate& gate_;
-};
-
-// The CPU as a peer server in this process serves it, with its buffers allocated through a gate.
-class gated_device final : public device_i {
- public:
-  gated_device(device_i& inner, alloc_gate& gate) : inner_(inner), buft_(*this, inner.buffer_type(), gate) {}
-  std::string_view name() const override { return "GatedCPU"; }
-  std::string description() const override { return inner_.description(); }
-  device_type type() const override { return inner_.type(); }
-  device_memory memory() const override { return inner_.memory(); }
-  device_caps caps() const override { return {}; }
-  backend_ptr init_backend() override { return inner_.init_backend(); }
-  buffer_type_i& buffer_type() override { return buft_; }
-  bool supports_op(const tensor& t) const override { return inner_.supports_op(t); }
-  bool supports_buft(const buffer_type_i& b) const override { return &b == &buft_ || inner_.supports_buft(b); }
-
- private:
-  device_i& inner_;
-  gated_buffer_type buft_;
-};
 
 generate_request greedy(const std::string& prompt, int n) {
   generate_request r;
@@ -609,8 +527,8 @@ TEST_CASE("a shutdown while a model is being loaded again waits for it, and ever
   const auto path = test::model_path("stories260K.gguf");
   if (!path) return;
   register_builtin_backends();
-  alloc_gate gate;
-  gated_device gated(cpu::cpu_device(), gate);
+  test::alloc_gate gate;
+  test::gated_device gated(cpu::cpu_device(), gate);
   std::unique_ptr<rpc::peer_server> first = rpc::testing::start_server({.devices = {&gated}});
   const uint16_t port = first->port();
   std::unique_ptr<rpc::peer_server> second;  // the peer once it is back, on the same port
@@ -627,7 +545,7 @@ TEST_CASE("a shutdown while a model is being loaded again waits for it, and ever
   cfg.peers = {pp};
   engine eng(cfg);
   struct open_at_exit {  // a failed REQUIRE must not leave the engine's shutdown waiting at the gate
-    alloc_gate& g;
+    test::alloc_gate& g;
     ~open_at_exit() { g.open(); }
   } opener{gate};
   auto deadline = std::chrono::steady_clock::now() + 60s;

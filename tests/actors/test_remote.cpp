@@ -720,7 +720,7 @@ TEST_CASE("every message type's inspect() lists every field of its struct", "[ac
   check_fields<llm::token_logprob>("troupe::llm::token_logprob");
   // The counting itself: a struct and one of its fields' worth of inspect().
   static_assert(struct_fields<tensor_override>() == 2);
-  static_assert(struct_fields<model_settings>() == 24);
+  static_assert(struct_fields<model_settings>() == 26);
   static_assert(struct_fields<generate_reply>() == 10);
   static_assert(struct_fields<llm::generate_params>() == 23);
 }

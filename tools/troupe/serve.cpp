@@ -5,6 +5,7 @@
 //   troupe serve -m models/SmolLM2-135M-Instruct.Q4_1.gguf --port 8080     (no file: one model from flags)
 //   troupe serve -m MODEL -ngl 99                                           (every layer on the first GPU)
 //   troupe serve -m MODEL -c 8192 -np 4 -ctk q8_0 --cache-ram 4096          (llama-server's flags)
+//   troupe serve --models-dir ~/models --memory-budget 8192                 (every GGUF there, on demand)
 //
 // Startup: listens first (GET /health says "loading"), loads the models, prints the memory breakdown and
 // the address, then "ready". SIGTERM/SIGINT: stops accepting, lets in-flight answers finish (up to
@@ -51,6 +52,9 @@ struct serve_options {
   std::string log_level;
   llm::offload_request offload;
   std::string trace;  // Chrome trace of the daemon's run, written at exit
+  std::string models_dir;
+  int memory_budget = -1;  // MiB on every device
+  std::string keep_alive;
 };
 
 int signal_pipe[2] = {-1, -1};
@@ -99,6 +103,15 @@ int run_serve(const serve_options& o) {
   } else if (!o.name.empty()) {
     if (cfg.engine.models.size() != 1) throw error("--name needs --model or a configuration with one model");
     cfg.engine.models.front().name = o.name;
+  }
+  // --models-dir: its files become models here, so that the flags below apply to them too.
+  if (!o.models_dir.empty()) cfg.server.models_dir = o.models_dir;
+  for (actors::model_settings& m : http::models_in_dir(cfg)) cfg.engine.models.push_back(std::move(m));
+  if (o.memory_budget >= 0) cfg.server.memory_budget_mib = {{"*", static_cast<uint64_t>(o.memory_budget)}};
+  if (!o.keep_alive.empty()) {
+    const std::optional<int64_t> ms = actors::parse_keep_alive(o.keep_alive);
+    if (!ms) throw error("--keep-alive must be seconds or a duration such as 5m (negative: for ever), not '" + o.keep_alive + "'");
+    for (actors::model_settings& m : cfg.engine.models) m.keep_alive_ms = *ms;
   }
   if (!o.host.empty()) cfg.server.host = o.host;
   if (o.port >= 0) {
@@ -256,11 +269,16 @@ command_fn add_serve(CLI::App& app) {
   app.add_option("--chat-template", o->chat_template, "a built-in template family instead of the models' own (chatml, llama3, gemma, raw, ...)");
   app.add_option("--chat-template-file", o->chat_template_file, "a Jinja chat template file instead of the models' own");
   add_offload_options(app, o->offload);
+  app.add_option("--models-dir", o->models_dir, "serve every .gguf file of this folder, named by its file, loaded on demand");
+  app.add_option("--memory-budget", o->memory_budget,
+                 "MiB the models may hold on each device; idle models unload to make room (default: the device's free memory)")
+      ->check(CLI::Range(0, 1 << 30));
+  app.add_option("--keep-alive", o->keep_alive, "how long a model stays loaded once idle: seconds or 5m, 1h (-1: for ever)");
   app.add_option("--log-level", o->log_level, "debug, info, warn or error")
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}));
   return [o] {
-    if (o->config.empty() && o->model.empty()) {
-      std::fprintf(stderr, "troupe serve: give --config FILE or --model FILE\n");
+    if (o->config.empty() && o->model.empty() && o->models_dir.empty()) {
+      std::fprintf(stderr, "troupe serve: give --config FILE, --model FILE or --models-dir DIR\n");
       return 1;
     }
     return run_serve(*o);
