@@ -1,6 +1,9 @@
 #include "actors/device_actor.h"
 
 #include <caf/all.hpp>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <map>
@@ -61,6 +64,38 @@ struct device_state {
 };
 
 using device_ptr = device_actor::stateful_pointer<device_state>;
+
+// Uploads a load job's bytes for one target buffer type, with progress every ~2% of the whole load (from
+// whichever device gets there).
+caf::result<upload_result> run_upload(staged_load& load, buffer_type_i* target, const std::string& device) {
+  const auto t0 = clock_type::now();
+  try {
+    load.job->upload(target, [&load](uint64_t done, uint64_t total) {
+      uint64_t last = load.reported.load();
+      if (load.progress && (done == total || done >= last + total / 50) && load.reported.compare_exchange_strong(last, done)) {
+        caf::anon_send(load.progress, progress_atom_v, load_progress{load.model, done, total});
+      }
+      return true;
+    });
+  } catch (const std::exception& e) {
+    return error_from(e);
+  }
+  return upload_result{std::string(target->name()), device, load.job->bytes(target),
+                       std::chrono::duration<double>(clock_type::now() - t0).count()};
+}
+
+// A host buffer type's upload on a thread of its own (spawned detached): niced, so that the decode threads
+// of the models being served come first; it answers once, then ends.
+caf::behavior host_uploader(caf::event_based_actor* self, std::shared_ptr<staged_load> load, buffer_type_i* target, std::string device) {
+  return {
+      [self, load, target, device](upload_atom) -> caf::result<upload_result> {
+        (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);  // (best effort)
+        caf::result<upload_result> r = run_upload(*load, target, device);
+        self->quit();
+        return r;
+      },
+  };
+}
 
 caf::error not_found(const device_state& st, const std::string& what) {
   return make_error(errc::not_found, std::string(st.dev->name()) + ": " + what);
@@ -171,23 +206,24 @@ device_actor::behavior_type device(device_ptr self, engine_env_ptr env, device_i
           return make_error(errc::bad_request, "buffer type " + u.buft + " belongs to " + std::string(target->device().name()) +
                                                    ", not " + std::string(st.dev->name()));
         }
-        const auto t0 = clock_type::now();
-        try {
-          load->job->upload(target, [self, load](uint64_t done, uint64_t total) {
-            // Progress about every 2% of the whole load, from whichever device gets there.
-            uint64_t last = load->reported.load();
-            if (load->progress && (done == total || done >= last + total / 50) &&
-                load->reported.compare_exchange_strong(last, done)) {
-              caf::anon_send(load->progress, progress_atom_v, load_progress{load->model, done, total});
-            }
-            return true;
-          });
-        } catch (const std::exception& e) {
-          return error_from(e);
+        if (target->is_host()) {
+          // Host memory takes its bytes on a thread of its own (a detached actor that ends with the upload),
+          // at a lower priority: this actor goes on running the decode splits of the models already loaded
+          // on the device meanwhile, so a load does not hold up their answers.
+          auto rp = self->make_response_promise<upload_result>();
+          caf::actor worker = self->spawn<caf::detached>(host_uploader, load, target, std::string(st.dev->name()));
+          self->request(worker, caf::infinite, upload_atom_v)
+              .then(
+                  [self, rp](upload_result& r) mutable {
+                    self->send(self->state.accountant, device_atom_v, self->state.status());
+                    rp.deliver(std::move(r));
+                  },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+          return rp;
         }
+        caf::result<upload_result> r = run_upload(*load, target, std::string(st.dev->name()));
         self->send(st.accountant, device_atom_v, st.status());
-        return upload_result{u.buft, std::string(st.dev->name()), load->job->bytes(target),
-                             std::chrono::duration<double>(clock_type::now() - t0).count()};
+        return r;
       },
       [self](get_atom, const tensor_range& r) -> caf::result<std::vector<char>> {
         auto& st = self->state;

@@ -213,11 +213,7 @@ void daemon::ollama_answer(bool generate, const front::request& req, front::resp
         if (find_model(name) == nullptr) {
           throw api_error(404, "invalid_request_error", "the model '" + name + "' does not exist", "model", "model_not_found");
         }
-        if (!unload_now(name)) {
-          model_slots& ms = *find_model(name);
-          std::lock_guard l(ms.m);
-          if (ms.users > 0) ms.next_keep_alive_ms = 0;  // when the requests using it end
-        }
+        (void)unload_now(name);  // (in use: once the requests using it end)
       } else {
         model_use use = use_model(name);
         const int64_t keep = ollama_keep_alive(nlohmann::ordered_json::parse(req.body));
@@ -239,7 +235,8 @@ void daemon::ollama_answer(bool generate, const front::request& req, front::resp
 void daemon::count_tokens(const front::request& req, front::response& res) {
   try {
     completion_request r = parse_messages_request(req.body, true);
-    const std::shared_ptr<const actors::loaded_model> lm = use_model(r.model).model();
+    const model_use use = use_model(r.model);
+    const std::shared_ptr<const actors::loaded_model>& lm = use.model();
     prepare_chat(r, *lm->chat);
     res.set_content(dump(json{{"input_tokens", actors::prompt_tokens(*lm, generate_request_of(r)).size()}}), "application/json");
   } catch (const api_error& e) {
@@ -296,19 +293,20 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(completion_request re
   st->use = use_model(r.model);
   if (r.keep_alive_ms != actors::model_settings::keep_alive_default) st->use.keep_alive(r.keep_alive_ms);
   model_slots& ms = st->use.slots();
+  const actors::loaded_model& lm = *st->use.model();  // (held by the use)
   // The chat through the model's template (tools, their calls and results in its syntax; the grammar of a
   // call; the reasoning markers).
-  prepare_chat(st->request, *ms.model->chat);
+  prepare_chat(st->request, *lm.chat);
   // The prompt must leave room for at least one token of answer in the session's context.
   const actors::generate_request gr = generate_request_of(r);
   size_t n_prompt = 0;
   try {
-    n_prompt = actors::prompt_tokens(*ms.model, gr).size();
+    n_prompt = actors::prompt_tokens(lm, gr).size();
   } catch (const std::exception& e) {
     throw bad_request(std::string("cannot tokenize the prompt: ") + e.what(), chat ? "messages" : "prompt");
   }
   // Token ids the request names must exist (checked here: once the answer starts, its status is 200).
-  const int32_t n_vocab = ms.model->vocab->n_tokens();
+  const int32_t n_vocab = lm.vocab->n_tokens();
   for (const llm::token_bias& b : r.params.logit_bias) {
     if (b.token >= n_vocab) {
       throw bad_request("'logit_bias' names token " + std::to_string(b.token) + ", outside the vocabulary (0.." +
@@ -316,7 +314,7 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(completion_request re
                         "logit_bias");
     }
   }
-  const uint32_t n_ctx = ms.model->settings.n_ctx_seq;
+  const uint32_t n_ctx = lm.settings.n_ctx_seq;
   if (n_prompt >= n_ctx) {
     throw api_error(400, "invalid_request_error",
                     "the prompt has " + std::to_string(n_prompt) + " tokens; this model's sessions hold " +
@@ -333,18 +331,18 @@ std::shared_ptr<daemon::answer_state> daemon::begin_answer(completion_request re
   }
   // The KV cells the answer may take are reserved in the model's pool (session_pool.h); an answer without
   // max_tokens ends at its reservation.
-  const uint32_t n_answer = answer_cells(ms.model->settings, static_cast<uint32_t>(n_prompt), r.max_tokens_given,
+  const uint32_t n_answer = answer_cells(lm.settings, static_cast<uint32_t>(n_prompt), r.max_tokens_given,
                                          r.params.max_tokens);
   const uint32_t cells = static_cast<uint32_t>(n_prompt) + n_answer;
   actors::generation_params& gp = st->request.params;
   gp.n_ctx = static_cast<int32_t>(cells);
-  gp.context_shift = ms.model->settings.context_shift;
+  gp.context_shift = lm.settings.context_shift;
   // Without max_tokens an answer ends at its reservation, or with context shift goes on within it.
   if (!r.max_tokens_given) gp.max_tokens = gp.context_shift ? INT32_MAX : static_cast<int32_t>(std::max<uint32_t>(n_answer, 1));
-  if (r.n > 1 && static_cast<uint64_t>(cells) * static_cast<uint64_t>(r.n) > ms.model->settings.n_ctx) {
+  if (r.n > 1 && static_cast<uint64_t>(cells) * static_cast<uint64_t>(r.n) > lm.settings.n_ctx) {
     throw bad_request("'n' is " + std::to_string(r.n) + " answers of " + std::to_string(cells) +
                           " KV cells each (prompt and max_tokens); the model '" + r.model + "' has " +
-                          std::to_string(ms.model->settings.n_ctx) + " in all",
+                          std::to_string(lm.settings.n_ctx) + " in all",
                       "n");
   }
   // The n answers' cells are reserved with the first session, so two requests for several answers never each

@@ -134,7 +134,7 @@ class daemon {
   void init_on_demand();
   void load_on_demand(model_slots& ms, std::chrono::steady_clock::time_point deadline);
   // Unloads a loaded model nothing uses (false: it is in use, pinned or not loaded). Under load_mutex_.
-  bool unload_idle(model_slots& ms, const std::string& why);
+  bool unload_idle(model_slots& ms, const std::string& why, bool only_expired = false);
   void reap_idle_models();
   // The bytes models hold on each device now (the memory accountant's figures), and a device's budget.
   std::vector<std::pair<std::string, uint64_t>> memory_by_device();
@@ -168,7 +168,7 @@ class daemon {
   std::mutex stop_mutex_;
   bool stopped_ = false;
   std::thread watchdog_;  // cancels what is still answering when a shutdown's grace period ends
-  std::mutex load_mutex_;  // one load or unload of a model at a time (on_demand.cpp)
+  std::timed_mutex load_mutex_;  // one load or unload of a model at a time (on_demand.cpp)
   std::mutex reaper_mutex_;
   std::condition_variable reaper_cv_;
   std::thread reaper_;  // unloads models idle past their keep_alive

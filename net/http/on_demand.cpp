@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 #include <thread>
 
+#include "actors/errors.h"
 #include "llm/fit.h"
 #include "llm/model.h"
 #include "net/http/daemon.h"
@@ -99,6 +101,16 @@ model_use daemon::use_model(const std::string& name) {
   }
   model_slots& ms = *found;
   const auto deadline = steady::now() + std::chrono::seconds(cfg_.server.load_timeout_s);
+  // A request that waits for a load counts in the request queue (server.queue_limit): waiters cannot take
+  // every worker thread from the requests of loaded models.
+  bool queued = false;
+  struct leave_queue {
+    bool& queued;
+    daemon_metrics& mx;
+    ~leave_queue() {
+      if (queued) mx.queue_depth.fetch_sub(1);
+    }
+  } leaving{queued, metrics_};
   std::unique_lock l(ms.m);
   for (;;) {
     if (stopping_.load()) throw api_error(503, "unavailable_error", "the server is shutting down");
@@ -117,18 +129,22 @@ model_use daemon::use_model(const std::string& name) {
       l.unlock();
       std::string failed;
       int status = 503;
+      bool lasting = true;  // a failure the next try would meet too (not a timeout, busy models or a shutdown)
       try {
         load_on_demand(ms, deadline);
       } catch (const api_error& e) {
         failed = e.what();
         status = e.status();
+        lasting = status != 503;
       } catch (const std::exception& e) {
         failed = e.what();
       }
       l.lock();
       if (!failed.empty()) {
         ms.at = model_slots::phase::unloaded;
-        ms.load_error = failed;
+        if (lasting) ms.load_error = failed;
+        ms.last_failure = failed;
+        ++ms.failed_loads;
         ms.cv.notify_all();
         TROUPE_LOG(warn, "model '" << ms.config.name << "': loading on demand failed: " << failed);
         throw api_error(status, "unavailable_error", "the model '" + name + "' could not be loaded: " + failed);
@@ -139,16 +155,38 @@ model_use daemon::use_model(const std::string& name) {
       throw api_error(503, "unavailable_error",
                       "the model '" + name + "' is " + (ms.unavailable.empty() ? std::string("still loading") : "unavailable: " + ms.unavailable));
     }
-    // Loading or unloading (by another request, the reaper or the start-up): wait for it.
+    // Loading or unloading (by another request, the reaper or the start-up): wait for it, in the queue.
+    if (!queued) {
+      int64_t depth = metrics_.queue_depth.load();
+      do {
+        if (depth >= static_cast<int64_t>(cfg_.server.queue_limit)) {
+          throw api_error(503, "unavailable_error",
+                          "the request queue is full (" + std::to_string(cfg_.server.queue_limit) + " waiting); retry later");
+        }
+      } while (!metrics_.queue_depth.compare_exchange_weak(depth, depth + 1));
+      queued = true;
+    }
+    const uint64_t failures = ms.failed_loads;
     if (ms.cv.wait_until(l, deadline) == std::cv_status::timeout && ms.at != model_slots::phase::loaded) {
       throw api_error(503, "unavailable_error",
                       "the model '" + name + "' is still loading after " + std::to_string(cfg_.server.load_timeout_s) + " s");
+    }
+    // The load this request waited for failed: its error, rather than one more try per waiter.
+    if (ms.failed_loads != failures && ms.at == model_slots::phase::unloaded) {
+      throw api_error(503, "unavailable_error", "the model '" + name + "' could not be loaded: " + ms.last_failure);
     }
   }
 }
 
 void daemon::load_on_demand(model_slots& ms, steady::time_point deadline) {
-  std::unique_lock manage(load_mutex_);
+  std::unique_lock manage(load_mutex_, std::defer_lock);
+  while (!manage.try_lock_until(std::min(deadline, steady::now() + std::chrono::milliseconds(100)))) {
+    if (stopping_.load()) throw api_error(503, "unavailable_error", "the server is shutting down");
+    if (steady::now() >= deadline) {
+      throw api_error(503, "unavailable_error", "the model '" + ms.config.name + "' waited " + std::to_string(cfg_.server.load_timeout_s) +
+                                                    " s for the loads before it");
+    }
+  }
   const actors::model_settings settings = placed(ms.config, ms.loads == 0);
   device_bytes floor;
   device_bytes need;
@@ -163,6 +201,7 @@ void daemon::load_on_demand(model_slots& ms, steady::time_point deadline) {
   }
   // Room on every device it needs: idle models unload, least recently used first, until it fits. A model
   // that does not fit even alone is refused with the figures.
+  std::set<std::string> at_least;  // devices where nothing more can go: the model's least (no compute share) must fit
   for (bool waited = false;; waited = true) {
     const device_bytes used = [&] {
       const auto v = memory_by_device();
@@ -181,9 +220,10 @@ void daemon::load_on_demand(model_slots& ms, steady::time_point deadline) {
                             std::to_string(settings.n_ctx) + " cells), more than its memory budget of " + mib(*budget) +
                             " even with no other model loaded");
       }
-      if (u + bytes > *budget && over == 0) {
+      const uint64_t wanted = at_least.count(device) ? least : bytes;
+      if (u + wanted > *budget && over == 0) {
         short_on = device;
-        over = u + bytes - *budget;
+        over = u + wanted - *budget;
       }
     }
     if (over == 0) break;
@@ -213,7 +253,10 @@ void daemon::load_on_demand(model_slots& ms, steady::time_point deadline) {
     if (!busy_candidate) {
       // Nothing more can go (what is left is pinned or not a model's): load it if its least fits, else refuse.
       const uint64_t least = floor.count(short_on) ? floor.at(short_on) : need.at(short_on);
-      if (u + least <= budget_of(short_on, u).value_or(UINT64_MAX)) break;
+      if (!at_least.count(short_on) && u + least <= budget_of(short_on, u).value_or(UINT64_MAX)) {
+        at_least.insert(short_on);  // and the other devices are looked at again
+        continue;
+      }
       throw api_error(507, "insufficient_storage", "the model '" + ms.config.name + "' " + figures + ", and no idle model is left to unload");
     }
     if (steady::now() >= deadline || stopping_.load()) {
@@ -246,31 +289,56 @@ void daemon::load_on_demand(model_slots& ms, steady::time_point deadline) {
                              << std::chrono::duration<double>(steady::now() - t0).count() << " s)");
 }
 
-bool daemon::unload_idle(model_slots& ms, const std::string& why) {
-  // Under load_mutex_. Only a model nothing holds: no request uses it, no session answers on it.
+bool daemon::unload_idle(model_slots& ms, const std::string& why, bool only_expired) {
+  // Under load_mutex_. Only a model nothing holds: no request uses it, no session answers on it (and, for the
+  // reaper, one whose keep_alive has run out: checked under the same lock as the rest).
   std::vector<std::unique_ptr<session>> idle;
   {
     std::lock_guard l(ms.m);
     if (ms.at != model_slots::phase::loaded || ms.pinned || ms.users > 0 || ms.busy > 0 || !ms.waiters.empty()) return false;
+    if (only_expired && ms.expires > steady::now()) return false;
     ms.at = model_slots::phase::unloading;
     ms.loaded.store(false);
     idle.swap(ms.idle);
     ms.open -= static_cast<uint32_t>(idle.size());
   }
   idle.clear();  // the sessions close first: their sequences go with the model
-  const auto before = memory_by_device();
+  const auto measured = [this] {
+    try {
+      return memory_by_device();
+    } catch (const std::exception& e) {
+      TROUPE_LOG(debug, "on-demand: the memory breakdown: " << e.what());
+      return std::vector<std::pair<std::string, uint64_t>>{};
+    }
+  };
+  const auto before = measured();
+  std::string failed;
   try {
     eng_.unload_model(ms.config.name);
+  } catch (const actors::request_error& e) {
+    // Not loaded in the engine (gone already): unloaded all the same. Anything else (the supervisor is loading
+    // it again, say): it stays loaded.
+    if (!e.is(actors::errc::not_found)) failed = e.what();
   } catch (const std::exception& e) {
-    TROUPE_LOG(warn, "model '" << ms.config.name << "': unloading: " << e.what());
+    failed = e.what();
   }
-  const auto after = memory_by_device();
+  if (!failed.empty()) {
+    {
+      std::lock_guard l(ms.m);
+      ms.at = model_slots::phase::loaded;
+      ms.loaded.store(ms.model != nullptr);
+    }
+    ms.cv.notify_all();
+    TROUPE_LOG(warn, "model '" << ms.config.name << "': unloading " << why << " failed: " << failed << "; it stays loaded");
+    return false;
+  }
+  const auto after = measured();
   std::vector<std::pair<std::string, uint64_t>> freed;
   uint64_t total = 0;
   for (const auto& [device, bytes] : before) {
-    const auto at = std::find_if(after.begin(), after.end(), [&](const auto& a) { return a.first == device; });
+    const auto at = std::find_if(after.begin(), after.end(), [&](const auto& x) { return x.first == device; });
     const uint64_t left = at == after.end() ? 0 : at->second;
-    if (bytes > left) {
+    if (bytes > left && !after.empty()) {
       freed.emplace_back(device, bytes - left);
       total += bytes - left;
     }
@@ -292,35 +360,46 @@ bool daemon::unload_now(const std::string& name) {
   model_slots* ms = find_model(name);
   if (ms == nullptr) return false;
   std::lock_guard manage(load_mutex_);
-  return unload_idle(*ms, "(asked with keep_alive 0)");
+  for (int attempt = 0; attempt < 2; ++attempt) {  // (twice: the last request using it may end in between)
+    if (unload_idle(*ms, "(asked with keep_alive 0)")) return true;
+    // In use: it unloads when the requests using it end (decided under its lock, so that the last of them
+    // cannot end in between unseen).
+    std::lock_guard l(ms->m);
+    if (ms->at != model_slots::phase::loaded) return false;
+    if (ms->users > 0 || ms->busy > 0 || !ms->waiters.empty()) {
+      ms->next_keep_alive_ms = 0;
+      return false;
+    }
+    if (ms->pinned) return false;
+  }
+  return false;
 }
 
 void daemon::reap_idle_models() {
-  // Every model whose keep_alive ran out since its last use unloads; the wait is until the next one would
-  // (at most 250 ms, so a use's new keep_alive is seen soon enough).
+  // Every model whose keep_alive ran out since its last use unloads; the wait is until the next look (250 ms,
+  // so a use's new keep_alive is seen soon enough). A load or unload under way is not waited for (the
+  // shutdown must not wait behind a load): the model is looked at again on the next round.
   std::unique_lock l(reaper_mutex_);
   while (!stopping_.load()) {
-    const auto now = steady::now();
-    std::vector<model_slots*> due;
-    for (const auto& ms : models_) {
-      std::lock_guard g(ms->m);
-      if (ms->at == model_slots::phase::loaded && !ms->pinned && ms->users == 0 && ms->expires <= now) due.push_back(ms.get());
-    }
-    if (!due.empty()) {
-      l.unlock();
+    try {
+      const auto now = steady::now();
+      std::vector<model_slots*> due;
+      for (const auto& ms : models_) {
+        std::lock_guard g(ms->m);
+        if (ms->at == model_slots::phase::loaded && !ms->pinned && ms->users == 0 && ms->expires <= now) due.push_back(ms.get());
+      }
       for (model_slots* ms : due) {
-        std::lock_guard manage(load_mutex_);
-        bool expired = false;
+        std::unique_lock manage(load_mutex_, std::try_to_lock);
+        if (!manage.owns_lock()) break;
         int64_t keep = 0;
         {
           std::lock_guard g(ms->m);
-          expired = ms->expires <= steady::now();
           keep = ms->keep_alive_ms;
         }
-        if (expired) unload_idle(*ms, "after " + std::to_string(keep) + " ms idle (keep_alive)");
+        unload_idle(*ms, "after " + std::to_string(keep) + " ms idle (keep_alive)", true);
       }
-      l.lock();
-      continue;
+    } catch (const std::exception& e) {
+      TROUPE_LOG(warn, "on-demand: unloading idle models: " << e.what());
     }
     reaper_cv_.wait_for(l, std::chrono::milliseconds(250));
   }

@@ -126,7 +126,9 @@ void daemon::route(const front::request& req, front::response& res) {
     for (const actors::decoder_stats& s : sched) {
       uint32_t n_ctx = 0;
       for (const auto& ms : models_) {
-        if (ms->config.name == s.model && ms->loaded.load() && ms->model) n_ctx = ms->model->settings.n_ctx_seq;
+        if (ms->config.name != s.model) continue;
+        std::lock_guard l(ms->m);  // (it may unload meanwhile)
+        if (ms->model) n_ctx = ms->model->settings.n_ctx_seq;
       }
       for (const actors::slot_status& slot : s.slots) {
         out.push_back({{"id", slot.id},

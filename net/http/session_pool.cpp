@@ -82,7 +82,10 @@ void lease::replace(std::unique_ptr<session> fresh) {
 std::unique_ptr<lease> acquire(engine& eng, model_slots& ms, daemon_metrics& mx, const server_config& sc,
                                const std::atomic<bool>& stopping, uint32_t cells) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(sc.queue_timeout_s);
-  const uint64_t pool = ms.model ? ms.model->settings.n_ctx : ms.config.n_ctx;
+  const uint64_t pool = [&] {
+    std::lock_guard l(ms.m);
+    return ms.model ? ms.model->settings.n_ctx : ms.config.n_ctx;
+  }();
   if (cells > pool) {
     throw api_error(400, "invalid_request_error",
                     "the request needs " + std::to_string(cells) + " KV cells (prompt and max_tokens); the model '" +

@@ -57,7 +57,9 @@ struct model_slots {
                                                                               // keep_alive 0 while in use)
   std::chrono::steady_clock::time_point last_used{};
   std::chrono::steady_clock::time_point expires = std::chrono::steady_clock::time_point::max();
-  std::string load_error;
+  std::string load_error;        // the last load's lasting failure (too large, a bad file); cleared by a load
+  std::string last_failure;      // the last load's failure of any kind, for the requests that waited for it
+  uint64_t failed_loads = 0;
   uint64_t loads = 0;            // times loaded (on demand or at start)
   uint64_t unloads = 0;          // times unloaded (idle, or for another model's room)
   // What the model held on each device when it was last unloaded (measured); empty: never unloaded yet
