@@ -8,6 +8,7 @@
 #include "net/http/daemon_config.h"
 #include "net/http/anthropic.h"
 #include "net/http/metrics.h"
+#include "net/http/ollama.h"
 #include "net/http/responses.h"
 #include "net/http/openai.h"
 #include "runtime/error.h"
@@ -600,4 +601,51 @@ TEST_CASE("metrics: Prometheus text with requests, tokens, queue and memory", "[
   CHECK_THAT(t, Contains("troupe_decode_batches_total{model=\"stories\"} 25\n"));
   CHECK_THAT(t, Contains("troupe_decode_batch_max{model=\"stories\"} 3\n"));
   CHECK(m.n_requests("chat", 200) == 2);
+}
+
+TEST_CASE("ollama requests: read into the requests they mean, each malformed body a 400 in ollama's shape naming the field", "[http][ollama]") {
+  const completion_request r = parse_ollama_request(R"({"model": "smollm2:135m", "messages": [{"role": "user", "content": "hi"}],
+    "options": {"temperature": 0.2, "num_predict": 7, "stop": ["END"]}, "keep_alive": "10m", "stream": false})", false);
+  CHECK(r.chat);
+  CHECK(r.model == "smollm2:135m");
+  CHECK(r.params.max_tokens == 7);
+  CHECK(r.params.stop == std::vector<std::string>{"END"});
+  CHECK_FALSE(r.stream);
+  CHECK(r.keep_alive_ms == 600000);
+  CHECK(parse_ollama_request(R"({"model": "m", "prompt": "x", "keep_alive": -1})", true).keep_alive_ms == -1);
+  CHECK(parse_ollama_request(R"({"model": "m", "prompt": "x", "keep_alive": 2.5})", true).keep_alive_ms == 2500);
+  CHECK(parse_ollama_request(R"({"model": "m", "prompt": "x"})", true).keep_alive_ms == actors::model_settings::keep_alive_default);
+  CHECK(ollama_load_only(R"({"model": "m", "keep_alive": "0"})", true).value()["done_reason"] == "unload");
+  CHECK(ollama_load_only(R"({"model": "m", "messages": []})", false).value()["done_reason"] == "load");
+  CHECK_FALSE(ollama_load_only(R"({"model": "m", "prompt": "x"})", true));
+
+  const auto error_of = [](const std::string& body, bool generate) {
+    try {
+      (void)parse_ollama_request(body, generate);
+    } catch (const api_error& e) {
+      const json shaped = ollama_error(e);
+      CHECK(e.status() == 400);
+      CHECK(shaped.size() == 1);  // {"error": "..."}, as ollama answers
+      return shaped["error"].get<std::string>();
+    }
+    FAIL("no error for " << body);
+    return std::string();
+  };
+  CHECK_THAT(error_of("{not json", false), Contains("JSON"));
+  CHECK_THAT(error_of("[1, 2]", false), Contains("object"));
+  CHECK_THAT(error_of(R"({"messages": []})", false), Contains("model"));
+  CHECK_THAT(error_of(R"({"model": "m", "messages": "hi"})", false), Contains("messages"));
+  CHECK_THAT(error_of(R"({"model": "m", "messages": [{"role": "user", "content": "x", "images": ["AAAA"]}]})", false), Contains("images"));
+  CHECK_THAT(error_of(R"({"model": "m", "prompt": "x", "keep_alive": "soon"})", true), Contains("keep_alive"));
+  CHECK_THAT(error_of(R"({"model": "m", "prompt": "x", "keep_alive": [1]})", true), Contains("keep_alive"));
+  CHECK_THAT(error_of(R"({"model": "m", "prompt": "x", "suffix": "y"})", true), Contains("suffix"));
+  CHECK_THAT(error_of(R"({"model": "m", "prompt": "x", "options": {"temperature": "hot"}})", true), Contains("temperature"));
+  CHECK_THAT(error_of(R"({"model": "m", "prompt": "x", "format": 5})", true), Contains("format"));
+  try {
+    (void)parse_ollama_embed(R"({"model": "m"})");
+    FAIL("no error");
+  } catch (const api_error& e) {
+    CHECK(e.status() == 400);
+    CHECK_THAT(ollama_error(e)["error"].get<std::string>(), Contains("input"));
+  }
 }
