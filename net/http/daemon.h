@@ -168,7 +168,41 @@ class daemon {
   std::mutex stop_mutex_;
   bool stopped_ = false;
   std::thread watchdog_;  // cancels what is still answering when a shutdown's grace period ends
-  std::timed_mutex load_mutex_;  // one load or unload of a model at a time (on_demand.cpp)
+  // One load or unload of a model at a time (on_demand.cpp): a lock whose waits can be bounded (a mutex and a
+  // condition variable: std::timed_mutex's timed wait goes through pthread_mutex_clocklock, which
+  // ThreadSanitizer does not see, so its unlock looks like a bug there).
+  class turn_lock {
+   public:
+    void lock() {
+      std::unique_lock l(m_);
+      cv_.wait(l, [this] { return !held_; });
+      held_ = true;
+    }
+    bool try_lock() {
+      std::lock_guard l(m_);
+      return !held_ && (held_ = true);
+    }
+    template <class Clock, class Duration>
+    bool try_lock_until(const std::chrono::time_point<Clock, Duration>& until) {
+      std::unique_lock l(m_);
+      if (!cv_.wait_until(l, until, [this] { return !held_; })) return false;
+      held_ = true;
+      return true;
+    }
+    void unlock() {
+      {
+        std::lock_guard l(m_);
+        held_ = false;
+      }
+      cv_.notify_one();
+    }
+
+   private:
+    std::mutex m_;
+    std::condition_variable cv_;
+    bool held_ = false;
+  };
+  turn_lock load_mutex_;
   std::mutex reaper_mutex_;
   std::condition_variable reaper_cv_;
   std::thread reaper_;  // unloads models idle past their keep_alive
