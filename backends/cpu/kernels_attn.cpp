@@ -44,19 +44,20 @@ void softmax_row(float* y, const char* m, size_t sm, type mt, int64_t n, float s
   softmax_normalize(y, n, mx, reference);
 }
 
-// The scores of nj query rows (q_rows, q's row stride) against cells [c0, c1) of a K plane, into the tile's
-// score rows (n_kv floats apart): the table's tile product, or its dot per cell.
-void block_scores(const simd::kernel_table& tb, const tensor& k, const tensor& q, int64_t hd_k, int64_t c0, int64_t c1,
+// The scores of nj query rows (q_rows, q_stride bytes apart: one head's tokens, or one token's heads) against
+// cells [c0, c1) of a K plane, into the tile's score rows (n_kv floats apart): the table's tile product, or its
+// dot per cell. Each score is the same dot product whichever rows share the tile.
+void block_scores(const simd::kernel_table& tb, const tensor& k, size_t q_stride, int64_t hd_k, int64_t c0, int64_t c1,
                   int64_t nj, int64_t n_kv, const char* k_plane, const char* q_rows, float* scores) {
   const char* k_rows = k_plane + c0 * static_cast<int64_t>(k.nb[1]);
   if (const simd::vec_dot_tile_fn dot_tile = tb.dot_tile(k.type)) {
-    dot_tile(hd_k, c1 - c0, nj, scores + c0, static_cast<size_t>(n_kv), k_rows, k.nb[1], q_rows, q.nb[1]);
+    dot_tile(hd_k, c1 - c0, nj, scores + c0, static_cast<size_t>(n_kv), k_rows, k.nb[1], q_rows, q_stride);
     return;
   }
   const vec_dot_fn dot = tb.dot(k.type);
   for (int64_t r = 0; r < nj; ++r) {
     for (int64_t c = c0; c < c1; ++c) {
-      dot(hd_k, scores + r * n_kv + c, k_rows + (c - c0) * static_cast<int64_t>(k.nb[1]), q_rows + r * static_cast<int64_t>(q.nb[1]));
+      dot(hd_k, scores + r * n_kv + c, k_rows + (c - c0) * static_cast<int64_t>(k.nb[1]), q_rows + r * static_cast<int64_t>(q_stride));
     }
   }
 }
@@ -132,7 +133,7 @@ void compute_flash_attn(const compute_params& params, tensor& node) {
         continue;
       }
       live_end = c1;
-      block_scores(tb, k, q, hd_k, c0, c1, nj, n_kv, k_plane, q_rows, scores);
+      block_scores(tb, k, q.nb[1], hd_k, c0, c1, nj, n_kv, k_plane, q_rows, scores);
     }
     for (int64_t r = 0; r < nj; ++r) {
       const char* m = mask != nullptr ? addr(*mask, 0, j0 + r, 0, 0) : nullptr;
@@ -226,26 +227,50 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
   const size_t out_stride = node.nb[2] / sizeof(float);
   const auto n_tiles = static_cast<int64_t>(tiles.size());
 
+  // Where every tile is one query row (decode: each sequence's next token sees its own cells), an item is
+  // instead up to tile_rows query heads of one KV head (grouped-query attention) for that row: the heads read
+  // the KV head's K and V once between them instead of once each, and each row's values are the same.
+  const bool by_group = group > 1 && std::all_of(tiles.begin(), tiles.end(), [](const tile& t) { return t.nj == 1; });
+  const int64_t chunks = (group + tile_rows - 1) / tile_rows;  // items per KV head and tile
+  const size_t head_stride = node.nb[1] / sizeof(float);       // floats from one head's output to the next
+
   auto run_item = [&](int64_t item) {
-    const int64_t h = item / n_tiles;
-    const tile& t = tiles[static_cast<size_t>(item % n_tiles)];
-    const int64_t j0 = t.j0, nj = t.nj;
+    int64_t h = 0, nj = 0;
+    const tile* tp = nullptr;
+    size_t q_stride = q.nb[1], o_stride = out_stride;
+    bool one_row = false;  // the tile's rows are heads of one token: its mask row for each
+    if (by_group) {
+      const int64_t per_head = n_tiles * chunks;
+      const int64_t g = item / per_head, c = (item % per_head) % chunks;
+      tp = &tiles[static_cast<size_t>((item % per_head) / chunks)];
+      h = g * group + c * tile_rows;
+      nj = std::min(tile_rows, group - c * tile_rows);
+      q_stride = q.nb[2];
+      o_stride = head_stride;
+      one_row = true;
+    } else {
+      h = item / n_tiles;
+      tp = &tiles[static_cast<size_t>(item % n_tiles)];
+      nj = tp->nj;
+    }
+    const tile& t = *tp;
+    const int64_t j0 = t.j0;
     float* out = reinterpret_cast<float*>(addr(node, 0, h, j0, 0));
     if (t.runs.empty()) {  // every cell masked for every row: softmax gives zeros, so does the product
-      for (int64_t r = 0; r < nj; ++r) std::fill(out + r * out_stride, out + r * out_stride + hd_v, 0.0f);
+      for (int64_t r = 0; r < nj; ++r) std::fill(out + r * o_stride, out + r * o_stride + hd_v, 0.0f);
       return;
     }
     const char* k_plane = addr(k, 0, 0, h / group, 0);
     const char* q_rows = addr(q, 0, j0, h, 0);
     for (const auto& [c0, c1] : t.runs) {
-      block_scores(tb, k, q, hd_k, c0, c1, nj, n_kv, k_plane, q_rows, scores);
+      block_scores(tb, k, q_stride, hd_k, c0, c1, nj, n_kv, k_plane, q_rows, scores);
     }
     // The softmax of each row over the runs, as softmax_row and softmax_normalize compute it over the whole
     // row: scale and mask, the max, the exponentials (elementwise), the nonzero ones summed in order into 16
     // lanes, the scaling.
     for (int64_t r = 0; r < nj; ++r) {
       float* y = scores + r * n_kv;
-      const char* m = addr(mask, 0, j0 + r, 0, 0);
+      const char* m = addr(mask, 0, j0 + (one_row ? 0 : r), 0, 0);
       float mx = -INFINITY;
       for (const auto& [c0, c1] : t.runs) {
         for (int64_t i = c0; i < c1; ++i) {
@@ -270,13 +295,13 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
     }
     const int64_t live_end = t.runs.back().second;
     mad(live_end, hd_v, nj, addr(v, 0, 0, h / group, 0), v.nb[1], scores, static_cast<size_t>(n_kv) * sizeof(float),
-        out, out_stride);
+        out, o_stride);
     for (int64_t r = 0; r < nj; ++r) {
       for (const auto& [c0, c1] : t.runs) std::fill(scores + r * n_kv + c0, scores + r * n_kv + c1, 0.0f);
     }
   };
 
-  for_each_claimed(params, n_head * n_tiles, run_item);
+  for_each_claimed(params, by_group ? (n_head / group) * n_tiles * chunks : n_head * n_tiles, run_item);
 }
 
 }  // namespace troupe::cpu::detail

@@ -173,11 +173,11 @@ struct attn_case {
 };
 
 attn_case attention_of(context& ctx, type kv_type, int64_t hd_k, int64_t hd_v, int64_t n_kv, int64_t n_q,
-                       const std::function<bool(int64_t cell, int64_t query)>& visible) {
+                       const std::function<bool(int64_t cell, int64_t query)>& visible, int64_t n_head = 4, int64_t n_kv_head = 2) {
   attn_case c;
-  c.k = ctx.new_tensor_3d(kv_type, hd_k, n_kv, 2);
-  c.v = ctx.new_tensor_3d(kv_type, hd_v, n_kv, 2);
-  c.q = ctx.new_tensor_3d(type::f32, hd_k, 4, n_q);  // [hd, heads, tokens], as the graph has it
+  c.k = ctx.new_tensor_3d(kv_type, hd_k, n_kv, n_kv_head);
+  c.v = ctx.new_tensor_3d(kv_type, hd_v, n_kv, n_kv_head);
+  c.q = ctx.new_tensor_3d(type::f32, hd_k, n_head, n_q);  // [hd, heads, tokens], as the graph has it
   c.mask = ctx.new_tensor_2d(type::f32, n_kv, n_q + 3);
   fill_random(*c.k, 111);
   fill_random(*c.v, 112);
@@ -276,6 +276,31 @@ TEST_CASE("kernels: flash_attn gives the unfused attention's bits and a sequence
     compute(*spread.fused, 2, false);
     compute(*packed.fused, 2, false);
     CHECK(bytes_of(*spread.fused) == bytes_of(*packed.fused));
+  }
+}
+
+TEST_CASE("kernels: flash_attn of decode rows takes a KV head's query heads together, with the unfused attention's bits", "[cpu][kernels][attention]") {
+  // Each query row its own sequence with cells of its own (decode steps of several sessions): every tile is
+  // one row, so an item is the query heads of one KV head (up to 6 at a time: group 8 takes two items).
+  struct shape {
+    int64_t n_head, n_kv_head, n_q;
+  };
+  for (const shape sh : {shape{4, 2, 3}, shape{16, 2, 3}, shape{32, 8, 1}, shape{6, 1, 2}, shape{4, 4, 3}}) {
+    for (type t : {type::f32, type::f16}) {
+      for (int nth : {1, 3}) {
+        INFO(sh.n_head << " heads over " << sh.n_kv_head << ", " << sh.n_q << " rows, " << type_name(t) << ", threads " << nth);
+        context ctx(arena(64));
+        // Row j sees cells [40 j, 40 j + 37) (the last row of three sees nothing: a fully masked row).
+        const int64_t n_kv = 120;
+        auto own = [&](int64_t c, int64_t j) { return (sh.n_q < 3 || j < 2) && c >= 40 * j && c < 40 * j + 37; };
+        attn_case a = attention_of(ctx, t, 64, 72, n_kv, sh.n_q, own, sh.n_head, sh.n_kv_head);
+        REQUIRE(cpu::supports_op(*a.fused));
+        fill(*a.fused, std::vector<double>(static_cast<size_t>(nelements(*a.fused)), std::nan("")));
+        compute(*a.fused, nth, false);
+        for (tensor* n : a.chain) compute(*n, nth, false);
+        CHECK(bytes_of(*a.fused) == bytes_of(*a.unfused));
+      }
+    }
   }
 }
 

@@ -7,10 +7,13 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include "backends/registry.h"
 #include "loader/gguf_writer.h"
@@ -241,4 +244,31 @@ TEST_CASE("troupe inspect --cpu-moe / --n-cpu-moe --ranges: the CPU's file range
     CHECK(device_ranges > 0);
   }
   std::filesystem::remove(path);
+}
+
+TEST_CASE("troupe bench -d runs each test after that many tokens in the cache, over a grid of -p, -n, -ctk and -fa, and says so in its JSON", "[programs][bench]") {
+  const auto path = test::model_path("stories260K.gguf");
+  if (!path) return;
+  const run_result r = run(troupe_bin + " bench -m " + path->string() + " -p 16 -n 4 -d 0,64 -ctk f16,f32 -fa on,off -t 1 -r 1 -o json");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  REQUIRE(j.size() == 16);  // 2 cache types x 2 -fa x 2 depths x (pp, tg)
+  std::set<std::string> seen;
+  for (const nlohmann::json& t : j) {
+    const int depth = t["n_depth"].get<int>();
+    const std::string test = t["test"].get<std::string>();
+    CHECK((depth == 0 || depth == 64));
+    CHECK(test == (t["n_prompt"].get<int>() > 0 ? "pp16" : "tg4") + (depth > 0 ? " @ d64" : std::string()));
+    CHECK(t["type_k"] == t["type_v"]);
+    CHECK(t["avg_ts"].get<double>() > 0);
+    CHECK(t["max_rss_bytes"].get<uint64_t>() > 0);
+    seen.insert(t["type_k"].get<std::string>() + (t["flash_attn"].get<bool>() ? " fa" : " no-fa") + " " + test);
+  }
+  CHECK(seen.size() == 16);
+  CHECK(seen.count("f32 no-fa tg4 @ d64") == 1);
+  // A type that is not a KV cache type, and a -fa that is not a setting: the message names them.
+  CHECK_THAT(run(troupe_bin + " bench -m " + path->string() + " -ctk q3_K -r 1").output, Catch::Contains("-ctk q3_K"));
+  CHECK_THAT(run(troupe_bin + " bench -m " + path->string() + " -fa maybe -r 1").output, Catch::Contains("-fa maybe"));
+  CHECK(run(troupe_bin + " bench -m " + path->string() + " -d -5 -r 1").exit_code == 1);
 }
