@@ -46,6 +46,7 @@ kv_cache::kv_cache(const model& m, const kv_cache_params& p)
     const bool cpu_layer = bt != nullptr && (bt->is_host() || bt->device().cpu_kernels());
     const bool trans = (type_v_ == type::f16 || type_v_ == type::f32) && !cpu_layer;
     v_trans_.push_back(trans);
+    cpu_layer_.push_back(cpu_layer);
     tensor* k = ctx_->new_tensor_2d(type_k_, hp.n_embd_k_gqa(), n_ctx_);
     tensor* v = trans ? ctx_->new_tensor_2d(type_v_, n_ctx_, hp.n_embd_v_gqa())
                       : ctx_->new_tensor_2d(type_v_, hp.n_embd_v_gqa(), n_ctx_);

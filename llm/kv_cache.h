@@ -59,6 +59,7 @@ class kv_cache {
   // computes (host memory, CPU instances), whose product reads V's rows in cell order and so gives a
   // sequence the same sums wherever its cells are and whatever else is cached).
   bool v_trans(uint32_t il) const { return v_trans_[il]; }
+  bool cpu_layer(uint32_t il) const { return cpu_layer_[il]; }
   bool any_v_trans() const;
   tensor* k(uint32_t il) const { return k_[il]; }  // [n_embd_k_gqa, n_ctx]
   tensor* v(uint32_t il) const { return v_[il]; }  // v_trans(il): [n_ctx, n_embd_v_gqa]; else [n_embd_v_gqa, n_ctx]
@@ -135,6 +136,7 @@ class kv_cache {
   uint32_t n_seq_max_;
   type type_k_, type_v_;
   std::vector<bool> v_trans_;  // per layer
+  std::vector<bool> cpu_layer_;  // per layer: troupe's CPU kernels compute it (a row per cell for K and V)
   std::vector<tensor*> k_, v_;
   std::unique_ptr<context> ctx_;
   std::vector<buffer_ptr> buffers_;

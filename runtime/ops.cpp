@@ -287,7 +287,9 @@ tensor* flash_attn(context& ctx, tensor* q, tensor* k, tensor* v, tensor* mask, 
   require_src(v, "flash_attn", "v");
   require(q->type == type::f32, "flash_attn", "q must be f32", {q, k, v, mask});
   for (tensor* t : {k, v}) {
-    require(t->type == type::f32 || t->type == type::f16, "flash_attn", "k and v must be f32 or f16", {q, k, v, mask});
+    // f32, f16, or a block type (the quantized KV caches) whose rows are whole blocks.
+    require(t->ne[0] % block_size(t->type) == 0, "flash_attn", "k's and v's rows must be whole blocks of their type",
+            {q, k, v, mask});
     require(t->nb[0] == type_size(t->type), "flash_attn", "k's and v's rows must be contiguous", {q, k, v, mask});
   }
   require(q->nb[0] == type_size(q->type), "flash_attn", "q's rows must be contiguous", {q, k, v, mask});

@@ -31,6 +31,58 @@ constexpr int64_t cell_block = 16;  // cells whose mask is checked (and skipped)
 
 size_t score_bytes(int64_t n_kv) { return align_up(static_cast<size_t>(tile_rows * n_kv) * sizeof(float)); }
 
+// What a thread needs beside its scores for K and V of types other than f32 / f16 (bf16, the quantized KV
+// caches): the tile's query rows in K's vec_dot_type (as the unfused graph's product converts them), and for V
+// one row as f32 and the tile's sums. Zero for f32 / f16 K and V.
+struct quant_work {
+  type q_type = type::f32;  // what the tile's query rows are converted to for K's dot (f32: used as they are)
+  size_t q_row = 0;         // bytes of one converted query row
+  bool v_direct = true;     // V is f32 / f16: mad_tile reads it as it is
+  size_t q_bytes = 0, v_bytes = 0, acc_bytes = 0;
+  size_t total() const { return q_bytes + v_bytes + acc_bytes; }
+};
+
+quant_work quant_work_of(const tensor& node) {
+  const tensor& k = *node.src[1];
+  const tensor& v = *node.src[2];
+  quant_work w;
+  w.q_type = traits(k.type).vec_dot_type;
+  if (w.q_type != type::f32) {
+    w.q_row = row_size(w.q_type, k.ne[0]);
+    w.q_bytes = align_up(static_cast<size_t>(tile_rows) * w.q_row);
+  }
+  w.v_direct = v.type == type::f32 || v.type == type::f16;
+  if (!w.v_direct) {
+    w.v_bytes = align_up(static_cast<size_t>(v.ne[0]) * sizeof(float));
+    w.acc_bytes = align_up(static_cast<size_t>(tile_rows * v.ne[0]) * sizeof(float));
+  }
+  return w;
+}
+
+size_t thread_bytes(const tensor& node) { return score_bytes(node.src[1]->ne[1]) + quant_work_of(node).total(); }
+
+// A thread's buffers in the op's work memory.
+struct thread_work {
+  float* scores = nullptr;
+  char* q = nullptr;     // converted query rows
+  float* v = nullptr;    // a V row as f32
+  float* acc = nullptr;  // the tile's sums, [tile_rows][hd_v]
+};
+
+thread_work thread_work_of(const compute_params& params, const tensor& node) {
+  const quant_work w = quant_work_of(node);
+  char* base = reinterpret_cast<char*>(params.wdata) + cache_line + static_cast<size_t>(params.ith) * thread_bytes(node);
+  thread_work t;
+  t.scores = reinterpret_cast<float*>(base);
+  base += score_bytes(node.src[1]->ne[1]);
+  t.q = base;
+  base += w.q_bytes;
+  t.v = reinterpret_cast<float*>(base);
+  base += w.v_bytes;
+  t.acc = reinterpret_cast<float*>(base);
+  return t;
+}
+
 // The softmax of one row of scores in place, as compute_soft_max does it (scale, the mask added, max, then
 // its softmax_normalize).
 void softmax_row(float* y, const char* m, size_t sm, type mt, int64_t n, float scale, bool reference) {
@@ -62,6 +114,47 @@ void block_scores(const simd::kernel_table& tb, const tensor& k, size_t q_stride
   }
 }
 
+// The query rows a tile's scores read: as they are for f32 / f16 K, else converted to K's vec_dot_type into
+// the thread's buffer (q_stride updated to the converted rows'), as the unfused product converts them.
+const char* tile_queries(const simd::kernel_table& tb, const quant_work& w, const thread_work& tw, const char* q_rows,
+                         size_t& q_stride, int64_t nj, int64_t hd_k) {
+  if (w.q_type == type::f32) return q_rows;
+  const from_float_fn convert = tb.quantize(w.q_type) != nullptr ? tb.quantize(w.q_type) : traits(w.q_type).from_float_ref;
+  for (int64_t r = 0; r < nj; ++r) {
+    convert(reinterpret_cast<const float*>(q_rows + r * static_cast<int64_t>(q_stride)), tw.q + static_cast<size_t>(r) * w.q_row, hd_k);
+  }
+  q_stride = w.q_row;
+  return tw.q;
+}
+
+// out rows (o_stride floats apart) = the tile's softmax rows (scores, n_kv floats apart) times V's rows
+// [0, live_end) of a plane: mad_tile over f32 / f16 V. V of a block type: each cell's row converted to f32
+// and added, weighted, to each row's sums, in cell order and skipping weights of 0 (as mad_tile does), so a
+// sequence's values do not depend on which cells it got.
+void weighted_values(const simd::kernel_table& tb, const quant_work& w, const thread_work& tw, const tensor& v, const char* v_plane,
+                     int64_t live_end, int64_t nj, const float* scores, int64_t n_kv, float* out, size_t o_stride) {
+  const int64_t hd_v = v.ne[0];
+  if (w.v_direct) {
+    tb.mad(v.type)(live_end, hd_v, nj, v_plane, v.nb[1], scores, static_cast<size_t>(n_kv) * sizeof(float), out, o_stride);
+    return;
+  }
+  const to_float_fn to_f32 = tb.dequantize(v.type) != nullptr ? tb.dequantize(v.type) : traits(v.type).to_float;
+  std::fill(tw.acc, tw.acc + nj * hd_v, 0.0f);
+  for (int64_t c = 0; c < live_end; ++c) {
+    bool any = false;
+    for (int64_t r = 0; r < nj && !any; ++r) any = scores[r * n_kv + c] != 0.0f;
+    if (!any) continue;
+    to_f32(v_plane + c * static_cast<int64_t>(v.nb[1]), tw.v, hd_v);
+    for (int64_t r = 0; r < nj; ++r) {
+      const float weight = scores[r * n_kv + c];
+      if (weight == 0.0f) continue;
+      float* acc = tw.acc + r * hd_v;
+      for (int64_t d = 0; d < hd_v; ++d) acc[d] += weight * tw.v[d];
+    }
+  }
+  for (int64_t r = 0; r < nj; ++r) std::copy(tw.acc + r * hd_v, tw.acc + (r + 1) * hd_v, out + r * static_cast<int64_t>(o_stride));
+}
+
 }  // namespace
 
 static void compute_flash_attn_sparse(const compute_params& params, tensor& node);
@@ -74,18 +167,27 @@ bool supports_flash_attn(const tensor& node) {
   if (q == nullptr || k == nullptr || v == nullptr || node.type != type::f32) return false;
   if (q->type != type::f32 || q->nb[0] != sizeof(float)) return false;
   for (const tensor* kv : {k, v}) {
-    if ((kv->type != type::f32 && kv->type != type::f16) || kv->nb[0] != type_size(kv->type)) return false;
+    if (kv->nb[0] != type_size(kv->type) || kv->ne[0] % block_size(kv->type) != 0) return false;
+  }
+  // K: f32 / f16, or a type with a dot against rows of a type the query rows convert to; V: f32 / f16, or a
+  // type that converts to f32.
+  const simd::kernel_table& tb = simd::active_table();
+  const type qt = traits(k->type).vec_dot_type;
+  if (k->type != type::f32 && k->type != type::f16) {
+    if (tb.dot(k->type) == nullptr || (tb.quantize(qt) == nullptr && traits(qt).from_float_ref == nullptr)) return false;
+    if (simd::table(isa::scalar).dot(k->type) == nullptr) return false;  // (the reference path's)
+  }
+  if (v->type != type::f32 && v->type != type::f16) {
+    if (tb.dequantize(v->type) == nullptr && traits(v->type).to_float == nullptr) return false;
   }
   if (mask != nullptr && mask->type != type::f32 && mask->type != type::f16) return false;
   return dense_rows(node, sizeof(float));
 }
 
-size_t flash_attn_work_size(const tensor& node, int nth) {
-  return cache_line + static_cast<size_t>(nth) * score_bytes(node.src[1]->ne[1]);
-}
+size_t flash_attn_work_size(const tensor& node, int nth) { return cache_line + static_cast<size_t>(nth) * thread_bytes(node); }
 
 void compute_flash_attn(const compute_params& params, tensor& node) {
-  if (!supports_flash_attn(node)) unsupported(node, "needs f32 q, f32 / f16 k and v rows, f32 / f16 mask");
+  if (!supports_flash_attn(node)) unsupported(node, "needs f32 q, k and v rows of whole blocks of a type it computes with, f32 / f16 mask");
   const tensor& q = *node.src[0];
   const tensor& k = *node.src[1];
   const tensor& v = *node.src[2];
@@ -101,9 +203,9 @@ void compute_flash_attn(const compute_params& params, tensor& node) {
   const int64_t group = n_head / k.ne[2];
 
   const simd::kernel_table& tb = params.reference ? simd::table(isa::scalar) : simd::active_table();
-  const simd::mad_tile_fn mad = tb.mad(v.type);
-  float* scores =
-      reinterpret_cast<float*>(params.wdata + cache_line + static_cast<size_t>(params.ith) * score_bytes(n_kv));
+  const quant_work qw = quant_work_of(node);
+  const thread_work tw = thread_work_of(params, node);
+  float* scores = tw.scores;
   const size_t sm = mask != nullptr ? mask->nb[0] : 0;
   const size_t out_stride = node.nb[2] / sizeof(float);  // floats from one query row's output to the next
 
@@ -124,7 +226,8 @@ void compute_flash_attn(const compute_params& params, tensor& node) {
     const int64_t j0 = (t % tiles) * tile_rows;
     const int64_t nj = std::min(tile_rows, n_tok - j0);
     const char* k_plane = addr(k, 0, 0, h / group, 0);
-    const char* q_rows = addr(q, 0, j0, h, 0);
+    size_t q_stride = q.nb[1];
+    const char* q_rows = tile_queries(tb, qw, tw, addr(q, 0, j0, h, 0), q_stride, nj, hd_k);
     int64_t live_end = 0;  // past the last computed block: the weights after it are 0
     for (int64_t c0 = 0; c0 < n_kv; c0 += cell_block) {
       const int64_t c1 = std::min(n_kv, c0 + cell_block);
@@ -133,7 +236,7 @@ void compute_flash_attn(const compute_params& params, tensor& node) {
         continue;
       }
       live_end = c1;
-      block_scores(tb, k, q.nb[1], hd_k, c0, c1, nj, n_kv, k_plane, q_rows, scores);
+      block_scores(tb, k, q_stride, hd_k, c0, c1, nj, n_kv, k_plane, q_rows, scores);
     }
     for (int64_t r = 0; r < nj; ++r) {
       const char* m = mask != nullptr ? addr(*mask, 0, j0 + r, 0, 0) : nullptr;
@@ -144,8 +247,7 @@ void compute_flash_attn(const compute_params& params, tensor& node) {
       for (int64_t r = 0; r < nj; ++r) std::fill(out + r * out_stride, out + r * out_stride + hd_v, 0.0f);
       return;
     }
-    mad(live_end, hd_v, nj, addr(v, 0, 0, h / group, 0), v.nb[1], scores, static_cast<size_t>(n_kv) * sizeof(float),
-        out, out_stride);
+    weighted_values(tb, qw, tw, v, addr(v, 0, 0, h / group, 0), live_end, nj, scores, n_kv, out, out_stride);
   };
 
   for_each_claimed(params, n_head * tiles, run_item);
@@ -217,11 +319,11 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
   }
 
   const simd::kernel_table& tb = simd::active_table();
-  const simd::mad_tile_fn mad = tb.mad(v.type);
+  const quant_work qw = quant_work_of(node);
+  const thread_work tw = thread_work_of(params, node);
   // The thread's scores: zero outside the blocks an item writes, which it clears again when done (the
   // weights of the cells no row sees are exact zeros for mad, without writing them per item).
-  float* scores =
-      reinterpret_cast<float*>(params.wdata + cache_line + static_cast<size_t>(params.ith) * score_bytes(n_kv));
+  float* scores = tw.scores;
   std::fill(scores, scores + tile_rows * n_kv, 0.0f);
   const size_t sm = mask.nb[0];
   const size_t out_stride = node.nb[2] / sizeof(float);
@@ -261,7 +363,7 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
       return;
     }
     const char* k_plane = addr(k, 0, 0, h / group, 0);
-    const char* q_rows = addr(q, 0, j0, h, 0);
+    const char* q_rows = tile_queries(tb, qw, tw, addr(q, 0, j0, h, 0), q_stride, nj, hd_k);
     for (const auto& [c0, c1] : t.runs) {
       block_scores(tb, k, q_stride, hd_k, c0, c1, nj, n_kv, k_plane, q_rows, scores);
     }
@@ -294,8 +396,7 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
       }
     }
     const int64_t live_end = t.runs.back().second;
-    mad(live_end, hd_v, nj, addr(v, 0, 0, h / group, 0), v.nb[1], scores, static_cast<size_t>(n_kv) * sizeof(float),
-        out, o_stride);
+    weighted_values(tb, qw, tw, v, addr(v, 0, 0, h / group, 0), live_end, nj, scores, n_kv, out, o_stride);
     for (int64_t r = 0; r < nj; ++r) {
       for (const auto& [c0, c1] : t.runs) std::fill(scores + r * n_kv + c0, scores + r * n_kv + c1, 0.0f);
     }

@@ -304,6 +304,109 @@ TEST_CASE("kernels: flash_attn of decode rows takes a KV head's query heads toge
   }
 }
 
+namespace {
+
+// Attention over caches of any KV type: the fused op, and the unfused graph the model builds for such a cache
+// (K's rows times the query rows, the softmax, V converted to f32 and multiplied).
+struct quant_attn {
+  tensor *q, *k, *v, *mask, *fused, *unfused;
+  std::vector<tensor*> chain;
+};
+
+quant_attn quantized_attention(context& ctx, type tk, type tv, int64_t hd, int64_t n_kv, int64_t n_q, int64_t n_head,
+                               int64_t n_kv_head, const std::function<bool(int64_t, int64_t)>& visible, uint32_t seed) {
+  quant_attn c{};
+  c.k = ctx.new_tensor_3d(tk, hd, n_kv, n_kv_head);
+  c.v = ctx.new_tensor_3d(tv, hd, n_kv, n_kv_head);
+  c.q = ctx.new_tensor_3d(type::f32, hd, n_head, n_q);
+  c.mask = ctx.new_tensor_2d(type::f32, n_kv, n_q);
+  for (tensor* t : {c.k, c.v}) {
+    const std::vector<double> vals = random_values(static_cast<size_t>(nelements(*t)), seed++, -1.0, 1.0);
+    if (traits(t->type).is_quantized) {
+      quantize_into(*t, vals);
+    } else {
+      fill(*t, vals);
+    }
+  }
+  fill_random(*c.q, seed, -2.0, 2.0);
+  for_each(*c.mask, [&](int64_t i0, int64_t i1, int64_t, int64_t) { set(*c.mask, visible(i0, i1) ? 0.0 : -INFINITY, i0, i1); });
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  tensor* qp = permute(ctx, c.q, 0, 2, 1, 3);
+  c.fused = flash_attn(ctx, qp, c.k, c.v, c.mask, scale);
+  tensor* kq = mul_mat(ctx, c.k, qp);
+  tensor* sm = soft_max(ctx, kq, c.mask, scale);
+  tensor* vf = cpy(ctx, c.v, ctx.new_tensor_3d(type::f32, hd, n_kv, n_kv_head));
+  tensor* vt = cont(ctx, permute(ctx, vf, 1, 0, 2, 3));
+  tensor* kqv = mul_mat(ctx, vt, sm);
+  c.unfused = cont(ctx, permute(ctx, kqv, 0, 2, 1, 3));
+  c.chain = {kq, sm, vf, vt, kqv, c.unfused};
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("kernels: flash_attn reads quantized KV caches in their type, within 1e-3 of the unfused graph, and a sequence's output wherever its cells lie", "[cpu][kernels][attention]") {
+  struct pair_of {
+    type k, v;
+  };
+  struct shape {
+    int64_t hd, n_kv, n_q, n_head, n_kv_head;
+  };
+  const std::vector<pair_of> types = {{type::q8_0, type::q8_0}, {type::q4_0, type::q4_0}, {type::q4_1, type::q4_1},
+                                      {type::q5_0, type::q5_0}, {type::q5_1, type::q5_1}, {type::iq4_nl, type::iq4_nl},
+                                      {type::bf16, type::bf16}, {type::q8_0, type::f16},  {type::f16, type::q4_0}};
+  // Prompt rows (tiles of several rows), decode rows (one each, grouped query heads), one cell, a GQA ratio of
+  // 1, 4 and 8, a fully masked row, head sizes of one and of several blocks.
+  const std::vector<shape> shapes = {{64, 100, 13, 4, 2}, {32, 1, 1, 2, 2}, {128, 300, 3, 32, 8}, {96, 70, 5, 8, 1}};
+  for (const pair_of t : types) {
+    for (const shape sh : shapes) {
+      for (int nth : {1, 3}) {
+        INFO("k " << type_name(t.k) << ", v " << type_name(t.v) << ", hd " << sh.hd << ", " << sh.n_kv << " cells, " << sh.n_q
+                  << " rows, heads " << sh.n_head << "/" << sh.n_kv_head << ", threads " << nth);
+        context ctx(arena(128));
+        // Row j sees the cells of its sequence (j % 2) up to 40 + 3 j; the last of several rows sees none.
+        const auto visible = [&](int64_t c, int64_t j) {
+          return (sh.n_q == 1 || j + 1 < sh.n_q) && (sh.n_q < 3 || (c / 5) % 2 == j % 2) && c <= 40 + 3 * j;
+        };
+        quant_attn a = quantized_attention(ctx, t.k, t.v, sh.hd, sh.n_kv, sh.n_q, sh.n_head, sh.n_kv_head, visible, 7);
+        REQUIRE(cpu::supports_op(*a.fused));
+        fill(*a.fused, std::vector<double>(static_cast<size_t>(nelements(*a.fused)), std::nan("")));
+        compute(*a.fused, nth, false);
+        for (tensor* n : a.chain) compute(*n, nth, false);
+        const std::vector<double> want = values(*a.unfused), got = values(*a.fused);
+        REQUIRE(want.size() == got.size());
+        double top = 0;
+        for (double x : want) top = std::max(top, std::fabs(x));
+        double worst = 0;
+        for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+        CHECK(worst <= 1e-3 * std::max(top, 1e-6));
+      }
+    }
+  }
+  // One sequence spread over a shared cache and packed at the front of its own: the same bits.
+  for (const pair_of t : types) {
+    INFO("k " << type_name(t.k) << ", v " << type_name(t.v));
+    context ctx(arena(64));
+    quant_attn spread = quantized_attention(ctx, t.k, t.v, 64, 100, 1, 4, 2, [](int64_t c, int64_t) { return (c / 7) % 2 == 0; }, 11);
+    std::vector<int64_t> cells;
+    for (int64_t c = 0; c < 100; ++c) {
+      if ((c / 7) % 2 == 0) cells.push_back(c);
+    }
+    const auto n_packed = static_cast<int64_t>(cells.size());
+    quant_attn packed = quantized_attention(ctx, t.k, t.v, 64, n_packed, 1, 4, 2, [](int64_t, int64_t) { return true; }, 11);
+    for (int64_t p = 0; p < n_packed; ++p) {
+      for (int64_t g = 0; g < 2; ++g) {
+        std::memcpy(at(*packed.k, 0, p, g, 0), at(*spread.k, 0, cells[static_cast<size_t>(p)], g, 0), row_size(t.k, 64));
+        std::memcpy(at(*packed.v, 0, p, g, 0), at(*spread.v, 0, cells[static_cast<size_t>(p)], g, 0), row_size(t.v, 64));
+      }
+    }
+    std::memcpy(packed.q->data, spread.q->data, nbytes(*spread.q));
+    compute(*spread.fused, 2, false);
+    compute(*packed.fused, 2, false);
+    CHECK(bytes_of(*spread.fused) == bytes_of(*packed.fused));
+  }
+}
+
 TEST_CASE("flash_attn refuses sources it cannot take, naming the op", "[cpu][kernels][attention]") {
   context ctx(arena());
   tensor* q = ctx.new_tensor_3d(type::f32, 64, 5, 4);
@@ -314,7 +417,8 @@ TEST_CASE("flash_attn refuses sources it cannot take, naming the op", "[cpu][ker
   CHECK_THROWS_WITH(flash_attn(ctx, q, ctx.new_tensor_3d(type::f16, 32, 32, 2), v, mask, 0.125f), Catch::Contains("flash_attn") && Catch::Contains("head size"));
   CHECK_THROWS_WITH(flash_attn(ctx, q, k, ctx.new_tensor_3d(type::f16, 64, 31, 2), mask, 0.125f), Catch::Contains("same cells"));
   CHECK_THROWS_WITH(flash_attn(ctx, q, ctx.new_tensor_3d(type::f16, 64, 32, 3), ctx.new_tensor_3d(type::f16, 64, 32, 3), mask, 0.125f), Catch::Contains("multiple"));
-  CHECK_THROWS_WITH(flash_attn(ctx, q, ctx.new_tensor_3d(type::q8_0, 64, 32, 2), v, mask, 0.125f), Catch::Contains("f32 or f16"));
+  CHECK_NOTHROW(flash_attn(ctx, q, ctx.new_tensor_3d(type::q8_0, 64, 32, 2), v, mask, 0.125f));  // (a quantized cache)
+
   CHECK_THROWS_WITH(flash_attn(ctx, q, k, v, ctx.new_tensor_2d(type::f32, 32, 4), 0.125f), Catch::Contains("mask"));
   CHECK_THROWS_WITH(flash_attn(ctx, q, k, v, mask, 0.0f), Catch::Contains("scale"));
 }
