@@ -18,6 +18,7 @@
 #include "backends/registry.h"
 #include "loader/gguf_writer.h"
 #include "llm/generator.h"
+#include "llm/llm_context.h"
 #include "tests/llm/synthetic_model.h"
 #include "tests/test_models.h"
 
@@ -120,6 +121,36 @@ TEST_CASE("q8_0 KV cache: refused for heads that split blocks, usable otherwise"
   INFO("f16: " << f16 << " | q8_0: " << q8);
   CHECK(f16.find("Paris") != std::string::npos);
   CHECK(q8.find("Paris") != std::string::npos);
+}
+
+TEST_CASE("decode steps through the fused attention (a KV head's query heads together) give the unfused graph's logits, bit for bit", "[llm][kv][attention]") {
+  const auto path = test::smollm2_path();  // 9 query heads over 3 KV heads
+  if (!path) return;
+  auto m = llm::model::load(*path);
+  llm::vocab v(m->meta());
+  const auto prompt = v.tokenize("Question: which city is the capital of France, and which river runs through it? Answer:", true);
+  for (type kv : {type::f16, type::f32}) {
+    // The prompt, then 40 steps of one token each (the unfused run's greedy tokens fed to both), across
+    // several blocks of 16 cells.
+    std::vector<std::vector<float>> logits[2];
+    std::vector<int32_t> fed;
+    for (int fa = 0; fa < 2; ++fa) {
+      llm::llm_context ctx(*m, {.n_ctx = 128, .type_k = kv, .type_v = kv, .flash_attn = fa == 1, .n_threads = 2});
+      llm::batch b;
+      for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], static_cast<int32_t>(i), 0, i + 1 == prompt.size());
+      ctx.decode(b);
+      for (int step = 0; step < 40; ++step) {
+        const auto last = ctx.logits(0);
+        logits[fa].emplace_back(last.begin(), last.end());
+        if (fa == 0) fed.push_back(static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin()));
+        b.clear();
+        b.add(fed[static_cast<size_t>(step)], static_cast<int32_t>(prompt.size()) + step, 0, true);
+        ctx.decode(b);
+      }
+    }
+    INFO(type_name(kv));
+    CHECK(logits[0] == logits[1]);
+  }
 }
 
 TEST_CASE("troupe-chat and troupe bench with --trace FILE write a Chrome trace with a track per device", "[programs][trace]") {
