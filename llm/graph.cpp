@@ -150,12 +150,19 @@ tensor* graph_builder::attention(uint32_t il, tensor* q, tensor* k, tensor* v, f
   // K and V the unfused graph's kernels read as they are: f32 and f16. Others (bf16, the quantized types) are
   // products by K's rows and V converted to f32.
   const auto direct = [](const tensor* t) { return t->type == type::f32 || t->type == type::f16; };
-  // Caches of other types (bf16, the quantized ones) take the unfused graph for now: the CPU's flash_attn reads
-  // them (kernels_attn.cpp, tested against the unfused op on random inputs), but a model's decode steps through
-  // it were seen to drift from the unfused graph's logits after a few steps, not yet explained.
-  if (shape.flash_attn && !v_trans && mask != nullptr && cap == 0.0f && kv.cpu_layer(il) && direct(ck) && direct(cv)) {
+  // Caches of other types (bf16, the quantized ones) take the fused op for decode steps (a few rows: each V row
+  // is converted once per KV head and step, where the unfused graph converts the whole cache); a prompt's
+  // micro-batch still takes the unfused graph, whose V converted once serves all its rows faster than the fused
+  // op's conversion per tile. The op's values are the unfused graph's within rounding (V summed in another
+  // order), and a quantized cache turns a rounding difference into a different code for the next rows, so the
+  // two graphs' logits part after some steps, each as close to an f32 cache's (tests/llm/test_programs.cpp).
+  constexpr int64_t fused_rows_converted = 16;
+  const bool converted = !direct(ck) || !direct(cv);
+  if (shape.flash_attn && !v_trans && mask != nullptr && cap == 0.0f && kv.cpu_layer(il) &&
+      (!converted || n_tokens <= fused_rows_converted)) {
     // CPU layers (K and V in a row per cell: the CPU's layout): one op, the scores of a few query rows at a
-    // time in cache instead of a score matrix in memory; the same values as the unfused graph below.
+    // time in cache instead of a score matrix in memory; for f32 / f16 caches the same values as the unfused
+    // graph below.
     tensor* vview = view_3d(ctx, v_stored, hd_v, n_kv, n_head_kv, row_size(cv->type, n_embd_v), row_size(cv->type, hd_v), 0);
     tensor* out = flash_attn(ctx, qp, kview, vview, mask, kq_scale);  // [hd_v, h, n_tok]
     return reshape(ctx, out, hd_v * n_head, n_tokens);
