@@ -71,7 +71,7 @@ struct q4_K_tile {
         const __m512i sc = _mm512_permutexvar_epi16(scale_idx[k], scales);
         for (int c = 0; c < NC; ++c) {
           const __m512i p = _mm512_maddubs_epi16(q, _mm512_loadu_si512(y[c][i].qs + 64 * k));
-          sumi[c] = _mm512_add_epi32(sumi[c], _mm512_madd_epi16(sc, p));
+          sumi[c] = _mm512_dpwssd_epi32(sumi[c], sc, p);
         }
       }
       for (int c = 0; c < NC; ++c) {
@@ -136,7 +136,7 @@ struct q6_K_tile {
           const __m512i sc = _mm512_permutexvar_epi16(scale_idx[k], scales);
           for (int c = 0; c < NC; ++c) {
             const __m512i p = _mm512_maddubs_epi16(q[j], _mm512_loadu_si512(y[c][i].qs + 64 * k));
-            sumi[c] = _mm512_add_epi32(sumi[c], _mm512_madd_epi16(sc, p));
+            sumi[c] = _mm512_dpwssd_epi32(sumi[c], sc, p);
           }
         }
       }
