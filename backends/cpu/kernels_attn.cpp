@@ -96,16 +96,50 @@ void softmax_row(float* y, const char* m, size_t sm, type mt, int64_t n, float s
   softmax_normalize(y, n, mx, reference);
 }
 
+// Prefetches rows [c0, c1) of a plane (rows `stride` bytes apart, `bytes` used of each) into L1 (l1) or L2.
+// A KV head's rows are a slice of each cell's row of the cache (128 of 1024 bytes for 8 heads of 64 f16), so
+// a walk over the cells reads a few lines per 4 KiB page, which the hardware's stream prefetchers (within a
+// page) do not run ahead of.
+void prefetch_rows(const char* plane, size_t stride, size_t bytes, int64_t c0, int64_t c1, bool l1) {
+  for (int64_t c = c0; c < c1; ++c) {
+    const char* row = plane + static_cast<size_t>(c) * stride;
+    for (size_t b = 0; b < bytes; b += cache_line) {
+      if (l1) {
+        __builtin_prefetch(row + b, 0, 3);
+      } else {
+        __builtin_prefetch(row + b, 0, 2);
+      }
+    }
+    __builtin_prefetch(row + bytes - 1, 0, l1 ? 3 : 2);
+  }
+}
+
+// Cells per call of the tile product in block_scores: a multiple of the register tiles' rows (3 and 4), the
+// unit of its prefetches.
+constexpr int64_t score_step = 48;
+
 // The scores of nj query rows (q_rows, q_stride bytes apart: one head's tokens, or one token's heads) against
 // cells [c0, c1) of a K plane, into the tile's score rows (n_kv floats apart): the table's tile product, or its
-// dot per cell. Each score is the same dot product whichever rows share the tile.
+// dot per cell. Each score is the same dot product whichever rows share the tile, and however the cells are
+// split between calls. Where v_plane is set, the same cells' V rows are fetched into L2 on the way (the
+// weighted sum reads them next), and K's next cells into L1.
 void block_scores(const simd::kernel_table& tb, const tensor& k, size_t q_stride, int64_t hd_k, int64_t c0, int64_t c1,
-                  int64_t nj, int64_t n_kv, const char* k_plane, const char* q_rows, float* scores) {
-  const char* k_rows = k_plane + c0 * static_cast<int64_t>(k.nb[1]);
+                  int64_t nj, int64_t n_kv, const char* k_plane, const char* q_rows, float* scores,
+                  const tensor* v = nullptr, const char* v_plane = nullptr) {
   if (const simd::vec_dot_tile_fn dot_tile = tb.dot_tile(k.type)) {
-    dot_tile(hd_k, c1 - c0, nj, scores + c0, static_cast<size_t>(n_kv), k_rows, k.nb[1], q_rows, q_stride);
+    const size_t k_bytes = row_size(k.type, hd_k);
+    for (int64_t b0 = c0; b0 < c1; b0 += score_step) {
+      const int64_t b1 = std::min(c1, b0 + score_step);
+      if (v_plane != nullptr) {
+        prefetch_rows(k_plane, k.nb[1], k_bytes, b1, std::min(c1, b1 + score_step), true);
+        prefetch_rows(v_plane, v->nb[1], row_size(v->type, v->ne[0]), b0, b1, false);
+      }
+      dot_tile(hd_k, b1 - b0, nj, scores + b0, static_cast<size_t>(n_kv), k_plane + b0 * static_cast<int64_t>(k.nb[1]),
+               k.nb[1], q_rows, q_stride);
+    }
     return;
   }
+  const char* k_rows = k_plane + c0 * static_cast<int64_t>(k.nb[1]);
   const vec_dot_fn dot = tb.dot(k.type);
   for (int64_t r = 0; r < nj; ++r) {
     for (int64_t c = c0; c < c1; ++c) {
@@ -364,8 +398,9 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
     }
     const char* k_plane = addr(k, 0, 0, h / group, 0);
     const char* q_rows = tile_queries(tb, qw, tw, addr(q, 0, j0, h, 0), q_stride, nj, hd_k);
+    const char* v_plane = addr(v, 0, 0, h / group, 0);
     for (const auto& [c0, c1] : t.runs) {
-      block_scores(tb, k, q_stride, hd_k, c0, c1, nj, n_kv, k_plane, q_rows, scores);
+      block_scores(tb, k, q_stride, hd_k, c0, c1, nj, n_kv, k_plane, q_rows, scores, &v, v_plane);
     }
     // The softmax of each row over the runs, as softmax_row and softmax_normalize compute it over the whole
     // row: scale and mask, the max, the exponentials (elementwise), the nonzero ones summed in order into 16
@@ -396,7 +431,7 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
       }
     }
     const int64_t live_end = t.runs.back().second;
-    weighted_values(tb, qw, tw, v, addr(v, 0, 0, h / group, 0), live_end, nj, scores, n_kv, out, o_stride);
+    weighted_values(tb, qw, tw, v, v_plane, live_end, nj, scores, n_kv, out, o_stride);
     for (int64_t r = 0; r < nj; ++r) {
       for (const auto& [c0, c1] : t.runs) std::fill(scores + r * n_kv + c0, scores + r * n_kv + c1, 0.0f);
     }
