@@ -226,6 +226,9 @@ void load_job::impl::upload_copied(buffer_type_i* buft, target_state& st, const 
       if (use_mmap) {
         const mapped_file& m = *w.maps_[t->file_index];
         tensor_set(x, m.data() + t->file_offset, 0, t->n_bytes);
+        // The source pages leave this process as they are copied (a target using the mapping in place, or a
+        // second copy, faults them in again from the page cache): the weights are not resident twice.
+        m.drop(t->file_offset, t->n_bytes);
       } else {
         const size_t chunk = std::max<size_t>(params.staging_size, 1);
         staging.resize(std::min<size_t>(chunk, t->n_bytes));

@@ -121,6 +121,22 @@ void mapped_file::release(size_t offset, size_t n) {
 #endif
 }
 
+void mapped_file::drop(size_t offset, size_t n) const {
+#if TROUPE_POSIX
+  if (impl_->addr == nullptr || offset >= impl_->size) return;
+  n = std::min(n, impl_->size - offset);
+  const size_t ps = page_size();
+  const size_t begin = (offset + ps - 1) / ps * ps;
+  const size_t end = (offset + n) / ps * ps;
+  if (end <= begin) return;
+  // A private read-only file mapping: the pages are dropped from this process, the page cache keeps them.
+  (void)::madvise(static_cast<char*>(impl_->addr) + begin, end - begin, MADV_DONTNEED);
+#else
+  (void)offset;
+  (void)n;
+#endif
+}
+
 // ---- memory_lock ----
 
 const bool memory_lock::SUPPORTED = TROUPE_POSIX != 0;

@@ -39,6 +39,10 @@ class mapped_file {
   // bytes must not be read through this mapping again. Pages shared with the rest of the range's
   // neighbours are kept.
   void release(size_t offset, size_t n);
+  // Unmaps the whole pages inside [offset, offset + n) from this process (MADV_DONTNEED) without making them
+  // unreadable: a later read faults them in again from the file. A copy's source pages, dropped as it goes,
+  // so that a model's weights are not resident twice while they are copied (the peak RSS).
+  void drop(size_t offset, size_t n) const;
 
  private:
   struct impl;
