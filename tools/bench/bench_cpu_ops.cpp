@@ -78,6 +78,22 @@ void register_all() {
                                  [nth] { return bench::make_graph_nodes(nth); })
         ->UseRealTime();
   }
+  // flash_attn of a Llama-3.2-1B layer: a decode step and a 64-row prompt micro-batch after 4096 and 16384
+  // cells, f16 and quantized caches.
+  for (type t : {type::f16, type::q8_0, type::q4_0}) {
+    for (int64_t depth : {4096, 16384}) {
+      for (int64_t n_tok : {1, 64}) {
+        for (int nth : threads) {
+          const std::string name = "attention/" + std::string(type_name(t)) + "/d" + std::to_string(depth) + "/n" +
+                                   std::to_string(n_tok) + "/threads:" + std::to_string(nth);
+          benchmark::RegisterBenchmark(name.c_str(), bm_workload,
+                                       [t, depth, n_tok, nth] { return bench::make_attention(t, depth, n_tok, nth); })
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
+      }
+    }
+  }
   const std::pair<int64_t, int64_t> shapes[] = {{576, 576}, {1536, 576}, {4096, 4096}, {11008, 4096}};
   for (type t : all_weight_types) {
     for (auto [m, k] : shapes) {

@@ -1,6 +1,7 @@
 #include "tools/bench/cpu_ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -217,6 +218,65 @@ struct sgemm_workload final : workload {
 };
 #endif
 
+// ---- attention ----
+
+struct attention_workload final : workload {
+  static constexpr int64_t hd = 64, n_head = 32, n_head_kv = 8;
+  context ctx{{.max_tensors = 16, .no_alloc = true}};
+  int64_t n_kv, n_tok, copies;
+  size_t kv_bytes;
+  std::vector<uint8_t> kv_data;  // copies x (K, V)
+  std::vector<float> q_data, mask_data, out_data;
+  tensor *k = nullptr, *v = nullptr, *out = nullptr;
+  graph g;
+  cpu::cpu_backend& be;
+  int64_t copy = 0;
+
+  attention_workload(type t, int64_t depth, int64_t tok, int nth) : n_kv(depth + tok), n_tok(tok), be(backend(nth)) {
+    const int64_t n_embd = hd * n_head_kv;
+    const size_t row = row_size(t, n_embd);
+    kv_bytes = row * static_cast<size_t>(n_kv);
+    copies = std::max<int64_t>(1, static_cast<int64_t>(stream_bytes / (2 * kv_bytes)));
+    kv_data.resize(2 * kv_bytes * static_cast<size_t>(copies));
+    const std::vector<float> r = random_floats(static_cast<size_t>(n_embd * n_kv), 11);
+    for (int64_t c = 0; c < 2 * copies; ++c) {
+      uint8_t* dst = kv_data.data() + static_cast<size_t>(c) * kv_bytes;
+      for (int64_t cell = 0; cell < n_kv; ++cell) traits(t).from_float_ref(r.data() + cell * n_embd, dst + cell * row, n_embd);
+    }
+    tensor* kc = ctx.new_tensor_2d(t, n_embd, n_kv);
+    tensor* vc = ctx.new_tensor_2d(t, n_embd, n_kv);
+    tensor* q = ctx.new_tensor_3d(type::f32, hd, n_head, n_tok);
+    tensor* mask = ctx.new_tensor_2d(type::f32, n_kv, n_tok);
+    q_data = random_floats(static_cast<size_t>(hd * n_head * n_tok), 12);
+    mask_data.assign(static_cast<size_t>(n_kv * n_tok), 0.0f);
+    for (int64_t j = 0; j < n_tok; ++j) {  // token j sees the depth cells and the tokens up to itself
+      for (int64_t c = depth + j + 1; c < n_kv; ++c) mask_data[static_cast<size_t>(j * n_kv + c)] = -INFINITY;
+    }
+    out_data.resize(static_cast<size_t>(hd * n_head * n_tok));
+    // Data first: a view takes its source's address when it is made.
+    q->data = q_data.data();
+    mask->data = mask_data.data();
+    kc->data = kv_data.data();
+    vc->data = kv_data.data() + kv_bytes;
+    k = view_3d(ctx, kc, hd, n_kv, n_head_kv, row, row_size(t, hd), 0);
+    v = view_3d(ctx, vc, hd, n_kv, n_head_kv, row, row_size(t, hd), 0);
+    out = flash_attn(ctx, permute(ctx, q, 0, 2, 1, 3), k, v, mask, 0.125f);
+    out->data = out_data.data();
+    g.build_forward_expand(out);
+    bytes = 2.0 * static_cast<double>(kv_bytes);
+    flops = 4.0 * hd * n_head * static_cast<double>(n_tok) * static_cast<double>(n_kv);
+  }
+  void run() override {
+    uint8_t* base = kv_data.data() + static_cast<size_t>(copy) * 2 * kv_bytes;
+    k->view_src->data = base;
+    v->view_src->data = base + kv_bytes;
+    k->data = base;
+    v->data = base + kv_bytes;
+    copy = (copy + 1) % copies;
+    be.graph_compute(g);
+  }
+};
+
 // ---- dispatch ----
 
 struct dispatch_workload final : workload {
@@ -254,6 +314,10 @@ std::unique_ptr<workload> make_matvec(type t, int64_t m, int64_t k, int nth, int
 
 std::unique_ptr<workload> make_matmul(type t, mm_path path, int64_t m, int64_t k, int64_t n, int nth) {
   return std::make_unique<matmul_workload>(t, path, m, k, n, nth);
+}
+
+std::unique_ptr<workload> make_attention(type kv, int64_t depth, int64_t n_tok, int nth) {
+  return std::make_unique<attention_workload>(kv, depth, n_tok, nth);
 }
 
 std::unique_ptr<workload> make_sgemm(int64_t m, int64_t k, int64_t n, int nth) {

@@ -41,6 +41,12 @@ enum class mm_path { automatic, quant, blas };
 // mul_mat of m x k weights of type t by n f32 vectors on the CPU backend with nth threads.
 std::unique_ptr<workload> make_matmul(type t, mm_path path, int64_t m, int64_t k, int64_t n, int nth);
 
+// flash_attn as a Llama-3.2-1B layer computes it (head size 64, 32 query heads over 8 KV heads): n_tok query
+// rows (1: a decode step; more: a prompt's micro-batch, causal) after `depth` cells of one sequence, K and V
+// of type kv in the CPU cache's layout (a row of all 8 heads per cell). Copies of K and V fill >= 256 MiB and
+// rotate, so they come from memory as a model's layers do. flops = 4 hd n_head n_tok (depth + n_tok).
+std::unique_ptr<workload> make_attention(type kv, int64_t depth, int64_t n_tok, int nth);
+
 // OpenBLAS cblas_sgemm of the same shape on nth OpenBLAS threads; null when built without BLAS.
 std::unique_ptr<workload> make_sgemm(int64_t m, int64_t k, int64_t n, int nth);
 
