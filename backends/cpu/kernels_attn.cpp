@@ -96,21 +96,15 @@ void softmax_row(float* y, const char* m, size_t sm, type mt, int64_t n, float s
   softmax_normalize(y, n, mx, reference);
 }
 
-// Prefetches rows [c0, c1) of a plane (rows `stride` bytes apart, `bytes` used of each) into L1 (l1) or L2.
-// A KV head's rows are a slice of each cell's row of the cache (128 of 1024 bytes for 8 heads of 64 f16), so
-// a walk over the cells reads a few lines per 4 KiB page, which the hardware's stream prefetchers (within a
-// page) do not run ahead of.
-void prefetch_rows(const char* plane, size_t stride, size_t bytes, int64_t c0, int64_t c1, bool l1) {
+// Prefetches rows [c0, c1) of a plane (rows `stride` bytes apart, `bytes` used of each) into L1. A KV head's
+// rows are a slice of each cell's row of the cache (128 of 1024 bytes for 8 heads of 64 f16), so a walk over
+// the cells reads a few lines per 4 KiB page, which the hardware's stream prefetchers (within a page) do not
+// run ahead of.
+void prefetch_rows(const char* plane, size_t stride, size_t bytes, int64_t c0, int64_t c1) {
   for (int64_t c = c0; c < c1; ++c) {
     const char* row = plane + static_cast<size_t>(c) * stride;
-    for (size_t b = 0; b < bytes; b += cache_line) {
-      if (l1) {
-        __builtin_prefetch(row + b, 0, 3);
-      } else {
-        __builtin_prefetch(row + b, 0, 2);
-      }
-    }
-    __builtin_prefetch(row + bytes - 1, 0, l1 ? 3 : 2);
+    for (size_t b = 0; b < bytes; b += cache_line) __builtin_prefetch(row + b, 0, 3);
+    __builtin_prefetch(row + bytes - 1, 0, 3);
   }
 }
 
@@ -121,19 +115,15 @@ constexpr int64_t score_step = 48;
 // The scores of nj query rows (q_rows, q_stride bytes apart: one head's tokens, or one token's heads) against
 // cells [c0, c1) of a K plane, into the tile's score rows (n_kv floats apart): the table's tile product, or its
 // dot per cell. Each score is the same dot product whichever rows share the tile, and however the cells are
-// split between calls. Where v_plane is set, the same cells' V rows are fetched into L2 on the way (the
-// weighted sum reads them next), and K's next cells into L1.
+// split between calls. K's rows of the next step are fetched into L1 on the way (the V rows of the weighted
+// sum, fetched here, would have left L2 by then: the mad kernels fetch their own ahead).
 void block_scores(const simd::kernel_table& tb, const tensor& k, size_t q_stride, int64_t hd_k, int64_t c0, int64_t c1,
-                  int64_t nj, int64_t n_kv, const char* k_plane, const char* q_rows, float* scores,
-                  const tensor* v = nullptr, const char* v_plane = nullptr) {
+                  int64_t nj, int64_t n_kv, const char* k_plane, const char* q_rows, float* scores) {
   if (const simd::vec_dot_tile_fn dot_tile = tb.dot_tile(k.type)) {
     const size_t k_bytes = row_size(k.type, hd_k);
     for (int64_t b0 = c0; b0 < c1; b0 += score_step) {
       const int64_t b1 = std::min(c1, b0 + score_step);
-      if (v_plane != nullptr) {
-        prefetch_rows(k_plane, k.nb[1], k_bytes, b1, std::min(c1, b1 + score_step), true);
-        prefetch_rows(v_plane, v->nb[1], row_size(v->type, v->ne[0]), b0, b1, false);
-      }
+      prefetch_rows(k_plane, k.nb[1], k_bytes, b1, std::min(c1, b1 + score_step));
       dot_tile(hd_k, b1 - b0, nj, scores + b0, static_cast<size_t>(n_kv), k_plane + b0 * static_cast<int64_t>(k.nb[1]),
                k.nb[1], q_rows, q_stride);
     }
@@ -297,6 +287,31 @@ static bool block_masked(const tensor& mask, int64_t j, int64_t b, int64_t n_kv)
   return true;
 }
 
+// y[i] = y[i] * scale + mask[i] for i in [c0, c1), returning the largest (as a scalar loop's `if (x > mx)`,
+// in 8 lanes: the same maximum). A dense f32 mask (the graphs') in a loop the compiler vectorizes.
+static float scale_mask_max(float* y, const char* m, size_t sm, type mt, float scale, int64_t c0, int64_t c1) {
+  float lanes[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  int64_t i = c0;
+  if (mt == type::f32 && sm == sizeof(float)) {
+    const float* mf = reinterpret_cast<const float*>(m);
+    for (; i + 8 <= c1; i += 8) {
+      for (int l = 0; l < 8; ++l) {
+        const float x = y[i + l] * scale + mf[i + l];
+        y[i + l] = x;
+        lanes[l] = x > lanes[l] ? x : lanes[l];
+      }
+    }
+  }
+  float mx = -INFINITY;
+  for (; i < c1; ++i) {
+    const float x = y[i] * scale + load_float(m + static_cast<size_t>(i) * sm, mt);
+    y[i] = x;
+    if (x > mx) mx = x;
+  }
+  for (float l : lanes) mx = l > mx ? l : mx;
+  return mx;
+}
+
 // The sparse path (see the top of the file): tiles of rows that see nearly the same blocks, each with the
 // blocks any of its rows sees.
 static void compute_flash_attn_sparse(const compute_params& params, tensor& node) {
@@ -400,7 +415,7 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
     const char* q_rows = tile_queries(tb, qw, tw, addr(q, 0, j0, h, 0), q_stride, nj, hd_k);
     const char* v_plane = addr(v, 0, 0, h / group, 0);
     for (const auto& [c0, c1] : t.runs) {
-      block_scores(tb, k, q_stride, hd_k, c0, c1, nj, n_kv, k_plane, q_rows, scores, &v, v_plane);
+      block_scores(tb, k, q_stride, hd_k, c0, c1, nj, n_kv, k_plane, q_rows, scores);
     }
     // The softmax of each row over the runs, as softmax_row and softmax_normalize compute it over the whole
     // row: scale and mask, the max, the exponentials (elementwise), the nonzero ones summed in order into 16
@@ -409,13 +424,7 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
       float* y = scores + r * n_kv;
       const char* m = addr(mask, 0, j0 + (one_row ? 0 : r), 0, 0);
       float mx = -INFINITY;
-      for (const auto& [c0, c1] : t.runs) {
-        for (int64_t i = c0; i < c1; ++i) {
-          const float x = y[i] * scale + load_float(m + static_cast<size_t>(i) * sm, mask.type);
-          y[i] = x;
-          if (x > mx) mx = x;
-        }
-      }
+      for (const auto& [c0, c1] : t.runs) mx = std::max(mx, scale_mask_max(y, m, sm, mask.type, scale, c0, c1));
       if (mx == -INFINITY) {
         for (const auto& [c0, c1] : t.runs) std::fill(y + c0, y + c1, 0.0f);
         continue;

@@ -148,20 +148,30 @@ using f16_gemm = float_gemm<f16_loads>;
 
 namespace {
 
-// Column products (mad_tile.h): register tiles of up to 6 columns of b x 64 values of a's rows (4 zmm
-// accumulators per column), a row of a loaded (converted) once for the columns, each b value broadcast;
-// rows whose b values of the tile are all 0 are skipped (each would add exactly nothing to every element).
-template <class LX, int NC>
+// Column products (mad_tile.h): register tiles of up to 6 columns of b x NV vectors of 16 of a's values (up to
+// 64: NV zmm accumulators per column, the last one masked to w's tail), a row of a loaded (converted) once for
+// the columns, each b value broadcast; rows whose b values of the tile are all 0 are skipped (each would add
+// exactly nothing to every element); a single column's 0 is not: its FMA adds exactly +-0 to a chain that is
+// never -0 (a is finite), the value the column gets alone. The rows mad_prefetch ahead are fetched on the way:
+// the attention's V rows are a head's slice of each cell's row, a few lines per page, which the stream
+// prefetchers do not run ahead of.
+constexpr int64_t mad_prefetch = 24;
+
+template <class LX, int NC, int NV>
 void mad_cols(int64_t k, int64_t w, const char* a, size_t a_stride, const float* const* bc, float* const* out) {
   using T = typename LX::T;
-  constexpr int nv = 4;
-  const int nvec = static_cast<int>((w + 15) / 16);
   const __mmask16 tail = static_cast<__mmask16>(w % 16 == 0 ? 0xFFFF : (1u << (w % 16)) - 1);
-  __m512 acc[NC][nv];
+  const size_t row_bytes = static_cast<size_t>(w) * sizeof(T);
+  __m512 acc[NC][NV];
   for (int c = 0; c < NC; ++c) {
-    for (int v = 0; v < nv; ++v) acc[c][v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; ++v) acc[c][v] = _mm512_setzero_ps();
   }
   for (int64_t l = 0; l < k; ++l) {
+    if (l + mad_prefetch < k) {
+      const char* ahead = a + static_cast<size_t>(l + mad_prefetch) * a_stride;
+      for (size_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+      _mm_prefetch(ahead + row_bytes - 1, _MM_HINT_T0);
+    }
     float bv[NC];
     bool any = false;
     for (int c = 0; c < NC; ++c) {
@@ -170,23 +180,28 @@ void mad_cols(int64_t k, int64_t w, const char* a, size_t a_stride, const float*
     }
     if (!any) continue;
     const T* row = reinterpret_cast<const T*>(a + static_cast<size_t>(l) * a_stride);
-    __m512 av[nv];
-    for (int v = 0; v < nv; ++v) {
-      if (v < nvec) av[v] = v + 1 < nvec ? LX::load(row + 16 * v) : LX::load_tail(row + 16 * v, tail);
-    }
+    __m512 av[NV];
+    for (int v = 0; v < NV; ++v) av[v] = v + 1 < NV ? LX::load(row + 16 * v) : LX::load_tail(row + 16 * v, tail);
     for (int c = 0; c < NC; ++c) {
-      if (bv[c] == 0.0f) continue;
       const __m512 b = _mm512_set1_ps(bv[c]);
-      for (int v = 0; v < nv; ++v) {
-        if (v < nvec) acc[c][v] = _mm512_fmadd_ps(av[v], b, acc[c][v]);
-      }
+      for (int v = 0; v < NV; ++v) acc[c][v] = _mm512_fmadd_ps(av[v], b, acc[c][v]);
     }
   }
   for (int c = 0; c < NC; ++c) {
-    for (int v = 0; v < nvec; ++v) {
-      if (v + 1 < nvec) _mm512_storeu_ps(out[c] + 16 * v, acc[c][v]);
+    for (int v = 0; v < NV; ++v) {
+      if (v + 1 < NV) _mm512_storeu_ps(out[c] + 16 * v, acc[c][v]);
       else _mm512_mask_storeu_ps(out[c] + 16 * v, tail, acc[c][v]);
     }
+  }
+}
+
+template <class LX, int NC>
+void mad_cols_w(int64_t k, int64_t w, const char* a, size_t a_stride, const float* const* bc, float* const* out) {
+  switch ((w + 15) / 16) {
+    case 1: mad_cols<LX, NC, 1>(k, w, a, a_stride, bc, out); break;
+    case 2: mad_cols<LX, NC, 2>(k, w, a, a_stride, bc, out); break;
+    case 3: mad_cols<LX, NC, 3>(k, w, a, a_stride, bc, out); break;
+    default: mad_cols<LX, NC, 4>(k, w, a, a_stride, bc, out); break;
   }
 }
 
@@ -196,8 +211,8 @@ void mad_tile(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_strid
   constexpr int64_t chunk = 64;
   constexpr int max_cols = 6;
   using fn = void (*)(int64_t, int64_t, const char*, size_t, const float* const*, float* const*);
-  static constexpr fn by_cols[max_cols] = {mad_cols<LX, 1>, mad_cols<LX, 2>, mad_cols<LX, 3>,
-                                           mad_cols<LX, 4>, mad_cols<LX, 5>, mad_cols<LX, 6>};
+  static constexpr fn by_cols[max_cols] = {mad_cols_w<LX, 1>, mad_cols_w<LX, 2>, mad_cols_w<LX, 3>,
+                                           mad_cols_w<LX, 4>, mad_cols_w<LX, 5>, mad_cols_w<LX, 6>};
   const char* ab = static_cast<const char*>(a);
   for (int64_t c0 = 0; c0 < ncols; c0 += max_cols) {
     const int nc = static_cast<int>(std::min<int64_t>(max_cols, ncols - c0));
