@@ -61,6 +61,28 @@ quant_work quant_work_of(const tensor& node) {
 
 size_t thread_bytes(const tensor& node) { return score_bytes(node.src[1]->ne[1]) + quant_work_of(node).total(); }
 
+// A decode step (one query row, masked) can be split between the threads by cells and by V's values
+// (compute_flash_attn_sparse); its scores for every head then sit in a matrix shared by the threads, after
+// their own buffers.
+constexpr int64_t split_cells = 512;  // cells per unit of the split scores
+constexpr int64_t split_values = 16;  // V's values per unit of the split weighted sums
+
+// The items of a decode step (one query row): a KV head's query heads in chunks of tile_rows, or each head
+// where there is one per KV head.
+int64_t decode_items(const tensor& node) {
+  const int64_t n_head = node.src[0]->ne[2], n_kv_head = node.src[1]->ne[2];
+  const int64_t group = n_head / n_kv_head;
+  return group > 1 ? n_kv_head * ((group + tile_rows - 1) / tile_rows) : n_head;
+}
+
+// Bytes of the shared scores where a decode step with nth threads would be split: fewer items than twice
+// the threads.
+size_t split_bytes(const tensor& node, int nth) {
+  const tensor& q = *node.src[0];
+  if (nth < 2 || q.ne[1] != 1 || node.src[3] == nullptr || decode_items(node) >= 2 * nth) return 0;
+  return align_up(static_cast<size_t>(q.ne[2] * node.src[1]->ne[1]) * sizeof(float));
+}
+
 // A thread's buffers in the op's work memory.
 struct thread_work {
   float* scores = nullptr;
@@ -208,7 +230,17 @@ bool supports_flash_attn(const tensor& node) {
   return dense_rows(node, sizeof(float));
 }
 
-size_t flash_attn_work_size(const tensor& node, int nth) { return cache_line + static_cast<size_t>(nth) * thread_bytes(node); }
+size_t flash_attn_work_size(const tensor& node, int nth) {
+  return cache_line + static_cast<size_t>(nth) * thread_bytes(node) + split_bytes(node, nth);
+}
+
+// Whether this computation of the node has the split's shared scores, and where they are.
+static bool split_decode(const compute_params& params, const tensor& node) {
+  return split_bytes(node, params.nth) > 0 && params.wsize >= flash_attn_work_size(node, params.nth);
+}
+static float* split_scores(const compute_params& params, const tensor& node) {
+  return reinterpret_cast<float*>(params.wdata + cache_line + static_cast<size_t>(params.nth) * thread_bytes(node));
+}
 
 void compute_flash_attn(const compute_params& params, tensor& node) {
   if (!supports_flash_attn(node)) unsupported(node, "needs f32 q, k and v rows of whole blocks of a type it computes with, f32 / f16 mask");
@@ -385,26 +417,110 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
   const int64_t chunks = (group + tile_rows - 1) / tile_rows;  // items per KV head and tile
   const size_t head_stride = node.nb[1] / sizeof(float);       // floats from one head's output to the next
 
-  auto run_item = [&](int64_t item) {
+  // An item's query rows: the first head h, nj rows (heads of one token, or tokens of one head), their
+  // strides in q and dst, and its tile.
+  struct item_rows {
     int64_t h = 0, nj = 0;
-    const tile* tp = nullptr;
-    size_t q_stride = q.nb[1], o_stride = out_stride;
-    bool one_row = false;  // the tile's rows are heads of one token: its mask row for each
+    const tile* t = nullptr;
+    size_t q_stride = 0, o_stride = 0;
+    bool one_row = false;  // the rows are heads of one token: its mask row for each
+  };
+  auto rows_of = [&](int64_t item) {
+    item_rows ir;
+    ir.q_stride = q.nb[1];
+    ir.o_stride = out_stride;
     if (by_group) {
       const int64_t per_head = n_tiles * chunks;
       const int64_t g = item / per_head, c = (item % per_head) % chunks;
-      tp = &tiles[static_cast<size_t>((item % per_head) / chunks)];
-      h = g * group + c * tile_rows;
-      nj = std::min(tile_rows, group - c * tile_rows);
-      q_stride = q.nb[2];
-      o_stride = head_stride;
-      one_row = true;
+      ir.t = &tiles[static_cast<size_t>((item % per_head) / chunks)];
+      ir.h = g * group + c * tile_rows;
+      ir.nj = std::min(tile_rows, group - c * tile_rows);
+      ir.q_stride = q.nb[2];
+      ir.o_stride = head_stride;
+      ir.one_row = true;
     } else {
-      h = item / n_tiles;
-      tp = &tiles[static_cast<size_t>(item % n_tiles)];
-      nj = tp->nj;
+      ir.h = item / n_tiles;
+      ir.t = &tiles[static_cast<size_t>(item % n_tiles)];
+      ir.nj = ir.t->nj;
     }
-    const tile& t = *tp;
+    return ir;
+  };
+  const int64_t n_items = by_group ? (n_head / group) * n_tiles * chunks : n_head * n_tiles;
+
+  // The softmax of one row of scores y (mask row m) over the runs, as softmax_row and softmax_normalize
+  // compute it over the whole row: scale and mask, the max, the exponentials (elementwise), the nonzero ones
+  // summed in order into 16 lanes, the scaling.
+  auto softmax_runs = [&](float* y, const char* m, const std::vector<std::pair<int64_t, int64_t>>& runs) {
+    float mx = -INFINITY;
+    for (const auto& [c0, c1] : runs) mx = std::max(mx, scale_mask_max(y, m, sm, mask.type, scale, c0, c1));
+    if (mx == -INFINITY) {
+      for (const auto& [c0, c1] : runs) std::fill(y + c0, y + c1, 0.0f);
+      return;
+    }
+    nonzero_lane_sum lanes;
+    for (const auto& [c0, c1] : runs) {
+      tb.exp_row(c1 - c0, y + c0, mx);
+      lanes.add(y + c0, c1 - c0);
+    }
+    const float inv = static_cast<float>(1.0 / static_cast<double>(lanes.total()));
+    for (const auto& [c0, c1] : runs) {
+      for (int64_t i = c0; i < c1; ++i) y[i] *= inv;
+    }
+  };
+
+  // A decode step with fewer items than twice the threads (a model with few KV heads) is split three ways
+  // instead, so that every thread works: the scores by ranges of cells, the softmax by row, the weighted sums
+  // by ranges of V's values, with a barrier between, the scores in a shared matrix (see flash_attn_work_size).
+  // Every element is computed by the same operations as an item computes it (each score one dot product,
+  // each output value one FMA chain over the cells in order), so the values are the same bits.
+  if (split_decode(params, node) && n_tiles == 1 && n_items < 2 * params.nth && qw.v_direct && !tiles[0].runs.empty()) {
+    const tile& t = tiles[0];
+    float* shared = split_scores(params, node);
+    const int64_t live_end = t.runs.back().second;
+    const int64_t cell_units = (live_end + split_cells - 1) / split_cells;
+    // 1. Scores: item x range of cells; the cells no run covers are 0 (the weighted sums read [0, live_end)).
+    for_each_claimed(params, n_items * cell_units, [&](int64_t u) {
+      const item_rows ir = rows_of(u / cell_units);
+      const int64_t a = (u % cell_units) * split_cells, b = std::min(live_end, a + split_cells);
+      float* rows = shared + ir.h * n_kv;
+      size_t q_stride = ir.q_stride;
+      const char* q_rows = tile_queries(tb, qw, tw, addr(q, 0, t.j0, ir.h, 0), q_stride, ir.nj, hd_k);
+      const char* k_plane = addr(k, 0, 0, ir.h / group, 0);
+      int64_t at = a;
+      for (const auto& [c0, c1] : t.runs) {
+        const int64_t r0 = std::max(a, c0), r1 = std::min(b, c1);
+        if (r0 >= r1) continue;
+        for (int64_t r = 0; r < ir.nj; ++r) std::fill(rows + r * n_kv + at, rows + r * n_kv + r0, 0.0f);
+        block_scores(tb, k, q_stride, hd_k, r0, r1, ir.nj, n_kv, k_plane, q_rows, rows);
+        at = r1;
+      }
+      for (int64_t r = 0; r < ir.nj; ++r) std::fill(rows + r * n_kv + at, rows + r * n_kv + b, 0.0f);
+    });
+    params.sync();
+    // 2. The softmax of each head's row.
+    for_each_claimed(params, n_head, [&](int64_t h) {
+      softmax_runs(shared + h * n_kv, addr(mask, 0, t.j0, 0, 0), t.runs);
+    });
+    params.sync();
+    // 3. Weighted sums: item x range of V's values.
+    const int64_t v_units = (hd_v + split_values - 1) / split_values;
+    for_each_claimed(params, n_items * v_units, [&](int64_t u) {
+      const item_rows ir = rows_of(u / v_units);
+      const int64_t d0 = (u % v_units) * split_values, w = std::min(split_values, hd_v - d0);
+      float* out = reinterpret_cast<float*>(addr(node, d0, ir.h, t.j0, 0));
+      const char* v_plane = addr(v, d0, 0, ir.h / group, 0);
+      tb.mad(v.type)(live_end, w, ir.nj, v_plane, v.nb[1], shared + ir.h * n_kv, static_cast<size_t>(n_kv) * sizeof(float), out,
+                     ir.o_stride);
+    });
+    return;
+  }
+
+  auto run_item = [&](int64_t item) {
+    const item_rows ir = rows_of(item);
+    const int64_t h = ir.h, nj = ir.nj;
+    size_t q_stride = ir.q_stride;
+    const size_t o_stride = ir.o_stride;
+    const tile& t = *ir.t;
     const int64_t j0 = t.j0;
     float* out = reinterpret_cast<float*>(addr(node, 0, h, j0, 0));
     if (t.runs.empty()) {  // every cell masked for every row: softmax gives zeros, so does the product
@@ -417,28 +533,7 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
     for (const auto& [c0, c1] : t.runs) {
       block_scores(tb, k, q_stride, hd_k, c0, c1, nj, n_kv, k_plane, q_rows, scores);
     }
-    // The softmax of each row over the runs, as softmax_row and softmax_normalize compute it over the whole
-    // row: scale and mask, the max, the exponentials (elementwise), the nonzero ones summed in order into 16
-    // lanes, the scaling.
-    for (int64_t r = 0; r < nj; ++r) {
-      float* y = scores + r * n_kv;
-      const char* m = addr(mask, 0, j0 + (one_row ? 0 : r), 0, 0);
-      float mx = -INFINITY;
-      for (const auto& [c0, c1] : t.runs) mx = std::max(mx, scale_mask_max(y, m, sm, mask.type, scale, c0, c1));
-      if (mx == -INFINITY) {
-        for (const auto& [c0, c1] : t.runs) std::fill(y + c0, y + c1, 0.0f);
-        continue;
-      }
-      nonzero_lane_sum lanes;
-      for (const auto& [c0, c1] : t.runs) {
-        tb.exp_row(c1 - c0, y + c0, mx);
-        lanes.add(y + c0, c1 - c0);
-      }
-      const float inv = static_cast<float>(1.0 / static_cast<double>(lanes.total()));
-      for (const auto& [c0, c1] : t.runs) {
-        for (int64_t i = c0; i < c1; ++i) y[i] *= inv;
-      }
-    }
+    for (int64_t r = 0; r < nj; ++r) softmax_runs(scores + r * n_kv, addr(mask, 0, j0 + (ir.one_row ? 0 : r), 0, 0), t.runs);
     const int64_t live_end = t.runs.back().second;
     weighted_values(tb, qw, tw, v, v_plane, live_end, nj, scores, n_kv, out, o_stride);
     for (int64_t r = 0; r < nj; ++r) {
@@ -446,7 +541,7 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
     }
   };
 
-  for_each_claimed(params, by_group ? (n_head / group) * n_tiles * chunks : n_head * n_tiles, run_item);
+  for_each_claimed(params, n_items, run_item);
 }
 
 }  // namespace troupe::cpu::detail

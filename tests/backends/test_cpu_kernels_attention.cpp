@@ -304,6 +304,34 @@ TEST_CASE("kernels: flash_attn of decode rows takes a KV head's query heads toge
   }
 }
 
+TEST_CASE("kernels: a decode step with few KV heads is split between the threads by cells and by values, with the unfused attention's bits", "[cpu][kernels][attention]") {
+  // One query row and fewer items (KV heads x chunks of 6 query heads) than twice the threads: the scores are
+  // computed by ranges of 512 cells, the softmax by head, the weighted sums by ranges of 16 of V's values
+  // (72: a last range of 8), every thread working; each value is computed as an item computes it.
+  struct shape {
+    int64_t n_head, n_kv_head;
+  };
+  const int64_t n_kv = 1500;
+  // Two runs of visible cells across several 512-cell ranges, a masked gap between them and cells after.
+  auto visible = [](int64_t c, int64_t) { return (c >= 100 && c < 700) || (c >= 900 && c < 1400); };
+  for (const shape sh : {shape{9, 3}, shape{4, 1}, shape{8, 2}, shape{12, 1}}) {
+    for (type t : {type::f32, type::f16}) {
+      for (int nth : {2, 3}) {
+        INFO(sh.n_head << " heads over " << sh.n_kv_head << ", " << type_name(t) << ", threads " << nth);
+        context ctx(arena(64));
+        attn_case a = attention_of(ctx, t, 64, 72, n_kv, 1, visible, sh.n_head, sh.n_kv_head);
+        REQUIRE(cpu::supports_op(*a.fused));
+        // The work buffer holds the shared scores of every head.
+        CHECK(cpu::work_size(*a.fused, nth, false) >= static_cast<size_t>(sh.n_head * n_kv) * sizeof(float));
+        fill(*a.fused, std::vector<double>(static_cast<size_t>(nelements(*a.fused)), std::nan("")));
+        compute(*a.fused, nth, false);
+        for (tensor* n : a.chain) compute(*n, nth, false);
+        CHECK(bytes_of(*a.fused) == bytes_of(*a.unfused));
+      }
+    }
+  }
+}
+
 namespace {
 
 // Attention over caches of any KV type: the fused op, and the unfused graph the model builds for such a cache
