@@ -193,6 +193,10 @@ class cpu_backend_impl final : public cpu_backend {
         return nelements(t) < small_elements;  // the rows read, not the table
       case op::set_rows:
         return nelements(*t.src[1]) < small_elements;  // the rows written, not the cache
+      case op::flash_attn:
+        // A decode step's output is one row per head, but its work is the query rows times the cells: K and V
+        // read whole (a 1B model's step at 4,096 cells reads 8 MiB per layer).
+        return t.src[1]->ne[1] * nelements(*t.src[0]) < small_mul_mat_macs;  // cells * query values
       default:
         return std::max(nelements(t), t.src[0] ? nelements(*t.src[0]) : 0) < small_elements;
     }
