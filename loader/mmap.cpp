@@ -31,6 +31,18 @@ size_t page_size() {
   static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   return p;
 }
+
+// The whole pages inside [offset, offset + n) of a mapping of `size` bytes (empty: begin == end).
+struct page_span {
+  size_t begin = 0, end = 0;
+};
+page_span whole_pages(size_t offset, size_t n, size_t size) {
+  if (offset >= size) return {};
+  n = std::min(n, size - offset);
+  const size_t ps = page_size();
+  const page_span s{(offset + ps - 1) / ps * ps, (offset + n) / ps * ps};
+  return s.end > s.begin ? s : page_span{};
+}
 #endif
 
 }  // namespace
@@ -101,12 +113,9 @@ void mapped_file::prefetch(size_t offset, size_t n) const {
 
 void mapped_file::release(size_t offset, size_t n) {
 #if TROUPE_POSIX
-  if (impl_->addr == nullptr || offset >= impl_->size) return;
-  n = std::min(n, impl_->size - offset);
-  const size_t ps = page_size();
-  const size_t begin = (offset + ps - 1) / ps * ps;  // whole pages only
-  const size_t end = (offset + n) / ps * ps;
-  if (end <= begin) return;
+  if (impl_->addr == nullptr) return;
+  const auto [begin, end] = whole_pages(offset, n, impl_->size);
+  if (end == begin) return;
   // Replace the pages with an inaccessible anonymous mapping: the memory is returned, and a stray read of
   // released weights faults instead of silently reading the file again.
   void* p = static_cast<char*>(impl_->addr) + begin;
@@ -123,12 +132,9 @@ void mapped_file::release(size_t offset, size_t n) {
 
 void mapped_file::drop(size_t offset, size_t n) const {
 #if TROUPE_POSIX
-  if (impl_->addr == nullptr || offset >= impl_->size) return;
-  n = std::min(n, impl_->size - offset);
-  const size_t ps = page_size();
-  const size_t begin = (offset + ps - 1) / ps * ps;
-  const size_t end = (offset + n) / ps * ps;
-  if (end <= begin) return;
+  if (impl_->addr == nullptr) return;
+  const auto [begin, end] = whole_pages(offset, n, impl_->size);
+  if (end == begin) return;
   // A private read-only file mapping: the pages are dropped from this process, the page cache keeps them.
   (void)::madvise(static_cast<char*>(impl_->addr) + begin, end - begin, MADV_DONTNEED);
 #else

@@ -402,10 +402,6 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
   const simd::kernel_table& tb = simd::active_table();
   const quant_work qw = quant_work_of(node);
   const thread_work tw = thread_work_of(params, node);
-  // The thread's scores: zero outside the blocks an item writes, which it clears again when done (the
-  // weights of the cells no row sees are exact zeros for mad, without writing them per item).
-  float* scores = tw.scores;
-  std::fill(scores, scores + tile_rows * n_kv, 0.0f);
   const size_t sm = mask.nb[0];
   const size_t out_stride = node.nb[2] / sizeof(float);
   const auto n_tiles = static_cast<int64_t>(tiles.size());
@@ -473,7 +469,8 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
   // by ranges of V's values, with a barrier between, the scores in a shared matrix (see flash_attn_work_size).
   // Every element is computed by the same operations as an item computes it (each score one dot product,
   // each output value one FMA chain over the cells in order), so the values are the same bits.
-  if (split_decode(params, node) && n_tiles == 1 && n_items < 2 * params.nth && qw.v_direct && !tiles[0].runs.empty()) {
+  // (split_decode: one query row, so one tile, and fewer items than twice the threads.)
+  if (split_decode(params, node) && qw.v_direct && !tiles[0].runs.empty()) {
     const tile& t = tiles[0];
     float* shared = split_scores(params, node);
     const int64_t live_end = t.runs.back().second;
@@ -514,6 +511,11 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
     });
     return;
   }
+
+  // The thread's scores: zero outside the blocks an item writes, which it clears again when done (the
+  // weights of the cells no row sees are exact zeros for mad, without writing them per item).
+  float* scores = tw.scores;
+  std::fill(scores, scores + tile_rows * n_kv, 0.0f);
 
   auto run_item = [&](int64_t item) {
     const item_rows ir = rows_of(item);

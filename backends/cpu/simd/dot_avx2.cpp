@@ -173,8 +173,6 @@ namespace {
 // broadcast). Each value is one FMA chain over the cells in order, from +0. A cell whose weights are all 0
 // is skipped; a single column's 0 is not: its FMA adds exactly +-0 to a chain that is never -0 (V is
 // finite), so every column gets the value it would get alone, whatever its neighbours in the tile.
-constexpr int64_t mad_prefetch = 24;
-
 template <class L, int NC, int NV>
 void mad_cols(int64_t k, const char* a, size_t a_stride, const float* const* bc, float* const* out) {
   using T = typename L::T;
@@ -184,13 +182,9 @@ void mad_cols(int64_t k, const char* a, size_t a_stride, const float* const* bc,
   }
   constexpr size_t row_bytes = 8 * NV * sizeof(T);
   for (int64_t l = 0; l < k; ++l) {
-    // The rows mad_prefetch ahead, fetched on the way (see the AVX-512 mad_cols: V's rows are a head's slice
+    // The rows mad_prefetch ahead, fetched on the way (see prefetch_span: V's rows are a head's slice
     // of each cell's row).
-    if (l + mad_prefetch < k) {
-      const char* ahead = a + static_cast<size_t>(l + mad_prefetch) * a_stride;
-      _mm_prefetch(ahead, _MM_HINT_T0);
-      _mm_prefetch(ahead + row_bytes - 1, _MM_HINT_T0);
-    }
+    if (l + mad_prefetch < k) prefetch_span(a + static_cast<size_t>(l + mad_prefetch) * a_stride, row_bytes);
     float bv[NC];
     bool any = false;
     for (int c = 0; c < NC; ++c) {

@@ -155,8 +155,6 @@ namespace {
 // never -0 (a is finite), the value the column gets alone. The rows mad_prefetch ahead are fetched on the way:
 // the attention's V rows are a head's slice of each cell's row, a few lines per page, which the stream
 // prefetchers do not run ahead of.
-constexpr int64_t mad_prefetch = 24;
-
 template <class LX, int NC, int NV>
 void mad_cols(int64_t k, int64_t w, const char* a, size_t a_stride, const float* const* bc, float* const* out) {
   using T = typename LX::T;
@@ -167,11 +165,7 @@ void mad_cols(int64_t k, int64_t w, const char* a, size_t a_stride, const float*
     for (int v = 0; v < NV; ++v) acc[c][v] = _mm512_setzero_ps();
   }
   for (int64_t l = 0; l < k; ++l) {
-    if (l + mad_prefetch < k) {
-      const char* ahead = a + static_cast<size_t>(l + mad_prefetch) * a_stride;
-      for (size_t off = 0; off < row_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
-      _mm_prefetch(ahead + row_bytes - 1, _MM_HINT_T0);
-    }
+    if (l + mad_prefetch < k) prefetch_span(a + static_cast<size_t>(l + mad_prefetch) * a_stride, row_bytes);
     float bv[NC];
     bool any = false;
     for (int c = 0; c < NC; ++c) {

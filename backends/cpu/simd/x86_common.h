@@ -135,6 +135,15 @@ inline void stream_ahead(const void* p) {
   for (int l = 0; l < lines; ++l) _mm_prefetch(c + 64 * l, _MM_HINT_T0);
 }
 
+// Software prefetch of one strided row (the mad kernels' V rows, a head's slice of each cell's row, a few lines
+// per page, which the stream prefetchers do not run ahead of): every line of [p, p + bytes).
+inline void prefetch_span(const char* p, size_t bytes) {
+  for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+  _mm_prefetch(p + bytes - 1, _MM_HINT_T0);
+}
+// Cells (rows) ahead that the mad kernels (dot_avx2.cpp, dot_avx512_float.cpp) fetch.
+constexpr int64_t mad_prefetch = 24;
+
 // Register-tile GEMMs of float weights (float_gemm in dot_avx2.cpp and dot_avx512_float.cpp): K::run<rm, rn>(n, x,
 // x_stride, y, y_stride, s, s_stride) computes rm weight rows x rn activation rows.
 // gemm_table<K, RM, RN>[rm - 1][rn - 1] is K::run<rm, rn> for rm <= RM, rn <= RN.
@@ -197,7 +206,6 @@ constexpr size_t tile_x_block = 16 * 1024;  // bytes of x's rows reused from L1 
 template <class K>
 __attribute__((flatten)) void dot_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride,
                                        const void* x, size_t x_stride, const void* y, size_t y_stride) {
-  constexpr int cols = tile_max_cols;
   const char* yb = static_cast<const char*>(y);
   // Rows of x in blocks of about tile_x_block bytes; within a block, each group of columns runs over all its
   // rows, so the block's rows come from memory once and from L1 for the next groups, and a group's rows of y
@@ -205,13 +213,13 @@ __attribute__((flatten)) void dot_tile(int64_t n, int64_t nrows, int64_t ncols, 
   const int64_t block = x_stride >= tile_x_block ? 1 : static_cast<int64_t>(tile_x_block / x_stride);
   for (int64_t r0 = 0; r0 < nrows; r0 += block) {
     const int64_t r1 = nrows - r0 < block ? nrows : r0 + block;
-    for (int64_t c0 = 0; c0 < ncols; c0 += cols) {
-      const int nc = static_cast<int>(ncols - c0 < cols ? ncols - c0 : cols);
-      const void* ys[cols] = {};
+    for (int64_t c0 = 0; c0 < ncols; c0 += tile_max_cols) {
+      const int nc = static_cast<int>(ncols - c0 < tile_max_cols ? ncols - c0 : tile_max_cols);
+      const void* ys[tile_max_cols] = {};
       for (int c = 0; c < nc; ++c) ys[c] = yb + static_cast<size_t>(c0 + c) * y_stride;
       const char* row = static_cast<const char*>(x) + static_cast<size_t>(r0) * x_stride;
       for (int64_t r = r0; r < r1; ++r, row += x_stride) {
-        float out[cols];
+        float out[tile_max_cols];
         switch (nc) {
           case 1: K::template run<1>(n, row, ys, out); break;
           case 2: K::template run<2>(n, row, ys, out); break;
