@@ -319,28 +319,19 @@ static bool block_masked(const tensor& mask, int64_t j, int64_t b, int64_t n_kv)
   return true;
 }
 
-// y[i] = y[i] * scale + mask[i] for i in [c0, c1), returning the largest (as a scalar loop's `if (x > mx)`,
-// in 8 lanes: the same maximum). A dense f32 mask (the graphs') in a loop the compiler vectorizes.
-static float scale_mask_max(float* y, const char* m, size_t sm, type mt, float scale, int64_t c0, int64_t c1) {
-  float lanes[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-  int64_t i = c0;
+// y[i] = y[i] * scale + mask[i] for i in [c0, c1), returning the largest (the same maximum as a scalar
+// loop's `if (x > mx)`). A dense f32 mask (the graphs') through the table's vector kernel.
+static float scale_mask_max(const simd::kernel_table& tb, float* y, const char* m, size_t sm, type mt, float scale,
+                            int64_t c0, int64_t c1) {
   if (mt == type::f32 && sm == sizeof(float)) {
-    const float* mf = reinterpret_cast<const float*>(m);
-    for (; i + 8 <= c1; i += 8) {
-      for (int l = 0; l < 8; ++l) {
-        const float x = y[i + l] * scale + mf[i + l];
-        y[i + l] = x;
-        lanes[l] = x > lanes[l] ? x : lanes[l];
-      }
-    }
+    return tb.scale_mask_max(c1 - c0, y + c0, reinterpret_cast<const float*>(m) + c0, scale);
   }
   float mx = -INFINITY;
-  for (; i < c1; ++i) {
+  for (int64_t i = c0; i < c1; ++i) {
     const float x = y[i] * scale + load_float(m + static_cast<size_t>(i) * sm, mt);
     y[i] = x;
     if (x > mx) mx = x;
   }
-  for (float l : lanes) mx = l > mx ? l : mx;
   return mx;
 }
 
@@ -448,20 +439,15 @@ static void compute_flash_attn_sparse(const compute_params& params, tensor& node
   // summed in order into 16 lanes, the scaling.
   auto softmax_runs = [&](float* y, const char* m, const std::vector<std::pair<int64_t, int64_t>>& runs) {
     float mx = -INFINITY;
-    for (const auto& [c0, c1] : runs) mx = std::max(mx, scale_mask_max(y, m, sm, mask.type, scale, c0, c1));
+    for (const auto& [c0, c1] : runs) mx = std::max(mx, scale_mask_max(tb, y, m, sm, mask.type, scale, c0, c1));
     if (mx == -INFINITY) {
       for (const auto& [c0, c1] : runs) std::fill(y + c0, y + c1, 0.0f);
       return;
     }
     nonzero_lane_sum lanes;
-    for (const auto& [c0, c1] : runs) {
-      tb.exp_row(c1 - c0, y + c0, mx);
-      lanes.add(y + c0, c1 - c0);
-    }
+    for (const auto& [c0, c1] : runs) tb.exp_lane_sum(c1 - c0, y + c0, mx, lanes.lanes, &lanes.lane);
     const float inv = static_cast<float>(1.0 / static_cast<double>(lanes.total()));
-    for (const auto& [c0, c1] : runs) {
-      for (int64_t i = c0; i < c1; ++i) y[i] *= inv;
-    }
+    for (const auto& [c0, c1] : runs) tb.scale_row(c1 - c0, y + c0, inv);
   };
 
   // A decode step with fewer items than twice the threads (a model with few KV heads) is split three ways

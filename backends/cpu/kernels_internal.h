@@ -136,34 +136,10 @@ void softmax_normalize(float* y, int64_t n, float mx, bool reference);
 // The sum softmax_normalize (and flash_attn's sparse softmax) divides by: the nonzero values in order, the
 // r-th into lane r % 16, the lanes then added pairwise. It depends only on the nonzero values and their
 // order, not on where they lie in the row (a sequence's cells in the cache) or on the zeros between them.
+// The values are added by the kernel table's exp_lane_sum, with their exponentials.
 struct nonzero_lane_sum {
   float lanes[16] = {};
   unsigned lane = 0;
-  void add(const float* y, int64_t n) {
-    int64_t i = 0;
-    // 16 values none of which is 0 go to the 16 lanes from `lane` on, round, which leaves `lane` where it was:
-    // the same additions as one at a time, as two runs of lanes the compiler vectorizes.
-    for (; i + 16 <= n; i += 16) {
-      bool zero = false;
-      for (int j = 0; j < 16; ++j) zero |= y[i + j] == 0.0f;
-      if (zero) {
-        add_each(y + i, 16);
-        continue;
-      }
-      const unsigned head = 16u - lane;
-      for (unsigned j = 0; j < head; ++j) lanes[lane + j] += y[i + j];
-      for (unsigned j = head; j < 16; ++j) lanes[j - head] += y[i + j];
-    }
-    add_each(y + i, n - i);
-  }
-  void add_each(const float* y, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-      if (y[i] != 0.0f) {
-        lanes[lane] += y[i];
-        lane = (lane + 1) & 15u;
-      }
-    }
-  }
   float total() {
     for (unsigned w = 8; w > 0; w /= 2) {
       for (unsigned j = 0; j < w; ++j) lanes[j] += lanes[j + w];

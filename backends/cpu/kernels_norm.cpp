@@ -75,7 +75,6 @@ void softmax_normalize(float* y, int64_t ne0, float mx, bool reference) {
     for (int64_t i = 0; i < ne0; ++i) y[i] = 0.0f;
     return;
   }
-  double sum = 0.0;
   if (!reference) {
     // Entries after the last unmasked one (a causal prefill's rows end in -inf) are exp(-inf) = +0 and are
     // not computed. The sum does not take exp_row's (whose lanes follow the entries' positions):
@@ -83,17 +82,19 @@ void softmax_normalize(float* y, int64_t ne0, float mx, bool reference) {
     // row (a sequence's cells in the cache) or on the masked entries between them (other sequences' cells).
     int64_t n_live = ne0;
     while (n_live > 0 && y[n_live - 1] == -INFINITY) --n_live;
-    simd::active_table().exp_row(n_live, y, mx);
-    for (int64_t i = n_live; i < ne0; ++i) y[i] = 0.0f;
+    const simd::kernel_table& tb = simd::active_table();
     nonzero_lane_sum lanes;
-    lanes.add(y, n_live);
-    sum = lanes.total();
-  } else {
-    for (int64_t i = 0; i < ne0; ++i) {
-      const float e = std::exp(y[i] - mx);
-      y[i] = e;
-      sum += e;
-    }
+    tb.exp_lane_sum(n_live, y, mx, lanes.lanes, &lanes.lane);
+    for (int64_t i = n_live; i < ne0; ++i) y[i] = 0.0f;
+    const float inv = static_cast<float>(1.0 / static_cast<double>(lanes.total()));
+    tb.scale_row(ne0, y, inv);
+    return;
+  }
+  double sum = 0.0;
+  for (int64_t i = 0; i < ne0; ++i) {
+    const float e = std::exp(y[i] - mx);
+    y[i] = e;
+    sum += e;
   }
   const float inv = static_cast<float>(1.0 / sum);
   for (int64_t i = 0; i < ne0; ++i) y[i] *= inv;

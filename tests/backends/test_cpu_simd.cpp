@@ -294,6 +294,57 @@ TEST_CASE("simd exp / silu / swiglu rows match std::exp within a few ulp", "[cpu
   }
 }
 
+// The attention softmax's steps (scale_mask_max, exp_lane_sum, scale_row) are the same bits as the loops
+// they replace: each value as exp_row computes it, the maximum of the scaled and masked values, the nonzero
+// exponentials added one at a time to lane after lane from any starting lane.
+TEST_CASE("simd attention softmax steps equal their plain loops bit for bit", "[cpu][simd]") {
+  for (isa level : {isa::scalar, isa::avx2, isa::avx512}) {
+    if (!cpu::isa_supported(level)) continue;
+    const simd::kernel_table& kt = simd::table(level);
+    INFO("level " << cpu::isa_name(level));
+    for (int64_t n : {1, 7, 8, 15, 16, 17, 33, 100, 517}) {
+      for (unsigned start : {0u, 5u, 15u}) {
+        INFO("n " << n << ", first lane " << start);
+        std::vector<float> y = random_floats(static_cast<size_t>(n), static_cast<uint32_t>(n + start), -8.0f, 8.0f);
+        std::vector<float> m(static_cast<size_t>(n), 0.0f);
+        for (int64_t i = 0; i < n; ++i) {
+          if (i % 7 == 3 || (n > 40 && i >= n - 19)) m[static_cast<size_t>(i)] = -INFINITY;  // masked cells
+          if (i % 11 == 5) m[static_cast<size_t>(i)] = -0.5f;                                // a bias
+        }
+        // The plain loops.
+        std::vector<float> want = y;
+        float want_max = -INFINITY;
+        for (int64_t i = 0; i < n; ++i) {
+          want[static_cast<size_t>(i)] = want[static_cast<size_t>(i)] * 0.125f + m[static_cast<size_t>(i)];
+          want_max = std::max(want_max, want[static_cast<size_t>(i)]);
+        }
+        std::vector<float> got = y;
+        const float got_max = kt.scale_mask_max(n, got.data(), m.data(), 0.125f);
+        CHECK(got_max == want_max);
+        CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+
+        kt.exp_row(n, want.data(), want_max);
+        float want_lanes[16], got_lanes[16];
+        for (int l = 0; l < 16; ++l) want_lanes[l] = got_lanes[l] = 0.25f * static_cast<float>(l);
+        unsigned want_lane = start, got_lane = start;
+        for (int64_t i = 0; i < n; ++i) {
+          if (want[static_cast<size_t>(i)] == 0.0f) continue;
+          want_lanes[want_lane] += want[static_cast<size_t>(i)];
+          want_lane = (want_lane + 1) & 15u;
+        }
+        kt.exp_lane_sum(n, got.data(), got_max, got_lanes, &got_lane);
+        CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(got_lanes, want_lanes, sizeof want_lanes) == 0);
+        CHECK(got_lane == want_lane);
+
+        for (float& v : want) v *= 0.37f;
+        kt.scale_row(n, got.data(), 0.37f);
+        CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("simd vec_dot_rows equals one vec_dot per row, bit for bit", "[cpu][simd]") {
   for (isa level : {isa::scalar, isa::avx2, isa::avx512}) {
     if (!cpu::isa_supported(level)) continue;

@@ -6,6 +6,8 @@
 // enough), e^r by a degree-6 polynomial, 2^n from the exponent bits. Relative error about 2e-7 (1-2 ulp)
 // against std::exp; inputs below -87.3 give 0 (std::exp gives a subnormal there) and above 88.37 give
 // +inf, NaN stays NaN.
+#include <algorithm>
+
 #include "backends/cpu/simd/x86_common.h"
 #include "backends/cpu/simd/x86_kernels.h"
 
@@ -78,6 +80,95 @@ float exp_row(int64_t n, float* y, float max) {
     }
   }
   return s;
+}
+
+float scale_mask_max(int64_t n, float* y, const float* m, float scale) {
+  const __m256 sv = _mm256_set1_ps(scale);
+  __m256 lanes = _mm256_set1_ps(-__builtin_inff());
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(y + i), sv), _mm256_loadu_ps(m + i));
+    _mm256_storeu_ps(y + i, x);
+    lanes = _mm256_max_ps(x, lanes);  // x > lane ? x : lane
+  }
+  float mx = -__builtin_inff();
+  for (; i < n; ++i) {
+    const float x = y[i] * scale + m[i];
+    y[i] = x;
+    if (x > mx) mx = x;
+  }
+  alignas(32) float l[8];
+  _mm256_store_ps(l, lanes);
+  for (float v : l) mx = v > mx ? v : mx;
+  return mx;
+}
+
+namespace {
+
+void lane_add_each(const float* y, int64_t n, float* lanes, unsigned* lane) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (y[i] != 0.0f) {
+      lanes[*lane] += y[i];
+      *lane = (*lane + 1) & 15u;
+    }
+  }
+}
+
+}  // namespace
+
+// 16 values none of which is 0 go to lanes lane, lane + 1, ... (mod 16), which leaves lane where it was: with
+// the lanes held rotated by lane (r[j] = lanes[(lane + j) % 16]) that is two vector additions. A group with a
+// 0 (the masked cells of a causal row's last block) goes one value at a time.
+void exp_lane_sum(int64_t n, float* y, float max, float* lanes, unsigned* lane) {
+  const __m256 mv = _mm256_set1_ps(max);
+  const __m256 zero = _mm256_setzero_ps();
+  alignas(32) float rot[16];
+  auto rotate = [&] {
+    for (unsigned j = 0; j < 16; ++j) rot[j] = lanes[(*lane + j) & 15u];
+  };
+  auto unrotate = [&] {
+    for (unsigned j = 0; j < 16; ++j) lanes[(*lane + j) & 15u] = rot[j];
+  };
+  rotate();
+  __m256 r0 = _mm256_load_ps(rot), r1 = _mm256_load_ps(rot + 8);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(y + i), mv));
+    const __m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(y + i + 8), mv));
+    _mm256_storeu_ps(y + i, e0);
+    _mm256_storeu_ps(y + i + 8, e1);
+    const __m256 z = _mm256_or_ps(_mm256_cmp_ps(e0, zero, _CMP_EQ_OQ), _mm256_cmp_ps(e1, zero, _CMP_EQ_OQ));
+    if (_mm256_movemask_ps(z) == 0) {
+      r0 = _mm256_add_ps(r0, e0);
+      r1 = _mm256_add_ps(r1, e1);
+      continue;
+    }
+    _mm256_store_ps(rot, r0);
+    _mm256_store_ps(rot + 8, r1);
+    unrotate();
+    lane_add_each(y + i, 16, lanes, lane);
+    rotate();
+    r0 = _mm256_load_ps(rot);
+    r1 = _mm256_load_ps(rot + 8);
+  }
+  _mm256_store_ps(rot, r0);
+  _mm256_store_ps(rot + 8, r1);
+  unrotate();
+  for (; i < n; i += 8) {  // the tail as exp_row's: through a buffer, the missing values -inf
+    const int64_t left = std::min<int64_t>(8, n - i);
+    alignas(32) float b[8];
+    for (int64_t j = 0; j < 8; ++j) b[j] = j < left ? y[i + j] - max : -__builtin_inff();
+    _mm256_store_ps(b, exp8(_mm256_load_ps(b)));
+    for (int64_t j = 0; j < left; ++j) y[i + j] = b[j];
+    lane_add_each(y + i, left, lanes, lane);
+  }
+}
+
+void scale_row(int64_t n, float* y, float s) {
+  const __m256 sv = _mm256_set1_ps(s);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), sv));
+  for (; i < n; ++i) y[i] *= s;
 }
 
 void silu_row(int64_t n, const float* x, float* y) {

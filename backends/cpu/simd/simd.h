@@ -53,6 +53,16 @@ using mad_tile_fn = void (*)(int64_t k, int64_t m, int64_t ncols, const void* a,
 
 // y[i] = exp(y[i] - max) for n values; returns their sum.
 using exp_row_fn = float (*)(int64_t n, float* y, float max);
+// The steps of the attention softmax over a run of one row of scores (kernels_attn.cpp), each the same bits
+// as the plain loop it replaces:
+// scale_mask_max: y[i] = y[i] * scale + m[i] (a dense f32 mask row) for n values; returns their maximum (a
+// per-lane maximum, x > m ? x : m, 8 lanes then the tail, then the lanes).
+using scale_mask_max_fn = float (*)(int64_t n, float* y, const float* m, float scale);
+// exp_lane_sum: y[i] = exp(y[i] - max) as exp_row computes each, and the nonzero results added to the 16
+// lanes (lanes[lane], lane + 1 mod 16 after each) as the cpu kernels' nonzero_lane_sum::add does.
+using exp_lane_sum_fn = void (*)(int64_t n, float* y, float max, float* lanes, unsigned* lane);
+// scale_row: y[i] *= s.
+using scale_row_fn = void (*)(int64_t n, float* y, float s);
 // y[i] = silu(x[i]) = x[i] / (1 + exp(-x[i])).
 using silu_row_fn = void (*)(int64_t n, const float* x, float* y);
 // y[i] = silu(x[i]) * g[i].
@@ -81,6 +91,9 @@ struct kernel_table {
   // Dense f32 rows of the elementwise ops (scalar std::exp in the scalar table; within a few ulp of it in
   // the SIMD ones).
   exp_row_fn exp_row = nullptr;
+  scale_mask_max_fn scale_mask_max = nullptr;
+  exp_lane_sum_fn exp_lane_sum = nullptr;
+  scale_row_fn scale_row = nullptr;
   silu_row_fn silu_row = nullptr;
   swiglu_row_fn swiglu_row = nullptr;
 

@@ -26,6 +26,44 @@ float exp_row_scalar(int64_t n, float* y, float max) {
   return static_cast<float>(sum);
 }
 
+float scale_mask_max_scalar(int64_t n, float* y, const float* m, float scale) {
+  float lanes[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) {
+      const float x = y[i + l] * scale + m[i + l];
+      y[i + l] = x;
+      lanes[l] = x > lanes[l] ? x : lanes[l];
+    }
+  }
+  float mx = -INFINITY;
+  for (; i < n; ++i) {
+    const float x = y[i] * scale + m[i];
+    y[i] = x;
+    if (x > mx) mx = x;
+  }
+  for (float l : lanes) mx = l > mx ? l : mx;
+  return mx;
+}
+
+void lane_add_each(const float* y, int64_t n, float* lanes, unsigned* lane) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (y[i] != 0.0f) {
+      lanes[*lane] += y[i];
+      *lane = (*lane + 1) & 15u;
+    }
+  }
+}
+
+void exp_lane_sum_scalar(int64_t n, float* y, float max, float* lanes, unsigned* lane) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(y[i] - max);
+  lane_add_each(y, n, lanes, lane);
+}
+
+void scale_row_scalar(int64_t n, float* y, float s) {
+  for (int64_t i = 0; i < n; ++i) y[i] *= s;
+}
+
 void silu_row_scalar(int64_t n, const float* x, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));
 }
@@ -63,6 +101,9 @@ kernel_table reference_table() {
   t.mad_tile[static_cast<size_t>(type::f32)] = mad_tile_generic<float, f32_value>;
   t.mad_tile[static_cast<size_t>(type::f16)] = mad_tile_generic<uint16_t, f16_value>;
   t.exp_row = exp_row_scalar;
+  t.scale_mask_max = scale_mask_max_scalar;
+  t.exp_lane_sum = exp_lane_sum_scalar;
+  t.scale_row = scale_row_scalar;
   t.silu_row = silu_row_scalar;
   t.swiglu_row = swiglu_row_scalar;
   return t;
@@ -141,6 +182,9 @@ kernel_table avx2_table() {
   set(t.to_float, type::q6_K, dequantize_row_q6_K);
 
   t.exp_row = exp_row;
+  t.scale_mask_max = scale_mask_max;
+  t.exp_lane_sum = exp_lane_sum;
+  t.scale_row = scale_row;
   t.silu_row = silu_row;
   t.swiglu_row = swiglu_row;
   return t;

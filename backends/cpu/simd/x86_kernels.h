@@ -104,6 +104,9 @@ TROUPE_SIMD_DEQUANT(dequantize_row_q4_K);
 TROUPE_SIMD_DEQUANT(dequantize_row_q6_K);
 
 float exp_row(int64_t n, float* y, float max);  // math_avx2.cpp
+float scale_mask_max(int64_t n, float* y, const float* m, float scale);
+void exp_lane_sum(int64_t n, float* y, float max, float* lanes, unsigned* lane);
+void scale_row(int64_t n, float* y, float s);
 void silu_row(int64_t n, const float* x, float* y);
 void swiglu_row(int64_t n, const float* x, const float* g, float* y);
 }  // namespace avx2
