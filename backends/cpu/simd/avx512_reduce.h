@@ -65,6 +65,10 @@ template <int N>
     return;
   }
   for (int i0 = 0; i0 < N; i0 += 16) {
+    if (N - i0 == 8) {  // (a 4 x 6 tile's last 8: not padded to 16 with zeros)
+      _mm256_storeu_ps(out + i0, reduce_add_x8(v + i0));
+      break;
+    }
     if (N - i0 == 1) {
       out[i0] = _mm512_reduce_add_ps(v[i0]);
       break;
