@@ -16,20 +16,22 @@ namespace {
 
 // q4_K: each 64-value chunk k in one zmm. The 32 bytes qs[32 k ..] give [low nibbles | high nibbles] =
 // values 64 k .. 64 k + 63 in order, against one 64-byte load of y. maddubs -> 32 int16 pair sums; madd with
-// scale 2k in the low half and 2k + 1 in the high half (vpermw from the unpacked scales) -> 16 int32. NC
-// activation rows at once, each chunk decoded once.
+// scale 2k in the low half and 2k + 1 in the high half (vpermw from the unpacked scales) -> 16 int32. The
+// mins: min j times y's sums over sub-block j (bsums 2j and 2j + 1) as one madd of each min twice against
+// the 16 bsums -> 8 int32. Both go into one accumulator per activation row (the block's d and dmin apart),
+// so a tile of up to 8 activation rows fits the registers: each block's scales and chunks are decoded once
+// for all of them (per 4 rows the decoding cost as much as the products).
 struct q4_K_tile {
+  static constexpr int max_cols = 8;
 
   template <int NC>
   static void run(int64_t n, const void* vx, const void* const* vy, float* out) {
     const block_q4_K* x = static_cast<const block_q4_K*>(vx);
     const block_q8_K* y[NC];
     __m512 acc[NC];
-    __m128 acc_m[NC];
     for (int c = 0; c < NC; ++c) {
       y[c] = static_cast<const block_q8_K*>(vy[c]);
       acc[c] = _mm512_setzero_ps();
-      acc_m[c] = _mm_setzero_ps();
     }
     const int64_t nb = n / qk_k;
     constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
@@ -53,14 +55,9 @@ struct q4_K_tile {
       u[0] &= kmask1;
       const __m256i sm = _mm256_cvtepu8_epi16(_mm_set_epi32(static_cast<int>(u[3]), static_cast<int>(u[2]),
                                                             static_cast<int>(u[1]), static_cast<int>(u[0])));
-      const __m128i mins16 = _mm256_extracti128_si256(sm, 1);
-      for (int c = 0; c < NC; ++c) {
-        const float dmin = -y[c][i].d * xdmin;
-        const __m256i b = load256(y[c][i].bsums);
-        const __m128i pair_sums = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-        const __m128i mins = _mm_madd_epi16(mins16, pair_sums);
-        acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m[c]);
-      }
+      // min j in both int16 halves of int32 lane j.
+      const __m256i mins32 = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(sm, 1));
+      const __m256i mins_twice = _mm256_or_si256(mins32, _mm256_slli_epi32(mins32, 16));
       const __m512i scales = _mm512_castsi256_si512(sm);  // int16 0..7: the scales
       __m512i sumi[NC];
       for (int c = 0; c < NC; ++c) sumi[c] = _mm512_setzero_si512();
@@ -76,16 +73,13 @@ struct q4_K_tile {
       }
       for (int c = 0; c < NC; ++c) {
         const float d = y[c][i].d * xd;
+        const float dmin = -y[c][i].d * xdmin;
+        const __m256 mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(mins_twice, load256(y[c][i].bsums)));
         acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi[c]), acc[c]);
+        acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(dmin), _mm512_zextps256_ps512(mins), acc[c]);
       }
     }
-    float sums[NC];
-    reduce_add_n<NC>(acc, sums);
-    for (int c = 0; c < NC; ++c) {
-      __m128 r = _mm_add_ps(acc_m[c], _mm_movehl_ps(acc_m[c], acc_m[c]));
-      r = _mm_add_ss(r, _mm_movehdup_ps(r));
-      out[c] = sums[c] + _mm_cvtss_f32(r);
-    }
+    reduce_add_n<NC>(acc, out);
   }
 };
 

@@ -28,6 +28,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "runtime/quants.h"     // block layouts only; their inline functions are not used here (compiled
@@ -203,6 +204,16 @@ __attribute__((flatten)) void dot_rows(int64_t n, int64_t nrows, float* s, const
 constexpr int tile_max_cols = 4;
 constexpr size_t tile_x_block = 16 * 1024;  // bytes of x's rows reused from L1 over the groups of columns
 
+// A kernel struct may take more columns at once (up to 8): K::max_cols where it says so.
+template <class K, class = void>
+struct tile_cols_of {
+  static constexpr int value = tile_max_cols;
+};
+template <class K>
+struct tile_cols_of<K, std::void_t<decltype(K::max_cols)>> {
+  static constexpr int value = K::max_cols;
+};
+
 template <class K>
 __attribute__((flatten)) void dot_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride,
                                        const void* x, size_t x_stride, const void* y, size_t y_stride) {
@@ -210,21 +221,36 @@ __attribute__((flatten)) void dot_tile(int64_t n, int64_t nrows, int64_t ncols, 
   // Rows of x in blocks of about tile_x_block bytes; within a block, each group of columns runs over all its
   // rows, so the block's rows come from memory once and from L1 for the next groups, and a group's rows of y
   // are read from L1 for every row of the block (row by row over every group, y's rows came from L2 each time).
+  constexpr int max_cols = tile_cols_of<K>::value;
+  static_assert(max_cols >= 4 && max_cols <= 8);
   const int64_t block = x_stride >= tile_x_block ? 1 : static_cast<int64_t>(tile_x_block / x_stride);
   for (int64_t r0 = 0; r0 < nrows; r0 += block) {
     const int64_t r1 = nrows - r0 < block ? nrows : r0 + block;
-    for (int64_t c0 = 0; c0 < ncols; c0 += tile_max_cols) {
-      const int nc = static_cast<int>(ncols - c0 < tile_max_cols ? ncols - c0 : tile_max_cols);
-      const void* ys[tile_max_cols] = {};
+    for (int64_t c0 = 0; c0 < ncols; c0 += max_cols) {
+      const int nc = static_cast<int>(ncols - c0 < max_cols ? ncols - c0 : max_cols);
+      const void* ys[max_cols] = {};
       for (int c = 0; c < nc; ++c) ys[c] = yb + static_cast<size_t>(c0 + c) * y_stride;
       const char* row = static_cast<const char*>(x) + static_cast<size_t>(r0) * x_stride;
       for (int64_t r = r0; r < r1; ++r, row += x_stride) {
-        float out[tile_max_cols];
-        switch (nc) {
-          case 1: K::template run<1>(n, row, ys, out); break;
-          case 2: K::template run<2>(n, row, ys, out); break;
-          case 3: K::template run<3>(n, row, ys, out); break;
-          default: K::template run<4>(n, row, ys, out); break;
+        float out[max_cols];
+        if constexpr (max_cols > 4) {
+          switch (nc) {
+            case 1: K::template run<1>(n, row, ys, out); break;
+            case 2: K::template run<2>(n, row, ys, out); break;
+            case 3: K::template run<3>(n, row, ys, out); break;
+            case 4: K::template run<4>(n, row, ys, out); break;
+            case 5: K::template run<5>(n, row, ys, out); break;
+            case 6: K::template run<6>(n, row, ys, out); break;
+            case 7: K::template run<7>(n, row, ys, out); break;
+            default: K::template run<8>(n, row, ys, out); break;
+          }
+        } else {
+          switch (nc) {
+            case 1: K::template run<1>(n, row, ys, out); break;
+            case 2: K::template run<2>(n, row, ys, out); break;
+            case 3: K::template run<3>(n, row, ys, out); break;
+            default: K::template run<4>(n, row, ys, out); break;
+          }
         }
         for (int c = 0; c < nc; ++c) s[static_cast<size_t>(c0 + c) * s_stride + static_cast<size_t>(r)] = out[c];
       }
