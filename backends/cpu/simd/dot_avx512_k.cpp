@@ -90,6 +90,8 @@ struct q4_K_tile {
 // 16 values (vpermw of the 16 int16 scales) -> 16 int32; the -32 of every value as 32 sum_j scale_j
 // bsum_j (y's sums over its 16-value groups), as the AVX2 kernel does. NC activation rows at once.
 struct q6_K_tile {
+  static constexpr int max_cols = 8;
+
   template <int NC>
   static void run(int64_t n, const void* vx, const void* const* vy, float* out) {
     const block_q6_K* x = static_cast<const block_q6_K*>(vx);
