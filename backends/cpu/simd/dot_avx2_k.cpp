@@ -36,13 +36,6 @@ inline __m256i k4_scales_mins(const uint8_t packed[12]) {
                                             static_cast<int>(u[0])));
 }
 
-// sum_j m_j * (bsums[2j] + bsums[2j + 1]) for q4_K / q5_K, as 4 int32 to be summed.
-inline __m128i k4_min_products(__m256i scales_mins, const int16_t bsums[16]) {
-  const __m256i b = load256(bsums);
-  const __m128i pair_sums = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-  return _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), pair_sums);
-}
-
 // 16 6-bit q3_K scales, minus 32, as 16 signed bytes (see q3_K_scale in runtime/quants.h).
 inline __m128i q3_K_scales(const uint8_t packed[12]) {
   constexpr uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
@@ -137,11 +130,9 @@ struct k4_tile {
     const block* x = static_cast<const block*>(vx);
     const block_q8_K* y[NC];
     __m256 acc[NC];
-    __m128 acc_m[NC];
     for (int c = 0; c < NC; ++c) {
       y[c] = static_cast<const block_q8_K*>(vy[c]);
       acc[c] = _mm256_setzero_ps();
-      acc_m[c] = _mm_setzero_ps();
     }
     const int64_t nb = n / qk_k;
     const __m256i m4 = _mm256_set1_epi8(0xF);
@@ -150,10 +141,10 @@ struct k4_tile {
       const float xd = h2f(x[i].d);
       const float xdmin = h2f(x[i].dmin);
       const __m256i sm = k4_scales_mins(x[i].scales);
-      for (int c = 0; c < NC; ++c) {
-        const float dmin = -y[c][i].d * xdmin;
-        acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(k4_min_products(sm, y[c][i].bsums)), acc_m[c]);
-      }
+      // The mins: min j in both int16 halves of int32 lane j, one madd against the 16 bsums -> min j times
+      // y's sum over sub-block j, into the row's accumulator with the block's dmin (below).
+      const __m256i mins32 = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(sm, 1));
+      const __m256i mins_twice = _mm256_or_si256(mins32, _mm256_slli_epi32(mins32, 16));
       const __m256i scales = _mm256_permute2x128_si256(sm, sm, 0x00);  // scales 0..7 in both lanes
       __m256i hbits = _mm256_setzero_si256();
       if constexpr (five) hbits = load256(x[i].qh);
@@ -181,14 +172,13 @@ struct k4_tile {
       }
       for (int c = 0; c < NC; ++c) {
         const float d = y[c][i].d * xd;
+        const float dmin = -y[c][i].d * xdmin;
+        const __m256 mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(mins_twice, load256(y[c][i].bsums)));
         acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dmin), mins, acc[c]);
       }
     }
-    for (int c = 0; c < NC; ++c) {
-      __m128 r = _mm_add_ps(acc_m[c], _mm_movehl_ps(acc_m[c], acc_m[c]));
-      r = _mm_add_ss(r, _mm_movehdup_ps(r));
-      out[c] = hsum(acc[c]) + _mm_cvtss_f32(r);
-    }
+    for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]);
   }
 };
 

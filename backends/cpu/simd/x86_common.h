@@ -204,7 +204,7 @@ __attribute__((flatten)) void dot_rows(int64_t n, int64_t nrows, float* s, const
 constexpr int tile_max_cols = 4;
 constexpr size_t tile_x_block = 16 * 1024;  // bytes of x's rows reused from L1 over the groups of columns
 
-// A kernel struct may take more columns at once (up to 8): K::max_cols where it says so.
+// A kernel struct may take 8 columns at once instead of 4: K::max_cols where it says so.
 template <class K, class = void>
 struct tile_cols_of {
   static constexpr int value = tile_max_cols;
@@ -222,7 +222,7 @@ __attribute__((flatten)) void dot_tile(int64_t n, int64_t nrows, int64_t ncols, 
   // rows, so the block's rows come from memory once and from L1 for the next groups, and a group's rows of y
   // are read from L1 for every row of the block (row by row over every group, y's rows came from L2 each time).
   constexpr int max_cols = tile_cols_of<K>::value;
-  static_assert(max_cols >= 4 && max_cols <= 8);
+  static_assert(max_cols == 4 || max_cols == 8);
   const int64_t block = x_stride >= tile_x_block ? 1 : static_cast<int64_t>(tile_x_block / x_stride);
   for (int64_t r0 = 0; r0 < nrows; r0 += block) {
     const int64_t r1 = nrows - r0 < block ? nrows : r0 + block;
