@@ -22,7 +22,11 @@
 // up to 4 rows of b, each block of a loaded and decoded once for them; for the 32-value block types the
 // activation side of b's blocks (scales, sums) is prepared once per matmul where it stays in L1
 // (tile_prepared_budget). Tile elements are bit-identical to vec_dot's, so a sequence's logits do not depend
-// on which other sequences were decoded in the same batch.
+// on which other sequences were decoded in the same batch. Where the table has a GEMM for a's type (q8_0) and b
+// has gemm_min_rows rows or more (a prompt), chunks of gemm_chunk_m rows of a x gemm_chunk_n rows of b run
+// through it instead: a tile of a's rows converted once into a row-interleaved 8-bit form, b's rows prepared
+// once per matmul, several of a's rows x several of b's per register pass; its elements are vec_dot's again,
+// bit for bit (q8_0_x86.inc), so the prompt cache's and a batch's results stay the same.
 //
 // BLAS path (TROUPE_HAVE_BLAS, TROUPE_CPU_BLAS=on, not reference, n >= blas_min_batch(a.type)): each thread takes a range of
 // a's rows, dequantizes it into the work buffer (unless a is f32 that sgemm can read in place) and calls a
@@ -196,8 +200,19 @@ struct mm_plan {
   // scratch)
   size_t tile_row_bytes = 0;
   size_t tile_bytes = 0;
+  // fast path, where the weight type has a GEMM and b has gemm_min_rows rows or more: every converted row of b
+  // prepared for it (after the scratch, instead of the tile's)
+  size_t gemm_row_bytes = 0;
+  size_t gemm_bytes = 0;
   size_t total = 0;
 };
+
+// The GEMM's batches: from this many rows of b on (below, the tiles of one weight row are as fast), in chunks of
+// gemm_chunk_m rows of a x gemm_chunk_n rows of b (a chunk's prepared rows of b, 64 x 40 bytes per block of
+// 32 values, stay in L2 while the chunk's weight tiles pass over them).
+constexpr int64_t gemm_min_rows = 16;
+constexpr int64_t gemm_chunk_m = 32;
+constexpr int64_t gemm_chunk_n = 64;
 
 bool f32_strides_ok(const tensor& t) { return dense_rows(t, 4); }
 
@@ -233,7 +248,10 @@ mm_plan plan_mul_mat(const tensor& node, int nth, bool reference) {
   }
   if (p.fast && p.convert_b) {
     const simd::kernel_table& kt = simd::active_table();
-    if (kt.dot_tile_prepared(a.type) != nullptr) {
+    if (kt.gemm_of(a.type) != nullptr && n >= gemm_min_rows) {
+      p.gemm_row_bytes = kt.gemm_size(a.type)(k);
+      p.gemm_bytes = align_up(p.gemm_row_bytes * static_cast<size_t>(nrows(b)));
+    } else if (kt.dot_tile_prepared(a.type) != nullptr) {
       // Prepared rows pay where a tile's (up to 4 of them) stay in L1.
       const size_t row_bytes = kt.prepared_size(a.type)(k);
       const size_t budget = n >= fast_tile_n ? simd::tile_prepared_budget_mm : simd::tile_prepared_budget;
@@ -243,7 +261,7 @@ mm_plan plan_mul_mat(const tensor& node, int nth, bool reference) {
       }
     }
   }
-  p.total = p.counter + p.b_bytes + p.scratch * static_cast<size_t>(nth) + p.tile_bytes;
+  p.total = p.counter + p.b_bytes + p.scratch * static_cast<size_t>(nth) + p.tile_bytes + p.gemm_bytes;
   return p;
 }
 
@@ -274,10 +292,12 @@ struct mm_ctx {
   const mm_plan& p;
   const uint8_t* b_conv;  // converted rows of b, or null when b is used as is
   const uint8_t* b_tile;  // fast path: converted rows of b prepared for dot_tile, or null
+  const uint8_t* b_gemm;  // fast path: converted rows of b prepared for gemm, or null
   vec_dot_fn dot;
   simd::vec_dot_rows_fn dot_rows;  // fast path: several rows of a per call; null on the reference path
   simd::vec_dot_tile_fn dot_tile;  // fast path: rows of a x rows of b per call; null where the type has none
   simd::vec_dot_tile_fn dot_tile_prepared;  // the same on b_tile's rows (when b_tile is set)
+  simd::vec_dot_tile_fn gemm;               // the same elements again, on b_gemm's rows (when b_gemm is set)
   int64_t k, m, n, ne2b, r2, r3;
 
   const void* b_row(int64_t plane, int64_t j, int64_t i2, int64_t i3) const {
@@ -290,6 +310,12 @@ struct mm_ctx {
     const int64_t i2 = plane % ne2b;
     const int64_t i3 = plane / ne2b;
     const char* a_plane = addr(a, 0, 0, i2 / r2, i3 / r3);
+    if (b_gemm != nullptr) {
+      gemm(k, i_end - i_begin, j_end - j_begin, reinterpret_cast<float*>(addr(dst, i_begin, j_begin, i2, i3)),
+           dst.nb[1] / sizeof(float), a_plane + i_begin * static_cast<int64_t>(a.nb[1]), a.nb[1],
+           b_gemm + static_cast<size_t>(plane * n + j_begin) * p.gemm_row_bytes, p.gemm_row_bytes);
+      return;
+    }
     if (dot_tile != nullptr) {
       // Register tiles of one row of a x up to 4 rows of b (one sequence's token, a few sequences decoding
       // at once, or a tile of a prompt): each block of a is decoded once for the rows of b. Rows of b
@@ -341,6 +367,15 @@ const uint8_t* convert_b(const compute_params& params, const tensor& b, type vdt
 // caller syncs before any thread reads them); null when the tile kernel reads converted rows.
 const uint8_t* prepare_b(const compute_params& params, const tensor& b, type a_type, const uint8_t* b_conv,
                          const mm_plan& p) {
+  if (p.gemm_bytes != 0) {
+    uint8_t* out = params.wdata + p.counter + p.b_bytes + p.scratch * static_cast<size_t>(params.nth);
+    const simd::tile_prepare_fn prepare = simd::active_table().prepare_gemm(a_type);
+    const item_range rows = split_range(nrows(b), params.ith, params.nth);
+    for (int64_t r = rows.begin; r < rows.end; ++r) {
+      prepare(b.ne[0], b_conv + static_cast<size_t>(r) * p.b_row_bytes, out + static_cast<size_t>(r) * p.gemm_row_bytes);
+    }
+    return out;
+  }
   if (p.tile_bytes == 0) return nullptr;
   uint8_t* out = params.wdata + p.counter + p.b_bytes + p.scratch * static_cast<size_t>(params.nth);
   const simd::tile_prepare_fn prepare = simd::active_table().prepare_tile(a_type);
@@ -357,8 +392,8 @@ void mul_mat_reference(const compute_params& params, tensor& node, const mm_plan
   const type_traits& ta = traits(a.type);
   const uint8_t* b_conv = convert_b(params, b, ta.vec_dot_type, traits(ta.vec_dot_type).from_float_ref, p);
   if (p.convert_b) params.sync();  // every thread reads every converted row
-  const mm_ctx c{a,       b,       node,    p,       b_conv,  nullptr,           ta.vec_dot,       nullptr, nullptr,
-                 nullptr, a.ne[0], a.ne[1], b.ne[1], b.ne[2], b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]};
+  const mm_ctx c{a,       b,       node,    p,       b_conv,  nullptr, nullptr, ta.vec_dot, nullptr, nullptr,
+                 nullptr, nullptr, a.ne[0], a.ne[1], b.ne[1], b.ne[2], b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]};
 
   // Tiles in order (plane, tile of b rows, tile of a rows); each thread takes a contiguous range of them.
   const int64_t n_planes = b.ne[2] * b.ne[3];
@@ -380,7 +415,9 @@ void mul_mat_fast(const compute_params& params, tensor& node, const mm_plan& p) 
   const type vdt = traits(a.type).vec_dot_type;
   const uint8_t* b_conv = convert_b(params, b, vdt, kt.quantize(vdt), p);
   // Each thread prepares the rows it converted: no sync between the two.
-  const uint8_t* b_tile = prepare_b(params, b, a.type, b_conv, p);
+  const uint8_t* b_prepared = prepare_b(params, b, a.type, b_conv, p);
+  const uint8_t* b_tile = p.tile_bytes != 0 ? b_prepared : nullptr;
+  const uint8_t* b_gemm = p.gemm_bytes != 0 ? b_prepared : nullptr;
   // Float weights cost little to load, so in matrix-vector products (a few rows of b, weights streamed from
   // memory) their tiles only pay while the tile's rows of b stay in L1 (f16 at k = 4096 and 4 rows of b was
   // slower as a tile than row by row); quantized ones pay at any size, and so do matrix-matrix tiles.
@@ -389,15 +426,18 @@ void mul_mat_fast(const compute_params& params, tensor& node, const mm_plan& p) 
     const size_t b_row = p.convert_b ? p.b_row_bytes : static_cast<size_t>(b.ne[0]) * sizeof(float);
     if (b_row * static_cast<size_t>(std::min<int64_t>(b.ne[1], 4)) > simd::tile_prepared_budget) dot_tile = nullptr;
   }
-  const mm_ctx c{a,        b,       node,    p,       b_conv,  b_tile,           kt.dot(a.type), kt.dot_rows(a.type),
-                 dot_tile, kt.dot_tile_prepared(a.type), a.ne[0], a.ne[1], b.ne[1], b.ne[2],
+  const mm_ctx c{a,        b,       node,    p,       b_conv,  b_tile,           b_gemm, kt.dot(a.type), kt.dot_rows(a.type),
+                 dot_tile, kt.dot_tile_prepared(a.type), kt.gemm_of(a.type), a.ne[0], a.ne[1], b.ne[1], b.ne[2],
                  b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]};
 
   // Chunk geometry: rows of a per chunk (rows_per) against b rows per chunk (cols_per).
   const int64_t n_planes = b.ne[2] * b.ne[3];
   int64_t rows_per = fast_tile_m;
   int64_t cols_per = fast_tile_n;
-  if (c.n < fast_tile_n) {
+  if (b_gemm != nullptr) {
+    rows_per = gemm_chunk_m;
+    cols_per = gemm_chunk_n;
+  } else if (c.n < fast_tile_n) {
     // Matrix-vector (or a few vectors): all of b's rows in each chunk, rows of a split finely enough that
     // every thread gets several chunks.
     cols_per = c.n;

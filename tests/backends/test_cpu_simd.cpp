@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/cpu/cpu_features.h"
@@ -432,4 +433,78 @@ TEST_CASE("simd vec_dot_tile equals one vec_dot per element, bit for bit, for ba
   }
   CHECK(names_of(compared) == names_of(levels));
   CHECK(checked >= 8 * 4 * 8);  // q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K at least at one level
+}
+
+TEST_CASE("simd gemm equals one vec_dot per element, bit for bit, and q8_0 gives the same bits on every level", "[cpu][simd][gemm]") {
+  const std::vector<isa> levels = levels_to_compare();
+  if (levels.empty()) return;
+  int checked = 0;
+  // q8_0 elements of each level, by shape, to compare the levels with each other.
+  std::vector<std::vector<float>> q8_0_results;
+  for (isa level : levels) {
+    const simd::kernel_table& kt = simd::table(level);
+    size_t shape = 0;
+    for (type w : weight_types) {
+      if (kt.gemm_of(w) == nullptr) continue;
+      const type vt = traits(w).vec_dot_type;
+      // One block; several chunks of 64 blocks and a part of one; rows not a multiple of the tile (8 or 16), a
+      // single row; one activation row, rows not a multiple of the pass.
+      for (auto [n, rows, cols] : {std::tuple<int64_t, int64_t, int64_t>{32, 1, 1}, {32, 17, 9}, {256, 16, 8},
+                                   {64 * 32 * 2 + 96, 19, 13}, {576, 40, 33}, {2048, 8, 1}, {160, 3, 70}}) {
+        INFO("level " << cpu::isa_name(level) << ", weights " << type_name(w) << ", n " << n << ", rows " << rows
+                      << ", batch " << cols);
+        const size_t x_stride = row_size(w, n) + 34;  // rows need not be adjacent
+        const size_t y_stride = row_size(vt, n) + 96;
+        std::vector<uint8_t> x(x_stride * static_cast<size_t>(rows));
+        for (int64_t r = 0; r < rows; ++r) {
+          const float hi = r % 3 == 2 ? 8.0f : 1.0f;
+          std::vector<uint8_t> row =
+              quantize_ref(w, random_floats(static_cast<size_t>(n), 90 + static_cast<uint32_t>(r), -0.5f, hi));
+          if (w == type::q8_0 && r == 1) row[2] = 0x80;  // a quant of -128 (files may hold one)
+          std::memcpy(x.data() + x_stride * static_cast<size_t>(r), row.data(), row.size());
+        }
+        std::vector<uint8_t> y(y_stride * static_cast<size_t>(cols));
+        for (int64_t c = 0; c < cols; ++c) {
+          const std::vector<uint8_t> col =
+              quantize_ref(vt, random_floats(static_cast<size_t>(n), 110 + static_cast<uint32_t>(c)));
+          std::memcpy(y.data() + y_stride * static_cast<size_t>(c), col.data(), col.size());
+        }
+        const size_t s_stride = static_cast<size_t>(rows) + 3;  // gaps between dst columns stay untouched
+        std::vector<float> want(s_stride * static_cast<size_t>(cols), -7.0f);
+        for (int64_t c = 0; c < cols; ++c) {
+          for (int64_t r = 0; r < rows; ++r) {
+            kt.dot(w)(n, &want[static_cast<size_t>(c) * s_stride + static_cast<size_t>(r)],
+                      x.data() + x_stride * static_cast<size_t>(r), y.data() + y_stride * static_cast<size_t>(c));
+          }
+        }
+        // The GEMM reads exactly gemm_prepared_size bytes per prepared row (the bytes between rows are garbage).
+        const size_t p_stride = kt.gemm_size(w)(n) + 40;
+        std::vector<uint8_t> prepared(p_stride * static_cast<size_t>(cols), 0xAB);
+        for (int64_t c = 0; c < cols; ++c) {
+          kt.prepare_gemm(w)(n, y.data() + y_stride * static_cast<size_t>(c), prepared.data() + p_stride * static_cast<size_t>(c));
+        }
+        std::vector<float> got(want.size(), -7.0f);
+        kt.gemm_of(w)(n, rows, cols, got.data(), s_stride, x.data(), x_stride, prepared.data(), p_stride);
+        CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0);
+        // And within float-accumulation error of the reference dot product.
+        float worst = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          for (int64_t r = 0; r < rows; ++r) {
+            float ref = 0;
+            traits(w).vec_dot(n, &ref, x.data() + x_stride * static_cast<size_t>(r), y.data() + y_stride * static_cast<size_t>(c));
+            const float g = got[static_cast<size_t>(c) * s_stride + static_cast<size_t>(r)];
+            worst = std::max(worst, std::fabs(g - ref) / std::max(1.0f, std::fabs(ref)));
+          }
+        }
+        CHECK(worst < 1e-4f);
+        if (w == type::q8_0) {
+          if (q8_0_results.size() <= shape) q8_0_results.push_back(got);
+          CHECK(std::memcmp(q8_0_results[shape].data(), got.data(), sizeof(float) * got.size()) == 0);
+          ++shape;
+        }
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked >= 7);  // q8_0 at least at one level
 }

@@ -8,7 +8,7 @@
 
 namespace troupe::cpu::simd::avx2 {
 
-#include "backends/cpu/simd/dot_blocks_x86.inc"  // q4_0, q4_1, q5_0, q5_1, q8_0
+#include "backends/cpu/simd/dot_blocks_x86.inc"  // q4_0, q4_1, q5_0, q5_1 (q8_0: gemm_avx2.cpp)
 
 namespace {
 

@@ -1,4 +1,5 @@
-// AVX-512 (F/BW/VL/DQ + VNNI) dot products of the 32-value block types (q4_0, q4_1, q5_0, q5_1, q8_0):
+// AVX-512 (F/BW/VL/DQ + VNNI) dot products of the 32-value block types (q4_0, q4_1, q5_0, q5_1; q8_0's are
+// in q8_0_x86.inc):
 // two blocks per zmm register, byte products through vpdpbusd; vec_dot, vec_dot_rows, the tiles on
 // q8_0 / q8_1 blocks (several activation rows at once, each weight block decoded once, every element
 // bit-identical to the one-row function's) and the tiles on prepared activation rows.
@@ -55,7 +56,7 @@ inline uint32_t u32_at(const void* p) {
   return v;
 }
 
-// ---- q4_0, q4_1, q8_0: pairs of blocks per zmm, and prepared activations ------------------------------
+// ---- q4_0, q4_1, q5_0, q5_1: pairs of blocks per zmm, and prepared activations ------------------------------
 //
 // These kernels work on pairs of blocks (64 values, two per zmm; an odd last block is a pair whose second
 // half is zero, so it adds exactly nothing). Per pair, the activation side, act_i / act_f below (its 64
@@ -73,7 +74,7 @@ inline uint32_t u32_at(const void* p) {
 struct prepared_pair {
   int8_t q[64];
   float d[16];
-  uint8_t t[64];  // int32 x 16 (q4_0, q8_0) or float x 16 (q4_1)
+  uint8_t t[64];  // int32 x 16 (q4_0, q5_0) or float x 16 (q4_1, q5_1)
 };
 static_assert(sizeof(prepared_pair) == 192, "a prepared pair is three zmm");
 
@@ -208,25 +209,6 @@ struct w_q5_0 {
   }
   [[gnu::always_inline]] void apply(const act_i& y, __m512& acc) const {
     const __m512i sumi = _mm512_dpbusd_epi32(y.t, q, y.q);
-    acc = _mm512_fmadd_ps(_mm512_mul_ps(d, y.d), _mm512_cvtepi32_ps(sumi), acc);
-  }
-};
-
-struct w_q8_0 {
-  using block = block_q8_0;
-  __m512i u;  // quants + 128 (the sign bit flipped), unsigned
-  __m512 d;
-  [[gnu::always_inline]] static w_q8_0 decode(const block* x, int64_t p, bool half) {
-    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
-    const block& a = x[2 * p];
-    if (half) return {_mm512_xor_si512(_mm512_zextsi256_si512(load256(a.qs)), bias), halves_f16(u16(a.d), 0)};
-    const block& b = x[2 * p + 1];
-    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(load256(a.qs)), load256(b.qs), 1);
-    return {_mm512_xor_si512(q, bias), halves_f16(u16(a.d), u16(b.d))};
-  }
-  // sum q r: byte products of q + 128 onto -128 sum(r).
-  [[gnu::always_inline]] void apply(const act_i& y, __m512& acc) const {
-    const __m512i sumi = _mm512_dpbusd_epi32(y.t, u, y.q);
     acc = _mm512_fmadd_ps(_mm512_mul_ps(d, y.d), _mm512_cvtepi32_ps(sumi), acc);
   }
 };
@@ -410,7 +392,7 @@ void pair_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_strid
 
 }  // namespace
 
-// q4_0, q4_1, q8_0: vec_dot, vec_dot_rows and the tiles on q8_0 / q8_1 blocks, and the tiles on prepared
+// q4_0, q4_1, q5_0, q5_1: vec_dot, vec_dot_rows and the tiles on q8_0 / q8_1 blocks, and the tiles on prepared
 // rows.
 #define TROUPE_SIMD_PAIRS(t, W, Src, Prep)                                                                     \
   void vec_dot_##t(int64_t n, float* s, const void* x, const void* y) {                                      \
@@ -430,7 +412,6 @@ void pair_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_strid
   void tile_prepare_##t(int64_t n, const void* y, void* out) { prepare_row<Src>(n, y, out); }
 TROUPE_SIMD_PAIRS(q4_0, w_q4_0, blocks_q8_0<8>, prepared_i)
 TROUPE_SIMD_PAIRS(q4_1, w_q4_1, blocks_q8_1, prepared_f)
-TROUPE_SIMD_PAIRS(q8_0, w_q8_0, blocks_q8_0<0x80>, prepared_i)
 TROUPE_SIMD_PAIRS(q5_0, w_q5_0, blocks_q8_0<16>, prepared_i)
 TROUPE_SIMD_PAIRS(q5_1, w_q5_1, blocks_q8_1, prepared_f)
 #undef TROUPE_SIMD_PAIRS

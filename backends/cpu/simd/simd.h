@@ -83,6 +83,12 @@ struct kernel_table {
   std::array<vec_dot_tile_fn, type_id_count> vec_dot_tile_prepared{};
   std::array<tile_prepare_fn, type_id_count> tile_prepare{};
   std::array<tile_size_fn, type_id_count> tile_prepared_size{};
+  // Where set: the GEMM for batches of activation rows (prompts), the same elements as vec_dot_tile's bit for
+  // bit, on rows prepared by gemm_prepare[t] (gemm_prepared_size[t](n) bytes each). A tile of weight rows is
+  // converted once into a row-interleaved 8-bit form and every activation row of the call passes over it.
+  std::array<vec_dot_tile_fn, type_id_count> gemm{};
+  std::array<tile_prepare_fn, type_id_count> gemm_prepare{};
+  std::array<tile_size_fn, type_id_count> gemm_prepared_size{};
   std::array<mad_tile_fn, type_id_count> mad_tile{};  // f32, f16
   // from_float[t]: f32 -> t, bit-identical to traits(t).from_float_ref (used for the activation types).
   std::array<from_float_fn, type_id_count> from_float{};
@@ -103,6 +109,9 @@ struct kernel_table {
   vec_dot_tile_fn dot_tile_prepared(type t) const { return vec_dot_tile_prepared[static_cast<size_t>(t)]; }
   tile_prepare_fn prepare_tile(type t) const { return tile_prepare[static_cast<size_t>(t)]; }
   tile_size_fn prepared_size(type t) const { return tile_prepared_size[static_cast<size_t>(t)]; }
+  vec_dot_tile_fn gemm_of(type t) const { return gemm[static_cast<size_t>(t)]; }
+  tile_prepare_fn prepare_gemm(type t) const { return gemm_prepare[static_cast<size_t>(t)]; }
+  tile_size_fn gemm_size(type t) const { return gemm_prepared_size[static_cast<size_t>(t)]; }
   mad_tile_fn mad(type t) const { return mad_tile[static_cast<size_t>(t)]; }
   from_float_fn quantize(type t) const { return from_float[static_cast<size_t>(t)]; }
   to_float_fn dequantize(type t) const { return to_float[static_cast<size_t>(t)]; }

@@ -123,6 +123,12 @@ void set_tile(kernel_table& k, type t, vec_dot_tile_fn f, vec_dot_tile_fn prepar
   k.tile_prepare[i] = prepare;
   k.tile_prepared_size[i] = prepared_size;
 }
+void set_gemm(kernel_table& k, type t, vec_dot_tile_fn f, tile_prepare_fn prepare, tile_size_fn prepared_size) {
+  const auto i = static_cast<size_t>(t);
+  k.gemm[i] = f;
+  k.gemm_prepare[i] = prepare;
+  k.gemm_prepared_size[i] = prepared_size;
+}
 void set(std::array<from_float_fn, type_id_count>& a, type t, from_float_fn f) { a[static_cast<size_t>(t)] = f; }
 void set(std::array<to_float_fn, type_id_count>& a, type t, to_float_fn f) { a[static_cast<size_t>(t)] = f; }
 
@@ -156,7 +162,8 @@ kernel_table avx2_table() {
   set_tile(t, type::q4_1, vec_dot_q4_1_tile, vec_dot_q4_1_prepared_tile, tile_prepare_q4_1, tile_prepared_size_u);
   set_tile(t, type::q5_0, vec_dot_q5_0_tile, vec_dot_q5_0_prepared_tile, tile_prepare_q5_0, tile_prepared_size_s);
   set_tile(t, type::q5_1, vec_dot_q5_1_tile, vec_dot_q5_1_prepared_tile, tile_prepare_q5_1, tile_prepared_size_u);
-  set_tile(t, type::q8_0, vec_dot_q8_0_tile, vec_dot_q8_0_prepared_tile, tile_prepare_q8_0, tile_prepared_size_s);
+  set_tile(t, type::q8_0, vec_dot_q8_0_tile);
+  set_gemm(t, type::q8_0, gemm_q8_0, gemm_prepare_q8_0, gemm_prepared_size_q8_0);
   set_tile(t, type::q4_K, vec_dot_q4_K_tile);
   set_tile(t, type::q5_K, vec_dot_q5_K_tile);
   set_tile(t, type::q6_K, vec_dot_q6_K_tile);
@@ -212,7 +219,8 @@ kernel_table avx512_table() {
   set_tile(t, type::q4_1, vec_dot_q4_1_tile, vec_dot_q4_1_prepared_tile, tile_prepare_q4_1, tile_prepared_size);
   set_tile(t, type::q5_0, vec_dot_q5_0_tile, vec_dot_q5_0_prepared_tile, tile_prepare_q5_0, tile_prepared_size);
   set_tile(t, type::q5_1, vec_dot_q5_1_tile, vec_dot_q5_1_prepared_tile, tile_prepare_q5_1, tile_prepared_size);
-  set_tile(t, type::q8_0, vec_dot_q8_0_tile, vec_dot_q8_0_prepared_tile, tile_prepare_q8_0, tile_prepared_size);
+  set_tile(t, type::q8_0, vec_dot_q8_0_tile);
+  set_gemm(t, type::q8_0, gemm_q8_0, gemm_prepare_q8_0, gemm_prepared_size_q8_0);
   set_tile(t, type::q4_K, vec_dot_q4_K_tile);
   set_tile(t, type::q6_K, vec_dot_q6_K_tile);
   if (host_cpu_features().avx512bf16) {

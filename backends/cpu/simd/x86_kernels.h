@@ -7,7 +7,7 @@
 //   exp_row, silu_row, swiglu_row: as the kernel_table members of the same names (simd.h)
 //
 // Call one only after cpu_features says the CPU has its level (simd_table.cpp does this). Defined in
-// dot_avx2.cpp (+ dot_blocks_x86.inc), dot_avx2_k.cpp, quantize_avx2.cpp, math_avx2.cpp (avx2: AVX2 + FMA + F16C), dot_avx512.cpp, dot_avx512_k.cpp,
+// dot_avx2.cpp (+ dot_blocks_x86.inc), gemm_avx2.cpp (+ q8_0_x86.inc), dot_avx2_k.cpp, quantize_avx2.cpp, math_avx2.cpp (avx2: AVX2 + FMA + F16C), dot_avx512.cpp, gemm_avx512.cpp, dot_avx512_k.cpp,
 // dot_avx512_float.cpp (avx512: F/BW/VL/DQ + VNNI) and dot_avx512_bf16.cpp (avx512 + AVX512_BF16). x86-64 builds only.
 #pragma once
 
@@ -74,18 +74,23 @@ TROUPE_SIMD_TILE_DECL(vec_dot_q4_0_prepared);
 TROUPE_SIMD_TILE_DECL(vec_dot_q4_1_prepared);
 TROUPE_SIMD_TILE_DECL(vec_dot_q5_0_prepared);
 TROUPE_SIMD_TILE_DECL(vec_dot_q5_1_prepared);
-TROUPE_SIMD_TILE_DECL(vec_dot_q8_0_prepared);
 TROUPE_SIMD_TILE_DECL(vec_dot_iq4_nl_prepared);
 TROUPE_SIMD_TILE_DECL(vec_dot_mxfp4_prepared);
 void tile_prepare_q4_0(int64_t n, const void* y, void* out);
 void tile_prepare_q4_1(int64_t n, const void* y, void* out);
 void tile_prepare_q5_0(int64_t n, const void* y, void* out);
 void tile_prepare_q5_1(int64_t n, const void* y, void* out);
-void tile_prepare_q8_0(int64_t n, const void* y, void* out);
 void tile_prepare_iq4_nl(int64_t n, const void* y, void* out);
 void tile_prepare_mxfp4(int64_t n, const void* y, void* out);
 size_t tile_prepared_size_s(int64_t n);
 size_t tile_prepared_size_u(int64_t n);
+
+// q8_0 (q8_0_x86.inc): the GEMM on activation rows prepared by gemm_prepare_q8_0 (gemm_prepared_size_q8_0(n)
+// bytes each), every element bit-identical to vec_dot_q8_0's.
+void gemm_q8_0(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x, size_t x_stride,
+               const void* y, size_t y_stride);
+void gemm_prepare_q8_0(int64_t n, const void* y, void* out);
+size_t gemm_prepared_size_q8_0(int64_t n);
 
 TROUPE_SIMD_QUANT(quantize_row_q8_0);
 TROUPE_SIMD_QUANT(quantize_row_q8_1);
@@ -137,12 +142,16 @@ TROUPE_SIMD_TILE_DECL(vec_dot_q4_0_prepared);
 TROUPE_SIMD_TILE_DECL(vec_dot_q4_1_prepared);
 TROUPE_SIMD_TILE_DECL(vec_dot_q5_0_prepared);
 TROUPE_SIMD_TILE_DECL(vec_dot_q5_1_prepared);
-TROUPE_SIMD_TILE_DECL(vec_dot_q8_0_prepared);
 void tile_prepare_q4_0(int64_t n, const void* y, void* out);
 void tile_prepare_q4_1(int64_t n, const void* y, void* out);
 void tile_prepare_q5_0(int64_t n, const void* y, void* out);
 void tile_prepare_q5_1(int64_t n, const void* y, void* out);
-void tile_prepare_q8_0(int64_t n, const void* y, void* out);
+// q8_0 (q8_0_x86.inc): the GEMM on activation rows prepared by gemm_prepare_q8_0 (gemm_prepared_size_q8_0(n)
+// bytes each), every element bit-identical to vec_dot_q8_0's.
+void gemm_q8_0(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x, size_t x_stride,
+               const void* y, size_t y_stride);
+void gemm_prepare_q8_0(int64_t n, const void* y, void* out);
+size_t gemm_prepared_size_q8_0(int64_t n);
 size_t tile_prepared_size(int64_t n);
 }  // namespace avx512
 

@@ -1,0 +1,13 @@
+// q8_0 dot products, tiles and GEMM for the avx512 level: AVX-512 (F/BW/VL/DQ + VNNI: vpdpbusd; 16 weight rows per GEMM tile).
+// The kernels are in q8_0_x86.inc, shared with the other level, so both compute every element the same way.
+#include <array>
+#include <utility>
+
+#include "backends/cpu/simd/x86_common.h"
+#include "backends/cpu/simd/x86_kernels.h"
+
+namespace troupe::cpu::simd::avx512 {
+
+#include "backends/cpu/simd/q8_0_x86.inc"
+
+}  // namespace troupe::cpu::simd::avx512
