@@ -101,14 +101,16 @@ TEST_CASE("kernels: mul_mat for every supported weight type, broadcast over plan
   CHECK(n_types >= 15);  // f32, f16, bf16, q4_0 ... q8_1, q2_K ... q8_K
 }
 
-TEST_CASE("kernels: mul_mat of a few rows of b (batched decode) equals each row alone, bit for bit",
+TEST_CASE("kernels: mul_mat of several rows of b (batched decode, a prompt) equals each row alone, bit for bit",
           "[cpu][kernels][mul_mat]") {
   // Several sequences decoding at once multiply the weights by 2..8 activation rows; the quantized types
   // have tile kernels for that (each weight block decoded once for several rows). Each column must be
   // within the reference's bound and identical to the product of its row alone, whatever the batch and
   // the thread count, so that a sequence's tokens do not depend on the others in its batch.
-  // k = 512: the activation rows prepared for the tile kernels where a type has that (AVX-512 q4_0, q4_1,
-  // q5_0, q5_1, q8_0, and f16 against rows converted to f32); k = 4096 with 4 or more rows: too big to prepare, the tiles read the converted rows.
+  // 17 and 40 rows: a prompt's batch, through the GEMM where a type has one (q8_0, q4_K, q6_K), still each
+  // row's product alone. k = 512: the activation rows prepared for the tile kernels where a type has that
+  // (AVX-512 q4_0, q4_1, q5_0, q5_1, and f16 against rows converted to f32); k = 4096 with 4 or more rows: too
+  // big to prepare, the tiles read the converted rows.
   const int64_t m = 70;  // several chunks per thread, a partial last chunk
   struct shape {
     type t;
@@ -124,7 +126,7 @@ TEST_CASE("kernels: mul_mat of a few rows of b (batched decode) equals each row 
   for (const auto [t, k] : shapes) {
     context ctx(arena(32));
     tensor* a = weights(ctx, t, k, m, 1, 31);
-    for (int64_t n : {2, 3, 4, 5, 8}) {
+    for (int64_t n : {2, 3, 4, 5, 8, 17, 40}) {
       INFO("weights " << type_name(t) << ", k " << k << ", batch " << n);
       tensor* b = ctx.new_tensor_2d(type::f32, k, n);
       fill_random(*b, 32 + static_cast<uint32_t>(n), -2.0, 2.0);

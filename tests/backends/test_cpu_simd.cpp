@@ -9,6 +9,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
+#include <map>
 #include <random>
 #include <set>
 #include <sstream>
@@ -435,22 +436,27 @@ TEST_CASE("simd vec_dot_tile equals one vec_dot per element, bit for bit, for ba
   CHECK(checked >= 8 * 4 * 8);  // q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K at least at one level
 }
 
-TEST_CASE("simd gemm equals one vec_dot per element, bit for bit, and q8_0 gives the same bits on every level", "[cpu][simd][gemm]") {
+TEST_CASE("simd gemm equals one vec_dot per element, bit for bit, and gives the same bits on every level", "[cpu][simd][gemm]") {
   const std::vector<isa> levels = levels_to_compare();
   if (levels.empty()) return;
-  int checked = 0;
-  // q8_0 elements of each level, by shape, to compare the levels with each other.
-  std::vector<std::vector<float>> q8_0_results;
+  int gemms = 0;
+  const type gemm_types[] = {type::q8_0, type::q4_K, type::q6_K};
+  // The types with a GEMM, whose elements are computed the same way on every level (q8_0_x86.inc,
+  // q4_K_x86.inc, q6_K_x86.inc): each
+  // shape's elements at the first level, to compare the others with.
+  std::map<std::pair<type, size_t>, std::vector<float>> first_level;
   for (isa level : levels) {
     const simd::kernel_table& kt = simd::table(level);
-    size_t shape = 0;
-    for (type w : weight_types) {
-      if (kt.gemm_of(w) == nullptr) continue;
+    for (type w : gemm_types) {
       const type vt = traits(w).vec_dot_type;
-      // One block; several chunks of 64 blocks and a part of one; rows not a multiple of the tile (8 or 16), a
-      // single row; one activation row, rows not a multiple of the pass.
-      for (auto [n, rows, cols] : {std::tuple<int64_t, int64_t, int64_t>{32, 1, 1}, {32, 17, 9}, {256, 16, 8},
-                                   {64 * 32 * 2 + 96, 19, 13}, {576, 40, 33}, {2048, 8, 1}, {160, 3, 70}}) {
+      const int64_t bs = traits(w).block_size;
+      // In blocks: one block; several chunks of the GEMM's K and a part of one; rows not a multiple of the tile
+      // (8 or 16), a single row; one activation row, rows not a multiple of the pass.
+      const std::tuple<int64_t, int64_t, int64_t> shapes[] = {{1, 1, 1},  {1, 17, 9},  {8, 16, 8}, {64 * 2 + 3, 19, 13},
+                                                              {18, 40, 33}, {64, 8, 1}, {5, 3, 70}};
+      for (size_t shape = 0; shape < std::size(shapes); ++shape) {
+        const auto [blocks, rows, cols] = shapes[shape];
+        const int64_t n = blocks * bs;
         INFO("level " << cpu::isa_name(level) << ", weights " << type_name(w) << ", n " << n << ", rows " << rows
                       << ", batch " << cols);
         const size_t x_stride = row_size(w, n) + 34;  // rows need not be adjacent
@@ -471,12 +477,27 @@ TEST_CASE("simd gemm equals one vec_dot per element, bit for bit, and q8_0 gives
         }
         const size_t s_stride = static_cast<size_t>(rows) + 3;  // gaps between dst columns stay untouched
         std::vector<float> want(s_stride * static_cast<size_t>(cols), -7.0f);
+        float worst = 0;
         for (int64_t c = 0; c < cols; ++c) {
           for (int64_t r = 0; r < rows; ++r) {
-            kt.dot(w)(n, &want[static_cast<size_t>(c) * s_stride + static_cast<size_t>(r)],
-                      x.data() + x_stride * static_cast<size_t>(r), y.data() + y_stride * static_cast<size_t>(c));
+            const void* xr = x.data() + x_stride * static_cast<size_t>(r);
+            const void* yc = y.data() + y_stride * static_cast<size_t>(c);
+            float& e = want[static_cast<size_t>(c) * s_stride + static_cast<size_t>(r)];
+            kt.dot(w)(n, &e, xr, yc);
+            float ref = 0;  // within float-accumulation error of the reference dot product
+            traits(w).vec_dot(n, &ref, xr, yc);
+            worst = std::max(worst, std::fabs(e - ref) / std::max(1.0f, std::fabs(ref)));
           }
         }
+        CHECK(worst < 1e-4f);
+        // The tiles are the dot product's elements (the other tests check that for every type); the elements
+        // are the same on every level.
+        std::vector<float> tile(want.size(), -7.0f);
+        kt.dot_tile(w)(n, rows, cols, tile.data(), s_stride, x.data(), x_stride, y.data(), y_stride);
+        CHECK(std::memcmp(tile.data(), want.data(), sizeof(float) * want.size()) == 0);
+        const auto [it, added] = first_level.emplace(std::make_pair(w, shape), want);
+        if (!added) CHECK(std::memcmp(it->second.data(), want.data(), sizeof(float) * want.size()) == 0);
+        REQUIRE(kt.gemm_of(w) != nullptr);
         // The GEMM reads exactly gemm_prepared_size bytes per prepared row (the bytes between rows are garbage).
         const size_t p_stride = kt.gemm_size(w)(n) + 40;
         std::vector<uint8_t> prepared(p_stride * static_cast<size_t>(cols), 0xAB);
@@ -486,25 +507,10 @@ TEST_CASE("simd gemm equals one vec_dot per element, bit for bit, and q8_0 gives
         std::vector<float> got(want.size(), -7.0f);
         kt.gemm_of(w)(n, rows, cols, got.data(), s_stride, x.data(), x_stride, prepared.data(), p_stride);
         CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0);
-        // And within float-accumulation error of the reference dot product.
-        float worst = 0;
-        for (int64_t c = 0; c < cols; ++c) {
-          for (int64_t r = 0; r < rows; ++r) {
-            float ref = 0;
-            traits(w).vec_dot(n, &ref, x.data() + x_stride * static_cast<size_t>(r), y.data() + y_stride * static_cast<size_t>(c));
-            const float g = got[static_cast<size_t>(c) * s_stride + static_cast<size_t>(r)];
-            worst = std::max(worst, std::fabs(g - ref) / std::max(1.0f, std::fabs(ref)));
-          }
-        }
-        CHECK(worst < 1e-4f);
-        if (w == type::q8_0) {
-          if (q8_0_results.size() <= shape) q8_0_results.push_back(got);
-          CHECK(std::memcmp(q8_0_results[shape].data(), got.data(), sizeof(float) * got.size()) == 0);
-          ++shape;
-        }
-        ++checked;
+        ++gemms;
       }
     }
   }
-  CHECK(checked >= 7);  // q8_0 at least at one level
+  CHECK(gemms >= 7);  // q8_0 at least at one level
+  CHECK(gemms == static_cast<int>(std::size(gemm_types)) * 7 * static_cast<int>(levels.size()));  // every level
 }

@@ -1,8 +1,8 @@
 // Horizontal sums of many zmm accumulators at once for the AVX-512 dot-product files (dot_avx512.cpp,
-// dot_avx512_k.cpp, dot_avx512_float.cpp): every tile kernel there ends with one of these. Include only from
+// dot_avx512_float.cpp): every tile kernel there ends with one of these. Include only from
 // files compiled with the AVX-512 flags (troupe_avx512_flags in backends/cpu/CMakeLists.txt).
 //
-// A header of its own because three translation units share it; its functions have internal linkage and are
+// A header of its own because two translation units share it; its functions have internal linkage and are
 // always inlined, for the reason given in x86_common.h (an external-linkage copy built with AVX-512 could be
 // picked by the linker for callers on other CPUs) and so each kernel keeps its reduction inline.
 #pragma once

@@ -20,21 +20,6 @@ namespace troupe::cpu::simd::avx2 {
 
 namespace {
 
-// The 8 6-bit scales and 8 6-bit mins of a q4_K / q5_K block as 16 int16 (scales 0..7, then mins 0..7).
-// Rearranges the 12 packed bytes so that each group of 4 bytes holds 4 whole values (see
-// get_scale_min_k4 in runtime/quants.h for the packing).
-inline __m256i k4_scales_mins(const uint8_t packed[12]) {
-  constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
-  uint32_t u[4];
-  std::memcpy(u, packed, 12);
-  u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);  // mins 4..7
-  const uint32_t mins_lo = u[1] & kmask1;                           // mins 0..3
-  u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);           // scales 4..7
-  u[2] = mins_lo;
-  u[0] &= kmask1;                                                   // scales 0..3
-  return _mm256_cvtepu8_epi16(_mm_set_epi32(static_cast<int>(u[3]), static_cast<int>(u[2]), static_cast<int>(u[1]),
-                                            static_cast<int>(u[0])));
-}
 
 // 16 6-bit q3_K scales, minus 32, as 16 signed bytes (see q3_K_scale in runtime/quants.h).
 inline __m128i q3_K_scales(const uint8_t packed[12]) {
@@ -182,68 +167,6 @@ struct k4_tile {
   }
 };
 
-// q6_K: q + 32 in [0, 63] against y, per 16-value sub-block scale (signed int8 -> int16), minus the offset
-// 32 * sum_j scale_j * (sum of y over sub-block j), from y's bsums once per block. NC activation rows at
-// once, each half-block's quants decoded once.
-struct q6_K_tile {
-
-  template <int NC>
-  static void run(int64_t n, const void* vx, const void* const* vy, float* out) {
-    const block_q6_K* x = static_cast<const block_q6_K*>(vx);
-    const block_q8_K* y[NC];
-    __m256 acc[NC];
-    for (int c = 0; c < NC; ++c) {
-      y[c] = static_cast<const block_q8_K*>(vy[c]);
-      acc[c] = _mm256_setzero_ps();
-    }
-    const int64_t nb = n / qk_k;
-    const __m256i m4 = _mm256_set1_epi8(0xF);
-    const __m256i m2 = _mm256_set1_epi8(3);
-    for (int64_t i = 0; i < nb; ++i) {
-      stream_ahead<sizeof(x[i])>(x + i);
-      const float xd = h2f(x[i].d);
-      const __m256i all_scales = _mm256_cvtepi8_epi16(load128(x[i].scales));
-      const __m256i half_scales[2] = {_mm256_permute2x128_si256(all_scales, all_scales, 0x00),
-                                      _mm256_permute2x128_si256(all_scales, all_scales, 0x11)};
-      __m256i sumi[NC];
-      for (int c = 0; c < NC; ++c) sumi[c] = _mm256_setzero_si256();
-      for (int h = 0; h < 2; ++h) {
-        const __m256i ql0 = load256(x[i].ql + 64 * h);
-        const __m256i ql1 = load256(x[i].ql + 64 * h + 32);
-        const __m256i qh = load256(x[i].qh + 32 * h);
-        // value 128 h + 32 k + l: low 4 bits from ql (k = 0, 1: low nibbles of ql0 / ql1; k = 2, 3: high
-        // nibbles), high 2 bits from bits 2k of qh[l].
-        const __m256i q[4] = {
-            _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4)),
-            _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4)),
-        };
-        for (int k = 0; k < 4; ++k) {
-          const __m256i sc = _mm256_shuffle_epi8(half_scales[h], k16_shuffle(k));
-          for (int c = 0; c < NC; ++c) {
-            const __m256i p = _mm256_maddubs_epi16(q[k], load256(y[c][i].qs + 128 * h + 32 * k));
-            sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(sc, p));
-          }
-        }
-      }
-      // The offset: 32 sum_j scale_j bsum_j (bsums: y's sums over its 16-value sub-blocks).
-      for (int c = 0; c < NC; ++c) {
-        const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(all_scales, load256(y[c][i].bsums)), 5);
-        sumi[c] = _mm256_sub_epi32(sumi[c], offset);
-      }
-      for (int c = 0; c < NC; ++c) {
-        const float d = y[c][i].d * xd;
-        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-      }
-    }
-    for (int c = 0; c < NC; ++c) out[c] = hsum(acc[c]);
-  }
-};
-
 // iq4_xs against q8_K: per sub-block of 32 values (laid out as an iq4_nl block), the nibbles index the
 // codebook; byte products by the sign trick (|q| unsigned against r with q's sign) -> 16 int16 pair sums
 // (at most 2 * 127 * 127), madd with the sub-block's scale ls - 32 -> 8 int32, summed exactly over the
@@ -340,9 +263,7 @@ struct iq3_s_tile {
 
 TROUPE_SIMD_TILE(vec_dot_iq3_s, iq3_s_tile)
 TROUPE_SIMD_TILE(vec_dot_iq4_xs, iq4_xs_tile)
-TROUPE_SIMD_TILE(vec_dot_q4_K, k4_tile<false>)
 TROUPE_SIMD_TILE(vec_dot_q5_K, k4_tile<true>)
-TROUPE_SIMD_TILE(vec_dot_q6_K, q6_K_tile)
 
 TROUPE_SIMD_ROWS(vec_dot_q2_K)
 TROUPE_SIMD_ROWS(vec_dot_q3_K)

@@ -6,8 +6,8 @@
 // Compiled with -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 // (troupe_avx512_flags in backends/cpu/CMakeLists.txt), like the other dot_avx512*.cpp files.
 //
-// The other AVX-512 kernels are in dot_avx512_k.cpp (q4_K, q6_K) and dot_avx512_float.cpp (f32, f16 and
-// the column products); the horizontal sums they all end with are in avx512_reduce.h.
+// The other AVX-512 kernels are in gemm_avx512.cpp (q8_0, q4_K, q6_K) and dot_avx512_float.cpp (f32, f16 and
+// the column products); the horizontal sums of this file's and that one's tiles are in avx512_reduce.h.
 #include <algorithm>
 #include <array>
 #include <type_traits>

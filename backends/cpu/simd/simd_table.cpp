@@ -165,8 +165,10 @@ kernel_table avx2_table() {
   set_tile(t, type::q8_0, vec_dot_q8_0_tile);
   set_gemm(t, type::q8_0, gemm_q8_0, gemm_prepare_q8_0, gemm_prepared_size_q8_0);
   set_tile(t, type::q4_K, vec_dot_q4_K_tile);
+  set_gemm(t, type::q4_K, gemm_q4_K, gemm_prepare_q4_K, gemm_prepared_size_q4_K);
   set_tile(t, type::q5_K, vec_dot_q5_K_tile);
   set_tile(t, type::q6_K, vec_dot_q6_K_tile);
+  set_gemm(t, type::q6_K, gemm_q6_K, gemm_prepare_q6_K, gemm_prepared_size_q6_K);
   set_tile(t, type::iq4_nl, vec_dot_iq4_nl_tile, vec_dot_iq4_nl_prepared_tile, tile_prepare_iq4_nl, tile_prepared_size_s);
   set_tile(t, type::iq4_xs, vec_dot_iq4_xs_tile);
   set_tile(t, type::iq3_s, vec_dot_iq3_s_tile);
@@ -222,7 +224,9 @@ kernel_table avx512_table() {
   set_tile(t, type::q8_0, vec_dot_q8_0_tile);
   set_gemm(t, type::q8_0, gemm_q8_0, gemm_prepare_q8_0, gemm_prepared_size_q8_0);
   set_tile(t, type::q4_K, vec_dot_q4_K_tile);
+  set_gemm(t, type::q4_K, gemm_q4_K, gemm_prepare_q4_K, gemm_prepared_size_q4_K);
   set_tile(t, type::q6_K, vec_dot_q6_K_tile);
+  set_gemm(t, type::q6_K, gemm_q6_K, gemm_prepare_q6_K, gemm_prepared_size_q6_K);
   if (host_cpu_features().avx512bf16) {
     set_dot(t, type::bf16, avx512bf16::vec_dot_bf16, avx512bf16::vec_dot_bf16_rows);
     set_tile(t, type::bf16, nullptr);  // the AVX2 tile is not bit-identical to vdpbf16ps

@@ -121,6 +121,22 @@ inline __m256i k4_shuffle(int i) { return _mm256_set_m128i(shuffle_i16(i), shuff
 // consecutive 16-value sub-blocks against the 32 values (16 int16 pair sums) of one 256-bit register.
 inline __m256i k16_shuffle(int i) { return _mm256_set_m128i(shuffle_i16(2 * i + 1), shuffle_i16(2 * i)); }
 
+// The 8 6-bit scales and 8 6-bit mins of a q4_K / q5_K block as 16 int16 (scales 0..7, then mins 0..7).
+// Rearranges the 12 packed bytes so that each group of 4 bytes holds 4 whole values (see
+// get_scale_min_k4 in runtime/quants.h for the packing).
+inline __m256i k4_scales_mins(const uint8_t packed[12]) {
+  constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+  uint32_t u[4];
+  std::memcpy(u, packed, 12);
+  u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);  // mins 4..7
+  const uint32_t mins_lo = u[1] & kmask1;                           // mins 0..3
+  u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);           // scales 4..7
+  u[2] = mins_lo;
+  u[0] &= kmask1;                                                   // scales 0..3
+  return _mm256_cvtepu8_epi16(_mm_set_epi32(static_cast<int>(u[3]), static_cast<int>(u[2]), static_cast<int>(u[1]),
+                                            static_cast<int>(u[0])));
+}
+
 // Software prefetch for weights streamed from memory (matrix-vector products): a kernel that has just read
 // the `bytes` bytes at p asks for the lines stream_distance bytes further on, about one prefetch per 64 bytes.
 // On the development machine's Zen 3 cores one core reads an f16 stream at ~12.5 GB/s with the hardware

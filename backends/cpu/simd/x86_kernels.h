@@ -7,8 +7,10 @@
 //   exp_row, silu_row, swiglu_row: as the kernel_table members of the same names (simd.h)
 //
 // Call one only after cpu_features says the CPU has its level (simd_table.cpp does this). Defined in
-// dot_avx2.cpp (+ dot_blocks_x86.inc), gemm_avx2.cpp (+ q8_0_x86.inc), dot_avx2_k.cpp, quantize_avx2.cpp, math_avx2.cpp (avx2: AVX2 + FMA + F16C), dot_avx512.cpp, gemm_avx512.cpp, dot_avx512_k.cpp,
-// dot_avx512_float.cpp (avx512: F/BW/VL/DQ + VNNI) and dot_avx512_bf16.cpp (avx512 + AVX512_BF16). x86-64 builds only.
+// dot_avx2.cpp (+ dot_blocks_x86.inc), gemm_avx2.cpp (+ q8_0_x86.inc, q4_K_x86.inc, q6_K_x86.inc),
+// dot_avx2_k.cpp, quantize_avx2.cpp, math_avx2.cpp (avx2: AVX2 + FMA + F16C), dot_avx512.cpp, gemm_avx512.cpp
+// (the same .inc files), dot_avx512_float.cpp (avx512: F/BW/VL/DQ + VNNI) and dot_avx512_bf16.cpp (avx512 +
+// AVX512_BF16). x86-64 builds only.
 #pragma once
 
 #include <cstddef>
@@ -25,6 +27,11 @@ namespace troupe::cpu::simd {
 #define TROUPE_SIMD_TILE_DECL(name)                                                                         \
   void name##_tile(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x,       \
                    size_t x_stride, const void* y, size_t y_stride)
+#define TROUPE_SIMD_GEMM_DECL(w)                                                                              \
+  void gemm_##w(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x, size_t x_stride, \
+                const void* y, size_t y_stride);                                                               \
+  void gemm_prepare_##w(int64_t n, const void* y, void* out);                                                  \
+  size_t gemm_prepared_size_##w(int64_t n)
 #define TROUPE_SIMD_QUANT(name) void name(const float* x, void* y, int64_t n)
 #define TROUPE_SIMD_DEQUANT(name) void name(const void* x, float* y, int64_t n)
 
@@ -85,12 +92,11 @@ void tile_prepare_mxfp4(int64_t n, const void* y, void* out);
 size_t tile_prepared_size_s(int64_t n);
 size_t tile_prepared_size_u(int64_t n);
 
-// q8_0 (q8_0_x86.inc): the GEMM on activation rows prepared by gemm_prepare_q8_0 (gemm_prepared_size_q8_0(n)
-// bytes each), every element bit-identical to vec_dot_q8_0's.
-void gemm_q8_0(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x, size_t x_stride,
-               const void* y, size_t y_stride);
-void gemm_prepare_q8_0(int64_t n, const void* y, void* out);
-size_t gemm_prepared_size_q8_0(int64_t n);
+// The GEMMs (q8_0_x86.inc, q4_K_x86.inc, q6_K_x86.inc) on activation rows prepared by gemm_prepare_<w>
+// (gemm_prepared_size_<w>(n) bytes each), every element bit-identical to vec_dot_<w>'s.
+TROUPE_SIMD_GEMM_DECL(q8_0);
+TROUPE_SIMD_GEMM_DECL(q4_K);
+TROUPE_SIMD_GEMM_DECL(q6_K);
 
 TROUPE_SIMD_QUANT(quantize_row_q8_0);
 TROUPE_SIMD_QUANT(quantize_row_q8_1);
@@ -146,12 +152,11 @@ void tile_prepare_q4_0(int64_t n, const void* y, void* out);
 void tile_prepare_q4_1(int64_t n, const void* y, void* out);
 void tile_prepare_q5_0(int64_t n, const void* y, void* out);
 void tile_prepare_q5_1(int64_t n, const void* y, void* out);
-// q8_0 (q8_0_x86.inc): the GEMM on activation rows prepared by gemm_prepare_q8_0 (gemm_prepared_size_q8_0(n)
-// bytes each), every element bit-identical to vec_dot_q8_0's.
-void gemm_q8_0(int64_t n, int64_t nrows, int64_t ncols, float* s, size_t s_stride, const void* x, size_t x_stride,
-               const void* y, size_t y_stride);
-void gemm_prepare_q8_0(int64_t n, const void* y, void* out);
-size_t gemm_prepared_size_q8_0(int64_t n);
+// The GEMMs (q8_0_x86.inc, q4_K_x86.inc, q6_K_x86.inc) on activation rows prepared by gemm_prepare_<w>
+// (gemm_prepared_size_<w>(n) bytes each), every element bit-identical to vec_dot_<w>'s.
+TROUPE_SIMD_GEMM_DECL(q8_0);
+TROUPE_SIMD_GEMM_DECL(q4_K);
+TROUPE_SIMD_GEMM_DECL(q6_K);
 size_t tile_prepared_size(int64_t n);
 }  // namespace avx512
 
@@ -162,6 +167,7 @@ TROUPE_SIMD_DOT(vec_dot_bf16);
 #undef TROUPE_SIMD_DOT
 #undef TROUPE_SIMD_MAD
 #undef TROUPE_SIMD_TILE_DECL
+#undef TROUPE_SIMD_GEMM_DECL
 #undef TROUPE_SIMD_QUANT
 #undef TROUPE_SIMD_DEQUANT
 
