@@ -22,11 +22,12 @@
 // up to 4 rows of b, each block of a loaded and decoded once for them; for the 32-value block types the
 // activation side of b's blocks (scales, sums) is prepared once per matmul where it stays in L1
 // (tile_prepared_budget). Tile elements are bit-identical to vec_dot's, so a sequence's logits do not depend
-// on which other sequences were decoded in the same batch. Where the table has a GEMM for a's type (q8_0) and b
-// has gemm_min_rows rows or more (a prompt), chunks of gemm_chunk_m rows of a x gemm_chunk_n rows of b run
-// through it instead: a tile of a's rows converted once into a row-interleaved 8-bit form, b's rows prepared
-// once per matmul, several of a's rows x several of b's per register pass; its elements are vec_dot's again,
-// bit for bit (q8_0_x86.inc), so the prompt cache's and a batch's results stay the same.
+// on which other sequences were decoded in the same batch. Where the table has a GEMM for a's type (q8_0,
+// q4_K, q6_K) and b has gemm_min_rows rows or more (a prompt), chunks of gemm_chunk_m rows of a x gemm_chunk_n
+// rows of b run through it instead: a tile of a's rows converted once into a row-interleaved 8-bit form, b's
+// rows prepared once per matmul, several of a's rows x several of b's per register pass; its elements are
+// vec_dot's again, bit for bit (simd/q8_0_x86.inc and the others), so the prompt cache's and a batch's results
+// stay the same.
 //
 // BLAS path (TROUPE_HAVE_BLAS, TROUPE_CPU_BLAS=on, not reference, n >= blas_min_batch(a.type)): each thread takes a range of
 // a's rows, dequantizes it into the work buffer (unless a is f32 that sgemm can read in place) and calls a
