@@ -53,6 +53,13 @@ int64_t blas_min_batch_for(type weights, blas_kernels family, bool simd, bool bf
 // n > 0 sets it, n < 0 turns BLAS off, 0 restores the defaults.
 void set_blas_min_batch(int64_t n);
 
+// Which kernel family the optimized mul_mat runs for weights of type t against n activation rows per plane
+// (a dense product, b converted to t's dot type): "blas" (sgemm, above blas_min_batch), "gemm" (the weight
+// tiles converted to the row-interleaved 8-bit form, q8_0 / q4_K / q6_K from a batch of 16 rows), "tile"
+// (register tiles of one weight row x several activation rows), "rows" (one dot product per element, several
+// weight rows per call) or "dot"; troupe bench reports it.
+const char* mul_mat_kernel_family(type t, int64_t n);
+
 // Computes node (all its sources have data) on thread params.ith of params.nth. Views, reshapes, permutes,
 // transposes and op::none are no-ops. Throws backend_error for a node supports_op would reject.
 void compute_forward(const compute_params& params, tensor& node);

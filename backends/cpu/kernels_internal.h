@@ -184,6 +184,7 @@ void compute_flash_attn(const compute_params& params, tensor& node);
 bool supports_mul_mat(const tensor& node);
 size_t mul_mat_work_size(const tensor& node, int nth, bool reference);
 void compute_mul_mat(const compute_params& params, tensor& node);
+const char* mul_mat_kernel_family_of(type t, int64_t n);  // mul_mat_kernel_family (kernels.h)
 bool supports_mul_mat_id(const tensor& node);
 size_t mul_mat_id_work_size(const tensor& node, int nth);
 void compute_mul_mat_id(const compute_params& params, tensor& node);

@@ -577,6 +577,17 @@ void mul_mat_columns(const compute_params& params, tensor& node) {
 
 }  // namespace
 
+const char* mul_mat_kernel_family_of(type t, int64_t n) {
+#ifdef TROUPE_HAVE_BLAS
+  if (n >= blas_min_batch(t)) return "blas";
+#endif
+  const simd::kernel_table& kt = simd::active_table();
+  if (kt.gemm_of(t) != nullptr && n >= gemm_min_rows) return "gemm";
+  if (kt.dot_tile(t) != nullptr) return "tile";
+  if (kt.dot_rows(t) != nullptr) return "rows";
+  return "dot";
+}
+
 bool supports_mul_mat(const tensor& node) {
   const tensor* a = node.src[0];
   const tensor* b = node.src[1];
@@ -611,3 +622,7 @@ void compute_mul_mat(const compute_params& params, tensor& node) {
 }
 
 }  // namespace troupe::cpu::detail
+
+namespace troupe::cpu {
+const char* mul_mat_kernel_family(type t, int64_t n) { return detail::mul_mat_kernel_family_of(t, n); }
+}  // namespace troupe::cpu

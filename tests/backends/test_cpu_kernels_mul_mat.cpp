@@ -243,3 +243,28 @@ TEST_CASE("the BLAS crossover follows the kernels OpenBLAS picked and is off unl
     }
   }
 }
+
+TEST_CASE("kernels: mul_mat's kernel family by weight type and batch, as troupe bench reports it", "[cpu][kernels][mul_mat]") {
+  const cpu::simd::kernel_table& kt = cpu::simd::active_table();
+  cpu::set_blas_min_batch(-1);  // BLAS off, whatever TROUPE_CPU_BLAS says
+  if (kt.level == cpu::isa::scalar) {
+    const std::string family = cpu::mul_mat_kernel_family(type::q8_0, 64);
+    CHECK((family == "rows" || family == "dot"));
+  } else {
+    // q8_0, q4_K, q6_K: the GEMM from a prompt-sized batch (16 rows), tiles below; q4_1 has no GEMM.
+    for (type t : {type::q8_0, type::q4_K, type::q6_K}) {
+      INFO(type_name(t));
+      CHECK(std::string(cpu::mul_mat_kernel_family(t, 64)) == "gemm");
+      CHECK(std::string(cpu::mul_mat_kernel_family(t, 16)) == "gemm");
+      CHECK(std::string(cpu::mul_mat_kernel_family(t, 15)) == "tile");
+      CHECK(std::string(cpu::mul_mat_kernel_family(t, 1)) == "tile");
+    }
+    CHECK(std::string(cpu::mul_mat_kernel_family(type::q4_1, 64)) == "tile");
+  }
+#ifdef TROUPE_HAVE_BLAS
+  cpu::set_blas_min_batch(32);
+  CHECK(std::string(cpu::mul_mat_kernel_family(type::q8_0, 32)) == "blas");
+  CHECK(std::string(cpu::mul_mat_kernel_family(type::q8_0, 31)) != "blas");
+#endif
+  cpu::set_blas_min_batch(0);
+}

@@ -324,7 +324,7 @@ TEST_CASE("troupe inspect --cpu-moe / --n-cpu-moe --ranges: the CPU's file range
   std::filesystem::remove(path);
 }
 
-TEST_CASE("troupe bench -d runs each test after that many tokens in the cache, over a grid of -p, -n, -ctk and -fa, and says so in its JSON", "[programs][bench]") {
+TEST_CASE("troupe bench -d runs each test after that many tokens in the cache, over a grid of -p, -n, -ctk and -fa, and says so in its JSON, with the CPU kernels that ran", "[programs][bench]") {
   const auto path = test::model_path("stories260K.gguf");
   if (!path) return;
   const run_result r = run(troupe_bin + " bench -m " + path->string() + " -p 16 -n 4 -d 0,64 -ctk f16,f32 -fa on,off -t 1 -r 1 -o json");
@@ -341,6 +341,10 @@ TEST_CASE("troupe bench -d runs each test after that many tokens in the cache, o
     CHECK(t["type_k"] == t["type_v"]);
     CHECK(t["avg_ts"].get<double>() > 0);
     CHECK(t["max_rss_bytes"].get<uint64_t>() > 0);
+    // The CPU's kernel family for the model's matrices (all f32 in stories260K): tiles on a SIMD level.
+    const std::string kernels = t["cpu_kernels"].get<std::string>();
+    CHECK((kernels == "avx512: f32 tile" || kernels == "avx2: f32 tile" || kernels == "scalar: f32 rows" || kernels == "scalar: f32 dot" ||
+           kernels.find(": f32 blas") != std::string::npos));
     seen.insert(t["type_k"].get<std::string>() + (t["flash_attn"].get<bool>() ? " fa" : " no-fa") + " " + test);
   }
   CHECK(seen.size() == 16);

@@ -26,9 +26,12 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/cpu_features.h"
+#include "backends/cpu/kernels.h"
 #include "backends/rpc/rpc.h"
 #include "backends/rpc/wire/auth.h"
 #include "llm/kv_cache.h"
@@ -309,6 +312,25 @@ int run_bench(const bench_options& o) {
     trace::enable(false);
     trace::write(o.trace);
   }
+  // The CPU's matrix-product kernels per test, for the weight types of the model's matrices (what runs on the
+  // CPU backend; the prompt's micro-batches are of min(n_prompt, -b) rows, a decode step of -np rows).
+  std::vector<type> matrix_types;
+  for (const gguf_tensor_info& t : m->loader().tensors()) {
+    if (t.n_dims >= 2 && std::find(matrix_types.begin(), matrix_types.end(), t.type) == matrix_types.end()) {
+      matrix_types.push_back(t.type);
+    }
+  }
+  std::sort(matrix_types.begin(), matrix_types.end(),
+            [](type a, type b) { return std::string_view(type_name(a)) < std::string_view(type_name(b)); });
+  const auto cpu_kernels = [&](const result& r) {
+    const int64_t rows = r.test[0] == 'p' ? std::min(r.n_tokens, o.n_batch) : o.n_parallel;
+    std::string out(cpu::isa_name(cpu::active_isa()));
+    for (size_t i = 0; i < matrix_types.size(); ++i) {
+      out += (i == 0 ? ": " : ", ") + std::string(type_name(matrix_types[i])) + " " +
+             cpu::mul_mat_kernel_family(matrix_types[i], rows);
+    }
+    return out;
+  };
   const std::string model_desc = m->hp().name + " " + human_params(m->n_params());
   const uint64_t model_bytes = m->n_bytes(), model_params = m->n_params();
   // The model goes before the peers' frames are counted (the contexts went already): their buffers' frees are
@@ -324,12 +346,13 @@ int run_bench(const bench_options& o) {
                   "\"backend\": \"%s\", \"n_threads\": %d, \"n_batch\": %d, \"test\": \"%s\", \"n_prompt\": %d, "
                   "\"n_gen\": %d, \"n_depth\": %d, \"type_k\": \"%s\", \"type_v\": \"%s\", \"flash_attn\": %s, \"n_ubatch\": %d, "
                   "\"devices\": \"%s\", \"n_parallel\": %d, \"pipeline\": %s, \"max_rss_bytes\": %llu, \"avg_ts\": %.3f, "
-                  "\"stddev_ts\": %.3f, \"samples_ts\": [",
+                  "\"stddev_ts\": %.3f, \"cpu_kernels\": \"%s\", \"samples_ts\": [",
                   o.model.c_str(), model_desc.c_str(), static_cast<unsigned long long>(model_bytes),
                   static_cast<unsigned long long>(model_params), backend.c_str(), threads, o.n_batch, r.test.c_str(),
                   r.test[0] == 'p' ? r.n_tokens : 0, r.test[0] == 't' ? r.n_tokens : 0, r.n_depth, r.type_k.c_str(),
                   r.type_v.c_str(), r.flash_attn ? "true" : "false", o.n_batch, backend.c_str(), o.n_parallel,
-                  pipelined ? "true" : "false", static_cast<unsigned long long>(rss), r.mean(), r.stddev());
+                  pipelined ? "true" : "false", static_cast<unsigned long long>(rss), r.mean(), r.stddev(),
+                  cpu_kernels(r).c_str());
       for (size_t k = 0; k < r.tps.size(); ++k) std::printf("%s%.3f", k ? ", " : "", r.tps[k]);
       std::printf("]");
       if (!peers.empty() && r.test[0] == 't') {
