@@ -215,6 +215,11 @@ constexpr int64_t gemm_min_rows = 16;
 constexpr int64_t gemm_chunk_m = 32;
 constexpr int64_t gemm_chunk_n = 64;
 
+// Whether the fast path runs a's type against n rows of b through the table's GEMM.
+bool uses_gemm(const simd::kernel_table& kt, type a_type, int64_t n) {
+  return kt.gemm_of(a_type) != nullptr && n >= gemm_min_rows;
+}
+
 bool f32_strides_ok(const tensor& t) { return dense_rows(t, 4); }
 
 mm_plan plan_mul_mat(const tensor& node, int nth, bool reference) {
@@ -249,7 +254,7 @@ mm_plan plan_mul_mat(const tensor& node, int nth, bool reference) {
   }
   if (p.fast && p.convert_b) {
     const simd::kernel_table& kt = simd::active_table();
-    if (kt.gemm_of(a.type) != nullptr && n >= gemm_min_rows) {
+    if (uses_gemm(kt, a.type, n)) {
       p.gemm_row_bytes = kt.gemm_size(a.type)(k);
       p.gemm_bytes = align_up(p.gemm_row_bytes * static_cast<size_t>(nrows(b)));
     } else if (kt.dot_tile_prepared(a.type) != nullptr) {
@@ -364,25 +369,19 @@ const uint8_t* convert_b(const compute_params& params, const tensor& b, type vdt
   return out;
 }
 
-// The fast path's prepared rows for the tile kernel (threads split the rows, as for the conversion; the
-// caller syncs before any thread reads them); null when the tile kernel reads converted rows.
+// The fast path's prepared rows of b for the GEMM or for the tile kernel (threads split the rows, as for the
+// conversion; the caller syncs before any thread reads them); null when neither reads prepared rows.
 const uint8_t* prepare_b(const compute_params& params, const tensor& b, type a_type, const uint8_t* b_conv,
                          const mm_plan& p) {
-  if (p.gemm_bytes != 0) {
-    uint8_t* out = params.wdata + p.counter + p.b_bytes + p.scratch * static_cast<size_t>(params.nth);
-    const simd::tile_prepare_fn prepare = simd::active_table().prepare_gemm(a_type);
-    const item_range rows = split_range(nrows(b), params.ith, params.nth);
-    for (int64_t r = rows.begin; r < rows.end; ++r) {
-      prepare(b.ne[0], b_conv + static_cast<size_t>(r) * p.b_row_bytes, out + static_cast<size_t>(r) * p.gemm_row_bytes);
-    }
-    return out;
-  }
-  if (p.tile_bytes == 0) return nullptr;
+  const bool gemm = p.gemm_bytes != 0;
+  if (!gemm && p.tile_bytes == 0) return nullptr;
+  const simd::kernel_table& kt = simd::active_table();
+  const simd::tile_prepare_fn prepare = gemm ? kt.prepare_gemm(a_type) : kt.prepare_tile(a_type);
+  const size_t row_bytes = gemm ? p.gemm_row_bytes : p.tile_row_bytes;
   uint8_t* out = params.wdata + p.counter + p.b_bytes + p.scratch * static_cast<size_t>(params.nth);
-  const simd::tile_prepare_fn prepare = simd::active_table().prepare_tile(a_type);
   const item_range rows = split_range(nrows(b), params.ith, params.nth);
   for (int64_t r = rows.begin; r < rows.end; ++r) {
-    prepare(b.ne[0], b_conv + static_cast<size_t>(r) * p.b_row_bytes, out + static_cast<size_t>(r) * p.tile_row_bytes);
+    prepare(b.ne[0], b_conv + static_cast<size_t>(r) * p.b_row_bytes, out + static_cast<size_t>(r) * row_bytes);
   }
   return out;
 }
@@ -582,7 +581,7 @@ const char* mul_mat_kernel_family_of(type t, int64_t n) {
   if (n >= blas_min_batch(t)) return "blas";
 #endif
   const simd::kernel_table& kt = simd::active_table();
-  if (kt.gemm_of(t) != nullptr && n >= gemm_min_rows) return "gemm";
+  if (uses_gemm(kt, t, n)) return "gemm";
   if (kt.dot_tile(t) != nullptr) return "tile";
   if (kt.dot_rows(t) != nullptr) return "rows";
   return "dot";
