@@ -150,16 +150,14 @@ tensor* graph_builder::attention(uint32_t il, tensor* q, tensor* k, tensor* v, f
   // K and V the unfused graph's kernels read as they are: f32 and f16. Others (bf16, the quantized types) are
   // products by K's rows and V converted to f32.
   const auto direct = [](const tensor* t) { return t->type == type::f32 || t->type == type::f16; };
-  // Caches of other types (bf16, the quantized ones) take the fused op for decode steps (a few rows: each V row
-  // is converted once per KV head and step, where the unfused graph converts the whole cache); a prompt's
-  // micro-batch still takes the unfused graph, whose V converted once serves all its rows faster than the fused
-  // op's conversion per tile. The op's values are the unfused graph's within rounding (V summed in another
-  // order), and a quantized cache turns a rounding difference into a different code for the next rows, so the
-  // two graphs' logits part after some steps, each as close to an f32 cache's (tests/llm/test_programs.cpp).
-  constexpr int64_t fused_rows_converted = 16;
-  const bool converted = !direct(ck) || !direct(cv);
-  if (shape.flash_attn && !v_trans && mask != nullptr && cap == 0.0f && kv.cpu_layer(il) &&
-      (!converted || n_tokens <= fused_rows_converted)) {
+  // Caches of other types (bf16, the quantized ones) take the fused op too: it reads K and V in their type (the
+  // query rows converted to K's dot type, V's rows converted a block of cells at a time), where the unfused
+  // graph converts the whole V and holds an [n_kv, n_tok, n_head] score matrix (1.1 GB for a 512-token
+  // micro-batch of a 32-head model at 16k cells). Its values are the unfused graph's within rounding (V summed
+  // in another order), and a quantized cache turns a rounding difference into a different code for the next
+  // rows, so the two graphs' logits part after some steps, each as close to an f32 cache's
+  // (tests/llm/test_programs.cpp); the fused op's are the same for a row whatever the batch it comes in.
+  if (shape.flash_attn && !v_trans && mask != nullptr && cap == 0.0f && kv.cpu_layer(il)) {
     // CPU layers (K and V in a row per cell: the CPU's layout): one op, the scores of a few query rows at a
     // time in cache instead of a score matrix in memory; for f32 / f16 caches the same values as the unfused
     // graph below.

@@ -31,15 +31,18 @@ constexpr int64_t cell_block = 16;  // cells whose mask is checked (and skipped)
 
 size_t score_bytes(int64_t n_kv) { return align_up(static_cast<size_t>(tile_rows * n_kv) * sizeof(float)); }
 
+// Cells of a V of another type than f32 / f16 converted to f32 at a time (weighted_values).
+constexpr int64_t v_block = 32;
+
 // What a thread needs beside its scores for K and V of types other than f32 / f16 (bf16, the quantized KV
 // caches): the tile's query rows in K's vec_dot_type (as the unfused graph's product converts them), and for V
-// one row as f32 and the tile's sums. Zero for f32 / f16 K and V.
+// a block of v_block rows as f32. Zero for f32 / f16 K and V.
 struct quant_work {
   type q_type = type::f32;  // what the tile's query rows are converted to for K's dot (f32: used as they are)
   size_t q_row = 0;         // bytes of one converted query row
   bool v_direct = true;     // V is f32 / f16: mad_tile reads it as it is
-  size_t q_bytes = 0, v_bytes = 0, acc_bytes = 0;
-  size_t total() const { return q_bytes + v_bytes + acc_bytes; }
+  size_t q_bytes = 0, v_bytes = 0;
+  size_t total() const { return q_bytes + v_bytes; }
 };
 
 quant_work quant_work_of(const tensor& node) {
@@ -52,10 +55,7 @@ quant_work quant_work_of(const tensor& node) {
     w.q_bytes = align_up(static_cast<size_t>(tile_rows) * w.q_row);
   }
   w.v_direct = v.type == type::f32 || v.type == type::f16;
-  if (!w.v_direct) {
-    w.v_bytes = align_up(static_cast<size_t>(v.ne[0]) * sizeof(float));
-    w.acc_bytes = align_up(static_cast<size_t>(tile_rows * v.ne[0]) * sizeof(float));
-  }
+  if (!w.v_direct) w.v_bytes = align_up(static_cast<size_t>(v_block * v.ne[0]) * sizeof(float));
   return w;
 }
 
@@ -86,9 +86,8 @@ size_t split_bytes(const tensor& node, int nth) {
 // A thread's buffers in the op's work memory.
 struct thread_work {
   float* scores = nullptr;
-  char* q = nullptr;     // converted query rows
-  float* v = nullptr;    // a V row as f32
-  float* acc = nullptr;  // the tile's sums, [tile_rows][hd_v]
+  char* q = nullptr;   // converted query rows
+  float* v = nullptr;  // a block of V's rows as f32
 };
 
 thread_work thread_work_of(const compute_params& params, const tensor& node) {
@@ -100,8 +99,6 @@ thread_work thread_work_of(const compute_params& params, const tensor& node) {
   t.q = base;
   base += w.q_bytes;
   t.v = reinterpret_cast<float*>(base);
-  base += w.v_bytes;
-  t.acc = reinterpret_cast<float*>(base);
   return t;
 }
 
@@ -174,9 +171,11 @@ const char* tile_queries(const simd::kernel_table& tb, const quant_work& w, cons
 }
 
 // out rows (o_stride floats apart) = the tile's softmax rows (scores, n_kv floats apart) times V's rows
-// [0, live_end) of a plane: mad_tile over f32 / f16 V. V of a block type: each cell's row converted to f32
-// and added, weighted, to each row's sums, in cell order and skipping weights of 0 (as mad_tile does), so a
-// sequence's values do not depend on which cells it got.
+// [0, live_end) of a plane: mad_tile over f32 / f16 V. V of another type (bf16, the quantized caches): the rows
+// of each block of v_block cells some row weighs converted to f32, and the table's mad_acc_f32 continuing each
+// output value's FMA chain over them. Either way each value is one chain over the cells in order from +0,
+// skipping weights of 0, so a row's values do not depend on the tile's other rows, on which cells the
+// sequence got, or on the blocks.
 void weighted_values(const simd::kernel_table& tb, const quant_work& w, const thread_work& tw, const tensor& v, const char* v_plane,
                      int64_t live_end, int64_t nj, const float* scores, int64_t n_kv, float* out, size_t o_stride) {
   const int64_t hd_v = v.ne[0];
@@ -185,20 +184,21 @@ void weighted_values(const simd::kernel_table& tb, const quant_work& w, const th
     return;
   }
   const to_float_fn to_f32 = tb.dequantize(v.type) != nullptr ? tb.dequantize(v.type) : traits(v.type).to_float;
-  std::fill(tw.acc, tw.acc + nj * hd_v, 0.0f);
-  for (int64_t c = 0; c < live_end; ++c) {
+  const size_t v_bytes = row_size(v.type, hd_v);
+  for (int64_t r = 0; r < nj; ++r) std::fill(out + r * static_cast<int64_t>(o_stride), out + r * static_cast<int64_t>(o_stride) + hd_v, 0.0f);
+  for (int64_t c0 = 0; c0 < live_end; c0 += v_block) {
+    const int64_t c1 = std::min(live_end, c0 + v_block);
     bool any = false;
-    for (int64_t r = 0; r < nj && !any; ++r) any = scores[r * n_kv + c] != 0.0f;
-    if (!any) continue;
-    to_f32(v_plane + c * static_cast<int64_t>(v.nb[1]), tw.v, hd_v);
-    for (int64_t r = 0; r < nj; ++r) {
-      const float weight = scores[r * n_kv + c];
-      if (weight == 0.0f) continue;
-      float* acc = tw.acc + r * hd_v;
-      for (int64_t d = 0; d < hd_v; ++d) acc[d] += weight * tw.v[d];
+    for (int64_t r = 0; r < nj && !any; ++r) {
+      const float* wr = scores + r * n_kv;
+      for (int64_t c = c0; c < c1 && !any; ++c) any = wr[c] != 0.0f;
     }
+    if (!any) continue;
+    prefetch_rows(v_plane, v.nb[1], v_bytes, c1, std::min(live_end, c1 + v_block));  // (see prefetch_rows)
+    for (int64_t c = c0; c < c1; ++c) to_f32(v_plane + c * static_cast<int64_t>(v.nb[1]), tw.v + (c - c0) * hd_v, hd_v);
+    tb.mad_acc_f32(c1 - c0, hd_v, nj, tw.v, static_cast<size_t>(hd_v) * sizeof(float), scores + c0,
+                   static_cast<size_t>(n_kv) * sizeof(float), out, o_stride);
   }
-  for (int64_t r = 0; r < nj; ++r) std::copy(tw.acc + r * hd_v, tw.acc + (r + 1) * hd_v, out + r * static_cast<int64_t>(o_stride));
 }
 
 }  // namespace

@@ -347,6 +347,38 @@ TEST_CASE("simd attention softmax steps equal their plain loops bit for bit", "[
   }
 }
 
+TEST_CASE("simd mad_acc_f32 over consecutive runs of rows gives mad_tile's bits over all of them", "[cpu][simd]") {
+  // The fused attention converts a quantized V a block of cells at a time and continues each output value's
+  // chain over the blocks: the result must be one call's, whatever the blocks (the weights include zeros and
+  // whole zero rows, which both skip).
+  for (isa level : {isa::scalar, isa::avx2, isa::avx512}) {
+    if (!cpu::isa_supported(level)) continue;
+    const simd::kernel_table& kt = simd::table(level);
+    REQUIRE(kt.mad_acc_f32 != nullptr);
+    for (int64_t m : {8, 13, 16, 40, 64, 100, 128}) {
+      for (int64_t ncols : {1, 4, 6, 7}) {
+        const int64_t k = 75;
+        const size_t a_stride = static_cast<size_t>(m + 3) * sizeof(float);  // rows need not be adjacent
+        std::vector<float> a = random_floats(static_cast<size_t>(k) * (a_stride / sizeof(float)), 7);
+        std::vector<float> b = random_floats(static_cast<size_t>(ncols * k), 8);
+        for (size_t i = 0; i < b.size(); i += 3) b[i] = 0.0f;
+        for (int64_t c = 0; c < ncols; ++c) b[static_cast<size_t>(c * k + 10)] = 0.0f;  // row 10: zero for every column
+        const size_t o_stride = static_cast<size_t>(m + 5);
+        std::vector<float> want(o_stride * static_cast<size_t>(ncols), -1.0f), got(want.size(), -1.0f);
+        kt.mad(type::f32)(k, m, ncols, a.data(), a_stride, b.data(), k * sizeof(float), want.data(), o_stride);
+        for (int64_t c = 0; c < ncols; ++c) std::fill_n(got.begin() + c * static_cast<int64_t>(o_stride), m, 0.0f);
+        for (int64_t l0 = 0, step = 1; l0 < k; l0 += step, step = step * 2 + 1) {
+          const int64_t l1 = std::min(k, l0 + step);
+          kt.mad_acc_f32(l1 - l0, m, ncols, reinterpret_cast<const char*>(a.data()) + static_cast<size_t>(l0) * a_stride, a_stride,
+                         b.data() + l0, k * sizeof(float), got.data(), o_stride);
+        }
+        INFO("level " << cpu::isa_name(level) << ", m " << m << ", columns " << ncols);
+        CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("simd vec_dot_rows equals one vec_dot per row, bit for bit", "[cpu][simd]") {
   for (isa level : {isa::scalar, isa::avx2, isa::avx512}) {
     if (!cpu::isa_supported(level)) continue;

@@ -166,7 +166,7 @@ TEST_CASE("decode steps over quantized KV caches through the fused attention sta
   auto m = llm::model::load(*path);
   llm::vocab v(m->meta());
   const auto prompt = v.tokenize("Question: which city is the capital of France, and which river runs through it? Answer:", true);
-  REQUIRE(prompt.size() > 16);  // (the prompt takes the unfused graph either way)
+  REQUIRE(prompt.size() > 16);
   std::vector<int32_t> fed;     // the f32 run's greedy tokens, fed to every run
   const auto run = [&](type kv, bool fa) {
     std::vector<std::vector<float>> out;
@@ -197,6 +197,43 @@ TEST_CASE("decode steps over quantized KV caches through the fused attention sta
     const double unfused = rms_to_truth(run(kv, false)), fused = rms_to_truth(run(kv, true));
     INFO(type_name(kv) << ": fused " << fused << ", unfused " << unfused);
     CHECK(fused <= 1.25 * unfused);
+  }
+}
+
+TEST_CASE("quantized KV caches through the fused attention: a prompt's logits are the same bits in one batch, in two micro-batches and token by token", "[llm][kv][attention]") {
+  // The fused op takes prompts as well as decode steps, V converted a block of cells at a time with each value's
+  // FMA chain continued over the blocks: a row's attention does not depend on the rows beside it, so a prompt
+  // cache's or a batch's answers are the ones a sequence gets alone.
+  const auto path = test::smollm2_path();
+  if (!path) return;
+  auto m = llm::model::load(*path);
+  llm::vocab v(m->meta());
+  const auto prompt = v.tokenize("The river that runs through Paris is the Seine. It flows north-west from Burgundy to the English "
+                                 "Channel at Le Havre. Question: which city is the capital of France, and which river runs "
+                                 "through it? Answer:", true);
+  REQUIRE(prompt.size() > 40);  // two blocks of 32 cells of V and more
+  for (type kv : {type::q8_0, type::q4_0, type::bf16}) {
+    // Every row's logits of the prompt, decoded in micro-batches of `step` tokens.
+    const auto run = [&](size_t step) {
+      llm::llm_context ctx(*m, {.n_ctx = 128, .n_batch = 128, .n_ubatch = 128, .type_k = kv, .type_v = kv, .flash_attn = true, .n_threads = 2});
+      std::vector<std::vector<float>> out;
+      for (size_t i0 = 0; i0 < prompt.size(); i0 += step) {
+        llm::batch b;
+        const size_t i1 = std::min(prompt.size(), i0 + step);
+        for (size_t i = i0; i < i1; ++i) b.add(prompt[i], static_cast<int32_t>(i), 0, true);
+        ctx.decode(b);
+        for (size_t i = i0; i < i1; ++i) {
+          const auto row = ctx.logits(i - i0);
+          out.emplace_back(row.begin(), row.end());
+        }
+      }
+      return out;
+    };
+    const auto whole = run(prompt.size());
+    INFO(type_name(kv));
+    const bool halves = run(prompt.size() / 2 + 1) == whole, tokens = run(1) == whole;
+    CHECK(halves);
+    CHECK(tokens);
   }
 }
 

@@ -172,13 +172,14 @@ namespace {
 // NC columns x NV vectors of 8 values in registers (at most 12 accumulators, NV for the row of a and one
 // broadcast). Each value is one FMA chain over the cells in order, from +0. A cell whose weights are all 0
 // is skipped; a single column's 0 is not: its FMA adds exactly +-0 to a chain that is never -0 (V is
-// finite), so every column gets the value it would get alone, whatever its neighbours in the tile.
-template <class L, int NC, int NV>
+// finite), so every column gets the value it would get alone, whatever its neighbours in the tile. Acc: each
+// chain starts from out's value instead of +0 (mad_tile_acc_f32).
+template <class L, bool Acc, int NC, int NV>
 void mad_cols(int64_t k, const char* a, size_t a_stride, const float* const* bc, float* const* out) {
   using T = typename L::T;
   __m256 acc[NC][NV];
   for (int c = 0; c < NC; ++c) {
-    for (int v = 0; v < NV; ++v) acc[c][v] = _mm256_setzero_ps();
+    for (int v = 0; v < NV; ++v) acc[c][v] = Acc ? _mm256_loadu_ps(out[c] + 8 * v) : _mm256_setzero_ps();
   }
   constexpr size_t row_bytes = 8 * NV * sizeof(T);
   for (int64_t l = 0; l < k; ++l) {
@@ -207,16 +208,16 @@ void mad_cols(int64_t k, const char* a, size_t a_stride, const float* const* bc,
 
 // Chunks of 16 values of each row (then one of 8, then single values by the same FMA chain) for up to 6
 // columns at a time.
-template <class L>
+template <class L, bool Acc = false>
 void mad_tile(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_stride, const void* b, size_t b_stride,
               float* s, size_t s_stride) {
   using T = typename L::T;
   constexpr int max_cols = 6;
   using fn = void (*)(int64_t, const char*, size_t, const float* const*, float* const*);
-  static constexpr fn wide[max_cols] = {mad_cols<L, 1, 2>, mad_cols<L, 2, 2>, mad_cols<L, 3, 2>,
-                                        mad_cols<L, 4, 2>, mad_cols<L, 5, 2>, mad_cols<L, 6, 2>};
-  static constexpr fn narrow[max_cols] = {mad_cols<L, 1, 1>, mad_cols<L, 2, 1>, mad_cols<L, 3, 1>,
-                                          mad_cols<L, 4, 1>, mad_cols<L, 5, 1>, mad_cols<L, 6, 1>};
+  static constexpr fn wide[max_cols] = {mad_cols<L, Acc, 1, 2>, mad_cols<L, Acc, 2, 2>, mad_cols<L, Acc, 3, 2>,
+                                        mad_cols<L, Acc, 4, 2>, mad_cols<L, Acc, 5, 2>, mad_cols<L, Acc, 6, 2>};
+  static constexpr fn narrow[max_cols] = {mad_cols<L, Acc, 1, 1>, mad_cols<L, Acc, 2, 1>, mad_cols<L, Acc, 3, 1>,
+                                          mad_cols<L, Acc, 4, 1>, mad_cols<L, Acc, 5, 1>, mad_cols<L, Acc, 6, 1>};
   const char* ab = static_cast<const char*>(a);
   for (int64_t c0 = 0; c0 < ncols; c0 += max_cols) {
     const int nc = static_cast<int>(std::min<int64_t>(max_cols, ncols - c0));
@@ -241,7 +242,7 @@ void mad_tile(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_strid
     for (; i0 < m; ++i0) {
       columns_at(i0);
       for (int c = 0; c < nc; ++c) {
-        float acc = 0.0f;
+        float acc = Acc ? *out[c] : 0.0f;
         for (int64_t l = 0; l < k; ++l) {
           const float bv = bc[c][l];
           if (bv == 0.0f) continue;
@@ -264,6 +265,10 @@ void mad_tile_f32(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_s
 void mad_tile_f16(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_stride, const void* b, size_t b_stride,
                   float* s, size_t s_stride) {
   mad_tile<f16_loads>(k, m, ncols, a, a_stride, b, b_stride, s, s_stride);
+}
+void mad_tile_acc_f32(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_stride, const void* b, size_t b_stride,
+                      float* s, size_t s_stride) {
+  mad_tile<f32_loads, true>(k, m, ncols, a, a_stride, b, b_stride, s, s_stride);
 }
 
 // One row: float_tile's one-column kernel (rows one after another: one stream); tiles: float_tiles.

@@ -154,15 +154,21 @@ namespace {
 // exactly nothing to every element); a single column's 0 is not: its FMA adds exactly +-0 to a chain that is
 // never -0 (a is finite), the value the column gets alone. The rows mad_prefetch ahead are fetched on the way:
 // the attention's V rows are a head's slice of each cell's row, a few lines per page, which the stream
-// prefetchers do not run ahead of.
-template <class LX, int NC, int NV>
+// prefetchers do not run ahead of. Acc: each chain starts from out's value instead of +0 (mad_tile_acc_f32).
+template <class LX, bool Acc, int NC, int NV>
 void mad_cols(int64_t k, int64_t w, const char* a, size_t a_stride, const float* const* bc, float* const* out) {
   using T = typename LX::T;
   const __mmask16 tail = static_cast<__mmask16>(w % 16 == 0 ? 0xFFFF : (1u << (w % 16)) - 1);
   const size_t row_bytes = static_cast<size_t>(w) * sizeof(T);
   __m512 acc[NC][NV];
   for (int c = 0; c < NC; ++c) {
-    for (int v = 0; v < NV; ++v) acc[c][v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; ++v) {
+      if constexpr (Acc) {
+        acc[c][v] = v + 1 < NV ? _mm512_loadu_ps(out[c] + 16 * v) : _mm512_maskz_loadu_ps(tail, out[c] + 16 * v);
+      } else {
+        acc[c][v] = _mm512_setzero_ps();
+      }
+    }
   }
   for (int64_t l = 0; l < k; ++l) {
     if (l + mad_prefetch < k) prefetch_span(a + static_cast<size_t>(l + mad_prefetch) * a_stride, row_bytes);
@@ -189,24 +195,24 @@ void mad_cols(int64_t k, int64_t w, const char* a, size_t a_stride, const float*
   }
 }
 
-template <class LX, int NC>
+template <class LX, bool Acc, int NC>
 void mad_cols_w(int64_t k, int64_t w, const char* a, size_t a_stride, const float* const* bc, float* const* out) {
   switch ((w + 15) / 16) {
-    case 1: mad_cols<LX, NC, 1>(k, w, a, a_stride, bc, out); break;
-    case 2: mad_cols<LX, NC, 2>(k, w, a, a_stride, bc, out); break;
-    case 3: mad_cols<LX, NC, 3>(k, w, a, a_stride, bc, out); break;
-    default: mad_cols<LX, NC, 4>(k, w, a, a_stride, bc, out); break;
+    case 1: mad_cols<LX, Acc, NC, 1>(k, w, a, a_stride, bc, out); break;
+    case 2: mad_cols<LX, Acc, NC, 2>(k, w, a, a_stride, bc, out); break;
+    case 3: mad_cols<LX, Acc, NC, 3>(k, w, a, a_stride, bc, out); break;
+    default: mad_cols<LX, Acc, NC, 4>(k, w, a, a_stride, bc, out); break;
   }
 }
 
-template <class LX>
+template <class LX, bool Acc = false>
 void mad_tile(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_stride, const void* b, size_t b_stride,
               float* s, size_t s_stride) {
   constexpr int64_t chunk = 64;
   constexpr int max_cols = 6;
   using fn = void (*)(int64_t, int64_t, const char*, size_t, const float* const*, float* const*);
-  static constexpr fn by_cols[max_cols] = {mad_cols_w<LX, 1>, mad_cols_w<LX, 2>, mad_cols_w<LX, 3>,
-                                           mad_cols_w<LX, 4>, mad_cols_w<LX, 5>, mad_cols_w<LX, 6>};
+  static constexpr fn by_cols[max_cols] = {mad_cols_w<LX, Acc, 1>, mad_cols_w<LX, Acc, 2>, mad_cols_w<LX, Acc, 3>,
+                                           mad_cols_w<LX, Acc, 4>, mad_cols_w<LX, Acc, 5>, mad_cols_w<LX, Acc, 6>};
   const char* ab = static_cast<const char*>(a);
   for (int64_t c0 = 0; c0 < ncols; c0 += max_cols) {
     const int nc = static_cast<int>(std::min<int64_t>(max_cols, ncols - c0));
@@ -231,6 +237,10 @@ void mad_tile_f32(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_s
 void mad_tile_f16(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_stride, const void* b, size_t b_stride,
                   float* s, size_t s_stride) {
   mad_tile<f16_loads>(k, m, ncols, a, a_stride, b, b_stride, s, s_stride);
+}
+void mad_tile_acc_f32(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_stride, const void* b, size_t b_stride,
+                      float* s, size_t s_stride) {
+  mad_tile<f32_loads, true>(k, m, ncols, a, a_stride, b, b_stride, s, s_stride);
 }
 
 #define TROUPE_SIMD_FLOAT_GEMM(name, K)                                                                        \

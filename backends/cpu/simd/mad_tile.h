@@ -19,7 +19,9 @@
 
 namespace troupe::cpu::simd {
 
-template <class T, float (*to_f32)(T)>
+// Acc: each element's chain starts from s's value instead of +0 (mad_tile_acc: the chain of one call continued
+// by the next over the following rows of a, the same bits as one call over all of them).
+template <class T, float (*to_f32)(T), bool Acc = false>
 void mad_tile_generic(int64_t k, int64_t m, int64_t ncols, const void* a, size_t a_stride, const void* b,
                       size_t b_stride, float* s, size_t s_stride) {
   constexpr int64_t chunk = 64;
@@ -29,14 +31,19 @@ void mad_tile_generic(int64_t k, int64_t m, int64_t ncols, const void* a, size_t
     const float* bc = reinterpret_cast<const float*>(static_cast<const char*>(b) + static_cast<size_t>(c) * b_stride);
     for (int64_t i0 = 0; i0 < m; i0 += chunk) {
       const int64_t w = std::min(chunk, m - i0);
-      std::fill(acc, acc + w, 0.0f);
+      float* out = s + static_cast<size_t>(c) * s_stride + static_cast<size_t>(i0);
+      if (Acc) {
+        std::copy(out, out + w, acc);
+      } else {
+        std::fill(acc, acc + w, 0.0f);
+      }
       for (int64_t l = 0; l < k; ++l) {
         const float bv = bc[l];
         if (bv == 0.0f) continue;
         const T* row = reinterpret_cast<const T*>(ab + static_cast<size_t>(l) * a_stride) + i0;
         for (int64_t i = 0; i < w; ++i) acc[i] += to_f32(row[i]) * bv;
       }
-      std::memcpy(s + static_cast<size_t>(c) * s_stride + static_cast<size_t>(i0), acc, static_cast<size_t>(w) * sizeof(float));
+      std::memcpy(out, acc, static_cast<size_t>(w) * sizeof(float));
     }
   }
 }

@@ -90,6 +90,9 @@ struct kernel_table {
   std::array<tile_prepare_fn, type_id_count> gemm_prepare{};
   std::array<tile_size_fn, type_id_count> gemm_prepared_size{};
   std::array<mad_tile_fn, type_id_count> mad_tile{};  // f32, f16
+  // mad_tile[f32] continuing each element's chain from s's value instead of +0: calls over consecutive runs
+  // of a's rows give the bits of one call over all of them (rows converted to f32 a block at a time).
+  mad_tile_fn mad_acc_f32 = nullptr;
   // from_float[t]: f32 -> t, bit-identical to traits(t).from_float_ref (used for the activation types).
   std::array<from_float_fn, type_id_count> from_float{};
   // to_float[t]: t -> f32, bit-identical to traits(t).to_float.

@@ -100,6 +100,7 @@ kernel_table reference_table() {
   t.vec_dot_rows = reference_rows_table(std::make_integer_sequence<uint32_t, type_id_count>{});
   t.mad_tile[static_cast<size_t>(type::f32)] = mad_tile_generic<float, f32_value>;
   t.mad_tile[static_cast<size_t>(type::f16)] = mad_tile_generic<uint16_t, f16_value>;
+  t.mad_acc_f32 = mad_tile_generic<float, f32_value, true>;
   t.exp_row = exp_row_scalar;
   t.scale_mask_max = scale_mask_max_scalar;
   t.exp_lane_sum = exp_lane_sum_scalar;
@@ -158,6 +159,7 @@ kernel_table avx2_table() {
   set_tile(t, type::bf16, vec_dot_bf16_tile);
   t.mad_tile[static_cast<size_t>(type::f32)] = mad_tile_f32;
   t.mad_tile[static_cast<size_t>(type::f16)] = mad_tile_f16;
+  t.mad_acc_f32 = mad_tile_acc_f32;
   set_tile(t, type::q4_0, vec_dot_q4_0_tile, vec_dot_q4_0_prepared_tile, tile_prepare_q4_0, tile_prepared_size_s);
   set_tile(t, type::q4_1, vec_dot_q4_1_tile, vec_dot_q4_1_prepared_tile, tile_prepare_q4_1, tile_prepared_size_u);
   set_tile(t, type::q5_0, vec_dot_q5_0_tile, vec_dot_q5_0_prepared_tile, tile_prepare_q5_0, tile_prepared_size_s);
@@ -217,6 +219,7 @@ kernel_table avx512_table() {
   set_tile(t, type::f16, vec_dot_f16_tile);
   t.mad_tile[static_cast<size_t>(type::f32)] = mad_tile_f32;
   t.mad_tile[static_cast<size_t>(type::f16)] = mad_tile_f16;
+  t.mad_acc_f32 = mad_tile_acc_f32;
   set_tile(t, type::q4_0, vec_dot_q4_0_tile, vec_dot_q4_0_prepared_tile, tile_prepare_q4_0, tile_prepared_size);
   set_tile(t, type::q4_1, vec_dot_q4_1_tile, vec_dot_q4_1_prepared_tile, tile_prepare_q4_1, tile_prepared_size);
   set_tile(t, type::q5_0, vec_dot_q5_0_tile, vec_dot_q5_0_prepared_tile, tile_prepare_q5_0, tile_prepared_size);

@@ -43,6 +43,7 @@ namespace troupe::cpu::simd {
 namespace avx2 {
 TROUPE_SIMD_MAD(mad_tile_f32);
 TROUPE_SIMD_MAD(mad_tile_f16);
+TROUPE_SIMD_MAD(mad_tile_acc_f32);
 TROUPE_SIMD_DOT(vec_dot_f32);
 TROUPE_SIMD_DOT(vec_dot_f16);
 TROUPE_SIMD_DOT(vec_dot_bf16);
@@ -125,6 +126,7 @@ void swiglu_row(int64_t n, const float* x, const float* g, float* y);
 namespace avx512 {
 TROUPE_SIMD_MAD(mad_tile_f32);
 TROUPE_SIMD_MAD(mad_tile_f16);
+TROUPE_SIMD_MAD(mad_tile_acc_f32);
 TROUPE_SIMD_DOT(vec_dot_f32);
 TROUPE_SIMD_DOT(vec_dot_f16);
 TROUPE_SIMD_DOT(vec_dot_q4_0);
